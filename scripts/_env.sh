@@ -1,0 +1,64 @@
+# Shared setup for scripts/demo and scripts/test; sourced, not run.
+#
+# Moves to the repository root, creates .venv on first use and installs the
+# project into it with its test extras. The install is redone only when
+# setup.py changes: .venv/.install-stamp holds a hash of setup.py from the
+# last successful install.
+#
+# Environment:
+#   PYTHON                interpreter used to create .venv (default: python3)
+#   TF_CPP_MIN_LOG_LEVEL  TensorFlow C++ log level (default here: 2)
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO_ROOT"
+
+VENV_DIR="$REPO_ROOT/.venv"
+VENV_PYTHON="$VENV_DIR/bin/python"
+STAMP_FILE="$VENV_DIR/.install-stamp"
+
+_say() { echo "[$(basename "$0")] $*" >&2; }
+
+# A venv whose base interpreter has gone away cannot be repaired; rebuild it.
+if [[ -d "$VENV_DIR" ]] && ! "$VENV_PYTHON" -c "" >/dev/null 2>&1; then
+  _say "removing broken .venv"
+  rm -rf "$VENV_DIR"
+fi
+
+if [[ ! -d "$VENV_DIR" ]]; then
+  _say "creating .venv with ${PYTHON:-python3}"
+  command -v "${PYTHON:-python3}" >/dev/null || {
+    _say "error: ${PYTHON:-python3} not found; install Python 3.9+ or set PYTHON"
+    exit 1
+  }
+  "${PYTHON:-python3}" -c 'import sys; sys.exit(sys.version_info < (3, 9))' || {
+    _say "error: Python 3.9 or newer is required"
+    exit 1
+  }
+  if ! { "${PYTHON:-python3}" -m venv "$VENV_DIR" &&
+         "$VENV_PYTHON" -m pip install -q --disable-pip-version-check --upgrade pip; }; then
+    rm -rf "$VENV_DIR"
+    _say "error: could not create .venv (on Debian/Ubuntu: apt install python3-venv)"
+    exit 1
+  fi
+fi
+
+_setup_hash="$("$VENV_PYTHON" -c '
+import hashlib
+print(hashlib.sha256(open("setup.py", "rb").read()).hexdigest())
+')"
+
+if [[ ! -f "$STAMP_FILE" || "$(cat "$STAMP_FILE")" != "$_setup_hash" ]]; then
+  _say "installing tf_distribute_lite and its dependencies into .venv (first run downloads TensorFlow)"
+  rm -f "$STAMP_FILE"
+  # Build-backend chatter goes to a log, shown only if the install fails.
+  if ! "$VENV_PYTHON" -m pip install -q --disable-pip-version-check -e ".[test]" \
+      > "$VENV_DIR/install.log" 2>&1; then
+    cat "$VENV_DIR/install.log" >&2
+    _say "error: installation failed (log: .venv/install.log)"
+    exit 1
+  fi
+  echo "$_setup_hash" > "$STAMP_FILE"
+fi
+unset _setup_hash
+
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"

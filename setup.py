@@ -1,0 +1,28 @@
+"""Packaging for tf_distribute_lite."""
+
+from setuptools import find_packages, setup
+
+# Oldest TensorFlow release the package is meant to run on. Kept in one place
+# so that it can be revisited without touching the rest of the file.
+MIN_TENSORFLOW = "2.12"
+
+setup(
+    name="tf_distribute_lite",
+    version="0.1.0",
+    description=(
+        "A readable re-implementation of TensorFlow's tf.distribute API, "
+        "layered on TensorFlow's own device placement, collective ops and tf.data."
+    ),
+    packages=find_packages(
+        exclude=["tests", "tests.*", "benchmarks", "benchmarks.*", "examples", "examples.*"]
+    ),
+    python_requires=">=3.9",
+    install_requires=[
+        f"tensorflow>={MIN_TENSORFLOW}",
+        "numpy",
+        "absl-py",
+    ],
+    extras_require={
+        "test": ["pytest", "pytest-xdist"],
+    },
+)

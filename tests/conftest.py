@@ -1,0 +1,33 @@
+"""Every test process gets 4 logical CPU devices before TensorFlow starts.
+
+Multi-replica behaviour is tested on these 4 devices, so it needs no GPU.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+NUM_DEVICES = 4
+
+
+def _configure_devices():
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  tf.config.set_logical_device_configuration(
+      cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_DEVICES)
+
+
+_configure_devices()
+
+DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}"
+                for i in range(NUM_DEVICES))
+
+
+@pytest.fixture(params=["eager", "function"])
+def run_mode(request):
+  """Runs a zero-argument callable eagerly or inside a `tf.function`."""
+  if request.param == "eager":
+    return lambda fn: fn()
+  return lambda fn: tf.function(fn)()

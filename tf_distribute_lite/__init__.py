@@ -1,0 +1,35 @@
+"""tf_distribute_lite: TensorFlow's `tf.distribute` API, re-implemented.
+
+Use it where you would use `tf.distribute`:
+
+>>> import tf_distribute_lite as tfd
+>>> strategy = tfd.MirroredStrategy(["CPU:0", "CPU:1"])
+>>> with strategy.scope():
+...   v = tf.Variable(2.0)
+>>> strategy.reduce(tfd.ReduceOp.SUM, strategy.run(lambda: v * 1.0), axis=None)
+<tf.Tensor: shape=(), dtype=float32, numpy=4.0>
+"""
+
+from tf_distribute_lite import compat
+from tf_distribute_lite import experimental
+from tf_distribute_lite import values
+from tf_distribute_lite.contexts import get_replica_context
+from tf_distribute_lite.contexts import get_strategy
+from tf_distribute_lite.contexts import has_strategy
+from tf_distribute_lite.contexts import in_cross_replica_context
+from tf_distribute_lite.cross_device_ops import CrossDeviceOps
+from tf_distribute_lite.cross_device_ops import HierarchicalCopyAllReduce
+from tf_distribute_lite.cross_device_ops import NcclAllReduce
+from tf_distribute_lite.cross_device_ops import ReductionToOneDevice
+from tf_distribute_lite.distribute_lib import experimental_set_strategy
+from tf_distribute_lite.distribute_lib import InputReplicationMode
+from tf_distribute_lite.distribute_lib import ReplicaContext
+from tf_distribute_lite.distribute_lib import RunOptions
+from tf_distribute_lite.distribute_lib import Strategy
+from tf_distribute_lite.distribute_lib import StrategyExtended
+from tf_distribute_lite.mirrored_strategy import MirroredStrategy
+from tf_distribute_lite.one_device_strategy import OneDeviceStrategy
+from tf_distribute_lite.reduce_util import ReduceOp
+from tf_distribute_lite.values import DistributedValues
+
+__version__ = "0.1.0"

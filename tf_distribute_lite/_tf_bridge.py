@@ -1,0 +1,88 @@
+"""The project's only contact with TensorFlow internals.
+
+TensorFlow keeps "which strategy is current" in a per-graph, per-thread stack
+and copies it into every `tf.function` graph it traces. Pushing our entries
+onto that same stack is what makes `tf.distribute.get_strategy()`, Keras,
+`tf.nn.compute_average_loss` and tracing see our strategies. The stack lives
+behind a private attribute, so every private access sits here, behind a
+check that refuses a TensorFlow whose internals look different.
+
+The other private reads are the saving context (a `tf.saved_model.save` in
+progress maps distributed variables onto single ones) and the per-thread
+variable-creator stack that replica threads inherit.
+"""
+
+import tensorflow as tf
+
+_STACK_ATTRIBUTE = "_distribution_strategy_stack"
+_CREATOR_ATTRIBUTE = "_variable_creator_stack"
+
+
+def _check_tensorflow():
+  graph = tf.Graph
+  missing = [a for a in (_STACK_ATTRIBUTE, _CREATOR_ATTRIBUTE)
+             if not hasattr(graph, a)]
+  try:
+    from tensorflow.python.saved_model import save_context  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    save_context = None
+    missing.append("saved_model.save_context")
+  if missing or not tf.__version__.startswith("2."):
+    raise ImportError(
+        f"tf_distribute_lite does not recognise the internals of TensorFlow "
+        f"{tf.__version__} (missing: {', '.join(missing) or 'TF 2.x'}); "
+        f"it needs a TensorFlow 2.x release that keeps the distribution "
+        f"strategy stack on tf.Graph.")
+  return save_context
+
+
+_save_context = _check_tensorflow()
+
+
+def strategy_stack():
+  """The current graph's per-thread stack of strategy contexts (a list)."""
+  return getattr(tf.compat.v1.get_default_graph(), _STACK_ATTRIBUTE)
+
+
+def saving_without_distribution():
+  """True while `tf.saved_model.save` traces without expanding variables."""
+  if not _save_context.in_save_context():
+    return False
+  policy = _save_context.get_save_options().experimental_variable_policy
+  return policy != tf.saved_model.experimental.VariablePolicy.EXPAND_DISTRIBUTED_VARIABLES
+
+
+def variable_creator_stack(graph):
+  """The variable creators active on `graph` in this thread."""
+  return getattr(graph, _CREATOR_ATTRIBUTE)
+
+
+def set_variable_creator_stack(graph, stack):
+  setattr(graph, _CREATOR_ATTRIBUTE, stack)
+
+
+def eager_device_name():
+  """The device named by the innermost eager `tf.device` scope, or ""."""
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  return context.context().device_name or ""
+
+
+def resource_on(device):
+  """A plain variable on `device`, created past any variable creator.
+
+  Collective ops order themselves on a resource of their device; it must not
+  become a distributed variable when created inside a strategy's scope.
+  """
+  graph = tf.compat.v1.get_default_graph()
+  creators = variable_creator_stack(graph)
+  set_variable_creator_stack(graph, [])
+  try:
+    with tf.device(device):
+      return tf.Variable(0.0, trainable=False, name="ordering_token")
+  finally:
+    set_variable_creator_stack(graph, creators)
+
+
+def clone_function(function, python_function):
+  """A `tf.function` like `function` (same options) around `python_function`."""
+  return function._clone(python_function=python_function)  # pylint: disable=protected-access

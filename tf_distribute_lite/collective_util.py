@@ -1,0 +1,76 @@
+"""Options for cross-device communication (all-reduce, all-gather)."""
+
+import copy
+import enum
+
+
+class CommunicationImplementation(enum.Enum):
+  """Which algorithm collective communication prefers.
+
+  * `AUTO`: chosen by TensorFlow.
+  * `RING`: TensorFlow's ring algorithms (CPUs and GPUs).
+  * `NCCL`: NVIDIA's NCCL, for all-reduce between GPUs.
+
+  >>> CommunicationImplementation("RING")
+  <CommunicationImplementation.RING: 'RING'>
+  """
+  AUTO = "AUTO"
+  RING = "RING"
+  NCCL = "NCCL"
+
+
+CollectiveCommunication = CommunicationImplementation
+
+
+class CommunicationOptions:
+  """Hints for cross-device communication such as all-reduce.
+
+  Args:
+    bytes_per_pack: a non-negative integer. Collectives on many tensors are
+      batched into packs of about this many bytes; 0 lets the implementation
+      choose.
+    timeout_seconds: a float or None. A collective that takes longer raises
+      `tf.errors.DeadlineExceededError`; None or 0 means no timeout.
+    implementation: a `CommunicationImplementation` or its name.
+
+  >>> options = CommunicationOptions(bytes_per_pack=1024, implementation="ring")
+  >>> print(options)
+  Options(bytes_per_pack=1024,timeout_seconds=None, implementation=CommunicationImplementation.RING)
+  """
+
+  def __init__(self, bytes_per_pack=0, timeout_seconds=None,
+               implementation=CommunicationImplementation.AUTO):
+    if not isinstance(bytes_per_pack, int) or bytes_per_pack < 0:
+      raise ValueError(
+          f"Argument `bytes_per_pack` must be >=0, Received {bytes_per_pack}.")
+    if isinstance(implementation, str):
+      try:
+        implementation = CommunicationImplementation(implementation.upper())
+      except ValueError:
+        pass
+    if not isinstance(implementation, CommunicationImplementation):
+      raise ValueError(
+          "Argument `implementation` must be instance of "
+          "`tf.distribute.experimental.CommunicationImplementation` (AUTO, "
+          f"RING or NCCL), Received {implementation!r}.")
+    self.bytes_per_pack = bytes_per_pack
+    self.timeout_seconds = timeout_seconds
+    self.implementation = implementation
+
+  def merge(self, options):
+    """A copy of these options overridden by the non-default fields of `options`."""
+    merged = copy.copy(self)
+    if options is None:
+      return merged
+    if options.bytes_per_pack != 0:
+      merged.bytes_per_pack = options.bytes_per_pack
+    if options.timeout_seconds is not None:
+      merged.timeout_seconds = options.timeout_seconds
+    if options.implementation != CommunicationImplementation.AUTO:
+      merged.implementation = options.implementation
+    return merged
+
+  def __str__(self):
+    return (f"Options(bytes_per_pack={self.bytes_per_pack},"
+            f"timeout_seconds={self.timeout_seconds}, "
+            f"implementation={self.implementation})")

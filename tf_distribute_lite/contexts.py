@@ -1,0 +1,168 @@
+"""Which strategy is current, and whether code runs per replica or across them.
+
+Each entry on TensorFlow's per-thread strategy stack (see `_tf_bridge`) says
+which strategy is current and whether the thread is in its cross-replica
+context (inside `strategy.scope()`) or in a replica context (inside
+`strategy.run`). With the stack empty, the default strategy is current in its
+default replica context.
+"""
+
+import threading
+
+from tf_distribute_lite import _tf_bridge
+
+
+class ContextEntry:
+  """One entry on the strategy stack: a strategy and the context kind."""
+
+  __slots__ = ("strategy", "cross_replica_context", "replica_context")
+
+  def __init__(self, strategy, cross_replica_context, replica_context):
+    self.strategy = strategy
+    self.cross_replica_context = cross_replica_context
+    self.replica_context = replica_context
+
+  @classmethod
+  def cross_replica(cls, strategy):
+    return cls(strategy, strategy, None)
+
+  @classmethod
+  def in_replica(cls, replica_context):
+    return cls(replica_context.strategy, None, replica_context)
+
+
+class Entered:
+  """Pushes a `ContextEntry` for the duration of a `with` block."""
+
+  __slots__ = ("_entry",)
+
+  def __init__(self, entry):
+    self._entry = entry
+
+  def __enter__(self):
+    push(self._entry)
+    return self._entry
+
+  def __exit__(self, *exc_info):
+    pop()
+
+
+def push(entry):
+  _tf_bridge.strategy_stack().append(entry)
+
+
+def pop():
+  _tf_bridge.strategy_stack().pop()
+
+
+def current():
+  """The innermost entry, or the default strategy's replica entry."""
+  stack = _tf_bridge.strategy_stack()
+  if stack:
+    return stack[-1]
+  from tf_distribute_lite import distribute_lib  # pylint: disable=g-import-not-at-top
+  return distribute_lib.default_context_entry()
+
+
+def get_strategy():
+  """The current `Strategy`: inside `scope()` that strategy, else the default.
+
+  >>> get_strategy().num_replicas_in_sync
+  1
+  """
+  return current().strategy
+
+
+def has_strategy():
+  """Whether a non-default strategy is current.
+
+  >>> has_strategy()
+  False
+  """
+  from tf_distribute_lite import distribute_lib  # pylint: disable=g-import-not-at-top
+  return get_strategy() is not distribute_lib.default_strategy()
+
+
+def in_cross_replica_context():
+  """Whether this code runs in a strategy's cross-replica context.
+
+  >>> in_cross_replica_context()
+  False
+  """
+  return current().cross_replica_context is not None
+
+
+def get_replica_context():
+  """The current `ReplicaContext`, or None in a cross-replica context.
+
+  Outside any strategy this is the default strategy's replica context.
+
+  >>> get_replica_context().num_replicas_in_sync
+  1
+  """
+  return current().replica_context
+
+
+def get_cross_replica_context():
+  """The current strategy in a cross-replica context, otherwise None.
+
+  >>> print(get_cross_replica_context())
+  None
+  """
+  return current().cross_replica_context
+
+
+def require_cross_replica_or_default(strategy):
+  """Raises unless `strategy` may act here: its cross-replica context, or none."""
+  entry = current()
+  if entry.cross_replica_context is strategy:
+    return
+  if not _tf_bridge.strategy_stack():
+    return
+  if entry.strategy is not strategy:
+    raise_wrong_strategy(strategy)
+  raise RuntimeError("Method requires being in cross-replica context, use "
+                     "get_replica_context().merge_call()")
+
+
+def raise_wrong_strategy(strategy):
+  if not has_strategy():
+    raise RuntimeError(
+        f'Need to be inside "with strategy.scope()" for {strategy}')
+  raise RuntimeError(f"Mixing different tf.distribute.Strategy objects: "
+                     f"{get_strategy()} is not {strategy}")
+
+
+# `strategy.extended.update` applies a function to one component at a time;
+# while it does, reads and writes of distributed variables go to that replica.
+_update_state = threading.local()
+
+
+class UpdateContext:
+  """Marks the replica whose variable components an update is touching."""
+
+  __slots__ = ("_replica_id", "_outer")
+
+  def __init__(self, replica_id):
+    self._replica_id = replica_id
+    self._outer = None
+
+  def __enter__(self):
+    self._outer = update_replica_id()
+    _update_state.replica_id = self._replica_id
+
+  def __exit__(self, *exc_info):
+    _update_state.replica_id = self._outer
+
+
+def update_replica_id():
+  """The replica an enclosing `extended.update` is updating, or None."""
+  return getattr(_update_state, "replica_id", None)
+
+
+def current_replica_id():
+  """The replica this code runs for as a Python int, or None if cross-replica."""
+  replica_context = get_replica_context()
+  if replica_context is None:
+    return update_replica_id()
+  return replica_context._replica_id  # pylint: disable=protected-access

@@ -1,0 +1,522 @@
+"""Moving values between devices: reduce, batch reduce, broadcast, gather.
+
+One class per algorithm:
+
+* `ReductionToOneDevice`: copy every component to one device, add there,
+  copy the result back out. Works anywhere; MirroredStrategy's choice for
+  reductions onto CPUs and for int32 values.
+* `HierarchicalCopyAllReduce`: all-reduce in two groups of devices, each
+  summed on a root, then combined between the roots (built for 8-GPU
+  machines; works on any devices).
+* `NcclAllReduce`: NVIDIA NCCL all-reduce between GPUs.
+* `CollectiveAllReduce`: TensorFlow's collective ops (ring or NCCL), the
+  default for MirroredStrategy on CPUs or GPUs.
+
+All-reduce algorithms apply when the destinations are the devices the
+values live on; otherwise they fall back to `ReductionToOneDevice`.
+"""
+
+import itertools
+import threading
+
+import tensorflow as tf
+
+from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import device_util
+from tf_distribute_lite import values as values_lib
+from tf_distribute_lite.collective_util import CommunicationImplementation
+from tf_distribute_lite.collective_util import CommunicationOptions
+from tf_distribute_lite.reduce_util import ReduceOp
+
+
+# --- Destinations and values.
+
+def devices_of(destinations):
+  """The canonical devices that `destinations` names.
+
+  `destinations` is a device string, a sequence of device strings, a
+  distributed value or variable (its components' devices), or a tensor or
+  variable (its device).
+
+  >>> devices_of("cpu:0")
+  ('/job:localhost/replica:0/task:0/device:CPU:0',)
+  """
+  if isinstance(destinations, str):
+    devices = (destinations,)
+  elif isinstance(destinations, tf.distribute.DistributedValues):
+    devices = tuple(v.device for v in destinations.values)
+  elif isinstance(destinations, (list, tuple)) and all(
+      isinstance(d, str) for d in destinations):
+    devices = tuple(destinations)
+  elif isinstance(destinations, (tf.Tensor, tf.Variable, tf.IndexedSlices)):
+    devices = (destinations.device,)
+  else:
+    raise ValueError(
+        "destinations must be one of a `DistributedValues` object, a "
+        "tf.Variable object, or a device string; got "
+        f"{type(destinations).__name__}: {destinations!r}.")
+  if not devices or not all(devices):
+    raise ValueError(f"destinations can not be empty; got {destinations!r}.")
+  return tuple(device_util.canonicalize(d) for d in devices)
+
+
+def as_per_replica(value):
+  """`value` as a distributed value: a plain tensor becomes one component."""
+  if isinstance(value, values_lib.DistributedValues):
+    return value
+  if isinstance(value, tf.distribute.DistributedValues):
+    return values_lib.PerReplica(value.values)
+  return values_lib.PerReplica((value,))
+
+
+def _value_devices(value):
+  return tuple(device_util.canonicalize(v.device) for v in value.values)
+
+
+def copy_to_device(value, device):
+  """`value` (a tensor or IndexedSlices) copied onto `device`."""
+  with tf.device(device):
+    if isinstance(value, tf.IndexedSlices):
+      return tf.IndexedSlices(tf.identity(value.values),
+                              tf.identity(value.indices),
+                              None if value.dense_shape is None else
+                              tf.identity(value.dense_shape))
+    return tf.identity(value)
+
+
+def simple_broadcast(value, destinations, always_mirrored=False):
+  """Copies `value` to every destination device."""
+  devices = devices_of(destinations)
+  if len(devices) == 1 and not always_mirrored:
+    return copy_to_device(value, devices[0])
+  return values_lib.regroup([copy_to_device(value, d) for d in devices],
+                            values_lib.Mirrored)
+
+
+def _divide(value, n):
+  if isinstance(value, tf.IndexedSlices):
+    return tf.IndexedSlices(value.values / n, value.indices, value.dense_shape)
+  return value / n
+
+
+def _aggregate(components, accumulation_fn):
+  """Sums tensors with `accumulation_fn`; concatenates IndexedSlices."""
+  if any(isinstance(c, tf.IndexedSlices) for c in components):
+    slices = [c if isinstance(c, tf.IndexedSlices) else _dense_as_slices(c)
+              for c in components]
+    return tf.IndexedSlices(tf.concat([s.values for s in slices], 0),
+                            tf.concat([s.indices for s in slices], 0),
+                            slices[0].dense_shape)
+  return accumulation_fn(list(components))
+
+
+def _dense_as_slices(tensor):
+  rows = tf.shape(tensor, out_type=tf.int64)[0]
+  return tf.IndexedSlices(tensor, tf.range(rows), tf.shape(tensor, out_type=tf.int64))
+
+
+def reduce_on_device(reduce_op, value, device, accumulation_fn=tf.math.add_n):
+  """Reduces the components of `value` on `device`."""
+  with tf.device(device):
+    reduced = _aggregate(value.values, accumulation_fn)
+    if reduce_op == ReduceOp.MEAN:
+      reduced = _divide(reduced, len(value.values))
+  return reduced
+
+
+class CrossDeviceOps:
+  """Base class of cross-device reduction and broadcast algorithms.
+
+  Subclasses implement `reduce_implementation` and may override
+  `batch_reduce_implementation` and `broadcast_implementation`.
+
+  >>> ops = ReductionToOneDevice()
+  >>> value = tf_distribute_lite.values.PerReplica([tf.constant(1.0), tf.constant(2.0)])
+  >>> ops.reduce(tf_distribute_lite.ReduceOp.SUM, value, destinations="CPU:0")
+  <tf.Tensor: shape=(), dtype=float32, numpy=3.0>
+  """
+
+  def reduce(self, reduce_op, per_replica_value, destinations, options=None):
+    """Reduces `per_replica_value` onto `destinations`.
+
+    Returns a tensor for one destination device, a `Mirrored` value for
+    several.
+    """
+    reduce_op = ReduceOp.from_any(reduce_op)
+    value = as_per_replica(per_replica_value)
+    devices = devices_of(destinations)
+    if len(value.values) == 1 and _value_devices(value) == devices:
+      return values_lib.regroup([copy_to_device(value.values[0], devices[0])],
+                                values_lib.Mirrored)
+    return self.reduce_implementation(reduce_op, value, destinations,
+                                      options or CommunicationOptions())
+
+  def batch_reduce(self, reduce_op, value_destination_pairs, options=None):
+    """Reduces each `(value, destinations)` pair; returns a list of results."""
+    reduce_op = ReduceOp.from_any(reduce_op)
+    pairs = _checked_pairs(value_destination_pairs)
+    if all(len(v.values) == 1 and _value_devices(v) == devices_of(d)
+           for v, d in pairs):
+      return [values_lib.regroup([copy_to_device(v.values[0], v.values[0].device)],
+                                 values_lib.Mirrored) for v, _ in pairs]
+    return self.batch_reduce_implementation(reduce_op, pairs,
+                                            options or CommunicationOptions())
+
+  def broadcast(self, tensor, destinations):
+    """Copies `tensor` to `destinations`."""
+    devices_of(destinations)
+    return self.broadcast_implementation(tensor, destinations)
+
+  def reduce_implementation(self, reduce_op, per_replica_value, destinations,
+                            options):
+    raise NotImplementedError(
+        f"{type(self).__name__} must implement reduce_implementation.")
+
+  def batch_reduce_implementation(self, reduce_op, value_destination_pairs,
+                                  options):
+    return [self.reduce_implementation(reduce_op, value, destinations, options)
+            for value, destinations in value_destination_pairs]
+
+  def broadcast_implementation(self, tensor, destinations):
+    return simple_broadcast(tensor, destinations, always_mirrored=True)
+
+  def _gather(self, per_replica_value, destinations, axis, options=None):
+    """Concatenates the components along `axis` onto `destinations`."""
+    del options
+    value = as_per_replica(per_replica_value)
+    devices = devices_of(destinations)
+    with tf.device(devices[0]):
+      gathered = tf.concat(list(value.values), axis=axis)
+    return simple_broadcast(gathered, destinations)
+
+
+def _checked_pairs(value_destination_pairs):
+  if not isinstance(value_destination_pairs, (list, tuple)) or not all(
+      isinstance(p, (list, tuple)) and len(p) == 2 for p in value_destination_pairs):
+    raise ValueError(
+        "`value_destination_pairs` must be a list or a tuple of (value, "
+        f"destinations) pairs; got {value_destination_pairs!r}.")
+  return [(as_per_replica(v), d) for v, d in value_destination_pairs]
+
+
+class ReductionToOneDevice(CrossDeviceOps):
+  """Reduces by copying every component to one device and adding there.
+
+  Args:
+    reduce_to_device: the device to reduce on; by default the first
+      destination device.
+    accumulation_fn: combines a list of tensors; `tf.math.add_n` by default.
+
+  >>> ops = ReductionToOneDevice(reduce_to_device="CPU:0")
+  >>> value = tf_distribute_lite.values.PerReplica([tf.constant(1.0), tf.constant(3.0)])
+  >>> ops.reduce("MEAN", value, destinations="CPU:0")
+  <tf.Tensor: shape=(), dtype=float32, numpy=2.0>
+  """
+
+  def __init__(self, reduce_to_device=None, accumulation_fn=None):
+    self.reduce_to_device = reduce_to_device
+    self.accumulation_fn = accumulation_fn or tf.math.add_n
+
+  def reduce_implementation(self, reduce_op, per_replica_value, destinations,
+                            options):
+    del options
+    device = self.reduce_to_device or devices_of(destinations)[0]
+    reduced = reduce_on_device(reduce_op, per_replica_value, device,
+                               self.accumulation_fn)
+    return self.broadcast(reduced, destinations)
+
+  def broadcast_implementation(self, tensor, destinations):
+    return simple_broadcast(tensor, destinations)
+
+
+_FALLBACK = ReductionToOneDevice()
+
+
+class _AllReduce(CrossDeviceOps):
+  """Shared structure of the all-reduce algorithms.
+
+  `_all_reduce_dense(per_device)` takes a list over devices of equally
+  shaped tensors and returns their sums, one per device.
+  """
+
+  def reduce_implementation(self, reduce_op, per_replica_value, destinations,
+                            options):
+    return self.batch_reduce_implementation(
+        reduce_op, [(per_replica_value, destinations)], options)[0]
+
+  def batch_reduce_implementation(self, reduce_op, value_destination_pairs,
+                                  options):
+    if not all(_value_devices(v) == devices_of(d)
+               for v, d in value_destination_pairs):
+      return _FALLBACK.batch_reduce_implementation(
+          reduce_op, value_destination_pairs, options)
+    values = [v for v, _ in value_destination_pairs]
+    results = [None] * len(values)
+    dense = [i for i, v in enumerate(values)
+             if not isinstance(v.values[0], tf.IndexedSlices)]
+    for i in range(len(values)):
+      if i not in dense:
+        results[i] = _FALLBACK.reduce_implementation(
+            reduce_op, values[i], values[i], options)
+    if dense:
+      reduced = self._batch_all_reduce([values[i] for i in dense], options)
+      for i, per_device in zip(dense, reduced):
+        if reduce_op == ReduceOp.MEAN:
+          per_device = [self._on(v, lambda x: x / len(per_device)) for v in per_device]
+        results[i] = values_lib.regroup(per_device, values_lib.Mirrored)
+    return results
+
+  @staticmethod
+  def _on(tensor, fn):
+    with tf.device(tensor.device):
+      return fn(tensor)
+
+  def _batch_all_reduce(self, values, options):
+    """Sums each distributed value in `values`; per value, per-device sums."""
+    devices = _value_devices(values[0])
+    packs = self._packs(values, options)
+    reduced = [None] * len(values)
+    for pack in packs:
+      per_device = [_concat_flat([values[i].values[d] for i in pack], devices[d])
+                    for d in range(len(devices))] if len(pack) > 1 else [
+                        values[pack[0]].values[d] for d in range(len(devices))]
+      summed = self._all_reduce_dense(per_device, devices, options)
+      if len(pack) == 1:
+        reduced[pack[0]] = summed
+        continue
+      pieces = [_split_flat(s, [values[i].values[0] for i in pack], devices[d])
+                for d, s in enumerate(summed)]
+      for k, i in enumerate(pack):
+        reduced[i] = [pieces[d][k] for d in range(len(devices))]
+    return reduced
+
+  def _packs(self, values, options):
+    """Groups of indices of `values` to all-reduce as one flat tensor."""
+    del options
+    return [[i] for i in range(len(values))]
+
+  def _all_reduce_dense(self, per_device, devices, options):
+    raise NotImplementedError
+
+
+def _concat_flat(tensors, device):
+  with tf.device(device):
+    return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
+
+
+def _split_flat(flat, like, device):
+  with tf.device(device):
+    sizes = [tf.size(t) if t.shape.num_elements() is None else t.shape.num_elements()
+             for t in like]
+    pieces = tf.split(flat, sizes)
+    return [tf.reshape(p, tf.shape(t) if not t.shape.is_fully_defined() else t.shape)
+            for p, t in zip(pieces, like)]
+
+
+def _packs_by_count(values, num_packs):
+  """`num_packs` is 0: no packing; else one pack per dtype."""
+  if num_packs == 0:
+    return [[i] for i in range(len(values))]
+  by_dtype = {}
+  for i, v in enumerate(values):
+    by_dtype.setdefault(v.values[0].dtype, []).append(i)
+  return list(by_dtype.values())
+
+
+class HierarchicalCopyAllReduce(_AllReduce):
+  """All-reduce in two halves of the devices, then between their roots.
+
+  Each half sums its components on a root device (the roots rotate between
+  tensors to spread the load), the two partial sums are added, and every
+  device copies the total from its half's root. Designed for the two GPU
+  islands of 8-GPU machines; correct for any number of devices (TF 2.21
+  drops some devices' values when the count is odd).
+
+  Args:
+    num_packs: 0 all-reduces each tensor on its own; otherwise tensors of
+      one dtype are concatenated and all-reduced together.
+
+  >>> ops = HierarchicalCopyAllReduce()
+  >>> devices = ["CPU:0", "CPU:1", "CPU:2"]
+  >>> per_replica = []
+  >>> for i, d in enumerate(devices):
+  ...   with tf.device(d):
+  ...     per_replica.append(tf.constant([float(i)]))
+  >>> value = tf_distribute_lite.values.PerReplica(per_replica)
+  >>> ops.reduce("SUM", value, destinations=value).values[2]
+  <tf.Tensor: shape=(1,), dtype=float32, numpy=array([3.], dtype=float32)>
+  """
+
+  def __init__(self, num_packs=1):
+    if num_packs < 0:
+      raise ValueError(f"`num_packs` must be >= 0; got {num_packs}.")
+    self.num_packs = num_packs
+    self._next_root = itertools.count()
+
+  def _packs(self, values, options):
+    return _packs_by_count(values, self.num_packs)
+
+  def _all_reduce_dense(self, per_device, devices, options):
+    n = len(devices)
+    if n == 1:
+      return [copy_to_device(per_device[0], devices[0])]
+    halves = [list(range(0, (n + 1) // 2)), list(range((n + 1) // 2, n))]
+    shift = next(self._next_root)
+    roots = [half[shift % len(half)] for half in halves]
+    partial = []
+    for half, root in zip(halves, roots):
+      with tf.device(devices[root]):
+        partial.append(tf.math.add_n([per_device[i] for i in half]))
+    with tf.device(devices[roots[0]]):
+      total_0 = tf.math.add_n(partial)
+    with tf.device(devices[roots[1]]):
+      total_1 = tf.identity(total_0)
+    totals = [total_0, total_1]
+    result = []
+    for i in range(n):
+      with tf.device(devices[i]):
+        result.append(tf.identity(totals[0 if i in halves[0] else 1]))
+    return result
+
+
+class NcclAllReduce(_AllReduce):
+  """All-reduce between GPUs with NVIDIA NCCL.
+
+  Reductions onto other devices than the values' own fall back to
+  `ReductionToOneDevice`; an all-reduce between non-GPU devices raises
+  `tf.errors.InvalidArgumentError` before building any op.
+
+  Args:
+    num_packs: as for `HierarchicalCopyAllReduce`.
+
+  >>> NcclAllReduce(num_packs=2).num_packs
+  2
+  """
+
+  def __init__(self, num_packs=1):
+    if num_packs < 0:
+      raise ValueError(f"`num_packs` must be >= 0; got {num_packs}.")
+    self.num_packs = num_packs
+    self._names = itertools.count()
+
+  def _packs(self, values, options):
+    return _packs_by_count(values, self.num_packs)
+
+  def _all_reduce_dense(self, per_device, devices, options):
+    not_gpu = [d for d in devices if tf.DeviceSpec.from_string(d).device_type != "GPU"]
+    if not_gpu:
+      raise tf.errors.InvalidArgumentError(
+          None, None,
+          f"NcclAllReduce all-reduces between GPUs only, but the values live "
+          f"on {', '.join(not_gpu)}. Use tf_distribute_lite.ReductionToOneDevice "
+          f"or HierarchicalCopyAllReduce for other devices.")
+    shared_name = f"tfd_nccl_{next(self._names)}"
+    result = []
+    for tensor, device in zip(per_device, devices):
+      with tf.device(device):
+        result.append(tf.raw_ops.NcclAllReduce(
+            input=tensor, reduction="sum", num_devices=len(devices),
+            shared_name=shared_name))
+    return result
+
+
+# Group and instance keys of collective ops are process-wide; every
+# CollectiveAllReduce takes its own group, so that strategies of different
+# sizes can live in one process. The base stays clear of TensorFlow's keys.
+_KEY_BASE = 7_000_000
+_group_keys = itertools.count(_KEY_BASE)
+_instance_keys = itertools.count(_KEY_BASE)
+_key_lock = threading.Lock()
+
+
+def _next_key(counter):
+  with _key_lock:
+    return next(counter)
+
+
+class CollectiveAllReduce(_AllReduce):
+  """All-reduce with TensorFlow's collective ops (ring on CPUs, NCCL on GPUs).
+
+  Each device's collective takes an ordering token (a resource on that
+  device), so collectives issued from several devices in one `tf.function`
+  launch in the same order everywhere and cannot deadlock. In eager mode
+  the per-device launches run together inside one `tf.function`.
+
+  Args:
+    devices: the devices taking part, one per replica.
+    group_size: the number of devices in the group; `len(devices)` locally.
+    options: default `CommunicationOptions`.
+
+  >>> ops = CollectiveAllReduce(["CPU:0", "CPU:1"])
+  >>> per_replica = []
+  >>> for i, d in enumerate(["CPU:0", "CPU:1"]):
+  ...   with tf.device(d):
+  ...     per_replica.append(tf.constant(float(i + 1)))
+  >>> value = tf_distribute_lite.values.PerReplica(per_replica)
+  >>> ops.reduce("SUM", value, destinations=value)
+  Mirrored:{
+    0: <tf.Tensor: shape=(), dtype=float32, numpy=3.0>,
+    1: <tf.Tensor: shape=(), dtype=float32, numpy=3.0>
+  }
+  """
+
+  # All-reduce tensors together in packs of at most this many bytes when the
+  # options leave bytes_per_pack at 0 ("chosen by the implementation").
+  DEFAULT_BYTES_PER_PACK = 32 * 1024 * 1024
+
+  def __init__(self, devices, group_size=None, options=None):
+    self._devices = tuple(device_util.canonicalize(d) for d in devices)
+    self._group_size = group_size or len(self._devices)
+    self._options = options or CommunicationOptions()
+    self._group_key = _next_key(_group_keys)
+    self._ordering_tokens = None
+    self._eager_launch = tf.function(self._launch, autograph=False)
+
+  def _packs(self, values, options):
+    limit = self._options.merge(options).bytes_per_pack or self.DEFAULT_BYTES_PER_PACK
+    packs, current, size, dtype = [], [], 0, None
+    for i, v in enumerate(values):
+      t = v.values[0]
+      nbytes = (t.shape.num_elements() or 0) * t.dtype.size
+      if current and (t.dtype != dtype or size + nbytes > limit or
+                      not t.shape.is_fully_defined()):
+        packs.append(current)
+        current, size = [], 0
+      current.append(i)
+      size += nbytes
+      dtype = t.dtype
+    if current:
+      packs.append(current)
+    return packs
+
+  def _all_reduce_dense(self, per_device, devices, options):
+    if devices != self._devices:
+      raise ValueError(
+          f"CollectiveAllReduce was built for devices {self._devices} but "
+          f"got values on {devices}.")
+    options = self._options.merge(options)
+    if tf.executing_eagerly():
+      return self._eager_launch(per_device, options.implementation.value,
+                                options.timeout_seconds or 0)
+    return self._launch(per_device, options.implementation.value,
+                        options.timeout_seconds or 0)
+
+  def _launch(self, per_device, implementation, timeout):
+    tokens = self._tokens()
+    instance_key = _next_key(_instance_keys)
+    result = []
+    for tensor, device, token in zip(per_device, self._devices, tokens):
+      with tf.device(device):
+        result.append(tf.raw_ops.CollectiveReduceV2(
+            input=tensor, group_size=self._group_size,
+            group_key=self._group_key, instance_key=instance_key,
+            ordering_token=[token], merge_op="Add", final_op="Id",
+            communication_hint=implementation.lower(),
+            timeout_seconds=float(timeout)))
+    return result
+
+  def _tokens(self):
+    if self._ordering_tokens is None:
+      with tf.init_scope():
+        self._ordering_tokens = [_tf_bridge.resource_on(d) for d in self._devices]
+    return [token.handle for token in self._ordering_tokens]

@@ -1,0 +1,77 @@
+"""Device strings: canonical names, validation, and the current device.
+
+TensorFlow accepts many spellings of one device (`"CPU:0"`, `"cpu:0"`,
+`"/cpu:0"`, `"/job:localhost/replica:0/task:0/device:CPU:0"`); strategies
+compare devices by their canonical, fully qualified name.
+"""
+
+import tensorflow as tf
+
+from tf_distribute_lite import _tf_bridge
+
+_LOCAL_JOB = "/job:localhost/replica:0/task:0"
+
+
+def canonicalize(device, default=_LOCAL_JOB):
+  """The fully qualified name of `device`, filling gaps from `default`.
+
+  >>> canonicalize("cpu:0")
+  '/job:localhost/replica:0/task:0/device:CPU:0'
+  >>> canonicalize("/gpu:1")
+  '/job:localhost/replica:0/task:0/device:GPU:1'
+  """
+  spec = _parse(device, "device")
+  base = _parse(default, "default")
+  if spec.job is None and spec.task is None and spec.replica is None:
+    spec = spec.replace(job=base.job, replica=base.replica, task=base.task)
+  if spec.device_type is None:
+    spec = spec.replace(device_type=base.device_type or "CPU",
+                        device_index=base.device_index or 0)
+  if spec.device_index is None:
+    spec = spec.replace(device_index=0)
+  if spec.job is None:
+    spec = spec.replace(job="localhost")
+  return spec.replace(replica=spec.replica or 0, task=spec.task or 0).to_string()
+
+
+def _parse(device, argument):
+  if isinstance(device, tf.DeviceSpec):
+    return device
+  if not isinstance(device, str):
+    raise TypeError(f"`{argument}` must be a device name string such as "
+                    f"'CPU:0' or '/gpu:1'; got {device!r}.")
+  try:
+    return tf.DeviceSpec.from_string(device)
+  except ValueError as e:
+    raise ValueError(f"Malformed device string {device!r} in `{argument}`: "
+                     f"expected a name such as 'CPU:0', '/gpu:1' or "
+                     f"'/job:worker/task:0/device:GPU:0' ({e})") from None
+
+
+def is_present(device):
+  """Whether this process has a logical device named `device`."""
+  return canonicalize(device) in _local_devices()
+
+
+_local_device_cache = []
+
+
+def _local_devices():
+  if not _local_device_cache:
+    _local_device_cache.append(frozenset(
+        canonicalize(d.name) for d in tf.config.list_logical_devices()))
+  return _local_device_cache[0]
+
+
+def local_devices(device_type=None):
+  """Canonical names of this process's logical devices, in index order."""
+  devices = tf.config.list_logical_devices(device_type)
+  return tuple(canonicalize(d.name) for d in devices)
+
+
+def current():
+  """The device the innermost eager `tf.device` scope names, or "".
+
+  Inside a `tf.function` the placer decides later, so this returns "".
+  """
+  return _tf_bridge.eager_device_name() if tf.executing_eagerly() else ""

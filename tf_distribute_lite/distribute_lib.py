@@ -1,0 +1,753 @@
+"""`Strategy`, `StrategyExtended`, `ReplicaContext` and the default strategy.
+
+A strategy decides where variables live and how a step runs on several
+replicas. `Strategy` holds the user-facing methods (`scope`, `run`, `reduce`,
+...); `StrategyExtended` the lower-level ones (`reduce_to`, `update`, ...).
+Concrete strategies subclass `StrategyExtended` and fill in its hooks:
+`_create_variable`, `_call_for_each_replica`, `_reduce_to`,
+`_batch_reduce_to`, `_update`, `_gather_to`.
+"""
+
+import collections
+import enum
+import threading
+import weakref
+
+import tensorflow as tf
+
+from tf_distribute_lite import contexts
+from tf_distribute_lite import device_util
+from tf_distribute_lite import values as values_lib
+from tf_distribute_lite.reduce_util import ReduceOp
+
+
+class InputReplicationMode(enum.Enum):
+  """How many input pipelines an input function makes.
+
+  * `PER_WORKER`: one per worker, shared by that worker's replicas.
+  * `PER_REPLICA`: one per replica.
+
+  >>> InputReplicationMode.PER_WORKER.value
+  'PER_WORKER'
+  """
+  PER_WORKER = "PER_WORKER"
+  PER_REPLICA = "PER_REPLICA"
+
+
+class ValueContext:
+  """What `value_fn` of `experimental_distribute_values_from_function` gets.
+
+  >>> context = ValueContext(replica_id_in_sync_group=2, num_replicas_in_sync=4)
+  >>> context.replica_id_in_sync_group / context.num_replicas_in_sync
+  0.5
+  """
+
+  __slots__ = ("_replica_id_in_sync_group", "_num_replicas_in_sync")
+
+  def __init__(self, replica_id_in_sync_group=0, num_replicas_in_sync=1):
+    self._replica_id_in_sync_group = replica_id_in_sync_group
+    self._num_replicas_in_sync = num_replicas_in_sync
+
+  @property
+  def num_replicas_in_sync(self):
+    """The number of replicas in sync."""
+    return self._num_replicas_in_sync
+
+  @property
+  def replica_id_in_sync_group(self):
+    """The replica this value is for."""
+    return self._replica_id_in_sync_group
+
+  def __str__(self):
+    return (f"tf.distribute.ValueContext(replica id "
+            f"{self.replica_id_in_sync_group},  total replicas in sync: "
+            f"{self.num_replicas_in_sync})")
+
+
+class RunOptions(collections.namedtuple("RunOptions", [
+    "experimental_enable_dynamic_batch_size",
+    "experimental_bucketizing_dynamic_shape",
+    "experimental_xla_options"])):
+  """Options for `strategy.run` (they apply to TPU strategies).
+
+  >>> RunOptions()
+  RunOptions(experimental_enable_dynamic_batch_size=True, experimental_bucketizing_dynamic_shape=False, experimental_xla_options=None)
+  """
+
+  def __new__(cls, experimental_enable_dynamic_batch_size=True,
+              experimental_bucketizing_dynamic_shape=False,
+              experimental_xla_options=None):
+    return super().__new__(cls, experimental_enable_dynamic_batch_size,
+                           experimental_bucketizing_dynamic_shape,
+                           experimental_xla_options)
+
+
+class _StrategyScope:
+  """`strategy.scope()`: makes the strategy current and intercepts variables."""
+
+  def __init__(self, strategy):
+    self._strategy = strategy
+    self._entry = contexts.ContextEntry.cross_replica(strategy)
+    self._creator_scope = tf.variable_creator_scope(self._create_variable)
+    self._device_scope = strategy.extended._default_device_scope()  # pylint: disable=protected-access
+    self._reentered = 0
+
+  def _create_variable(self, next_creator, **kwargs):
+    if contexts.get_strategy() is not self._strategy:
+      contexts.raise_wrong_strategy(self._strategy)
+    kwargs["distribute_strategy"] = self._strategy
+    return self._strategy.extended._create_variable(next_creator, **kwargs)  # pylint: disable=protected-access
+
+  def __enter__(self):
+    if contexts.has_strategy():
+      contexts.require_cross_replica_or_default(self._strategy)
+      self._reentered += 1
+      return self._strategy
+    contexts.push(self._entry)
+    self._creator_scope.__enter__()
+    if self._device_scope is not None:
+      self._device_scope.__enter__()
+    return self._strategy
+
+  def __exit__(self, *exc_info):
+    if self._reentered:
+      self._reentered -= 1
+      return
+    if self._device_scope is not None:
+      self._device_scope.__exit__(*exc_info)
+    self._creator_scope.__exit__(*exc_info)
+    contexts.pop()
+
+
+class Strategy:
+  """A distribution policy: where variables live and how steps run.
+
+  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> with strategy.scope():
+  ...   v = tf.Variable(1.0)
+  >>> per_replica = strategy.run(lambda: v * 2.0)
+  >>> strategy.reduce(tf_distribute_lite.ReduceOp.SUM, per_replica, axis=None)
+  <tf.Tensor: shape=(), dtype=float32, numpy=4.0>
+  """
+
+  def __init__(self, extended):
+    self._extended = extended
+
+  @property
+  def extended(self):
+    """The `StrategyExtended` with the lower-level methods."""
+    return self._extended
+
+  @property
+  def num_replicas_in_sync(self):
+    """How many replicas take part in each synchronous step."""
+    return self._extended._num_replicas_in_sync  # pylint: disable=protected-access
+
+  @property
+  def cluster_resolver(self):
+    """The cluster resolver of a multi-worker strategy; None here."""
+    return None
+
+  def scope(self):
+    """A context manager making this strategy current.
+
+    Inside it `tf.distribute.get_strategy()` returns this strategy, the
+    context is cross-replica, and variables are created by the strategy.
+    """
+    return _StrategyScope(self)
+
+  def run(self, fn, args=(), kwargs=None, options=None):
+    """Calls `fn` once per replica with that replica's part of the arguments.
+
+    Distributed values in `args` and `kwargs` give each replica its own
+    component. Returns the results grouped per nest element: `PerReplica`
+    values, `Mirrored` values, or plain values where every replica returned
+    the same object (or there is one replica).
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> strategy.run(lambda x: x + 1, args=(tf.constant(1),))
+    PerReplica:{
+      0: <tf.Tensor: shape=(), dtype=int32, numpy=2>,
+      1: <tf.Tensor: shape=(), dtype=int32, numpy=2>
+    }
+    """
+    del options  # Only TPU strategies have run options.
+    kwargs = {} if kwargs is None else kwargs
+    _check_replica_counts(self, args, "args")
+    _check_replica_counts(self, kwargs, "kwargs")
+    with self.scope():
+      return self._extended._call_for_each_replica(fn, args, kwargs)  # pylint: disable=protected-access
+
+  def reduce(self, reduce_op, value, axis):
+    """Reduces `value` across replicas, and along `axis` within each.
+
+    `axis=None` combines the replicas' values elementwise. With an `axis`
+    the values are reduced along it too; MEAN then divides by the true
+    number of elements, so a partial last batch is weighted correctly.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> parts = strategy.experimental_distribute_values_from_function(
+    ...     lambda ctx: tf.constant([[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 0.0, 0.0]][
+    ...         ctx.replica_id_in_sync_group][:4 - 2 * ctx.replica_id_in_sync_group]))
+    >>> strategy.reduce("MEAN", parts, axis=0)
+    <tf.Tensor: shape=(), dtype=float32, numpy=2.5>
+    """
+    contexts.require_cross_replica_or_default(self)
+    reduce_op = ReduceOp.from_any(reduce_op)
+    if axis is None:
+      return tf.nest.map_structure(
+          lambda v: self._extended._reduce(reduce_op, v), value)  # pylint: disable=protected-access
+    return tf.nest.map_structure(
+        lambda v: self._reduce_along(reduce_op, v, axis), value)
+
+  def _reduce_along(self, reduce_op, value, axis):
+    if isinstance(value, tf.distribute.DistributedValues):
+      components = value.values
+    else:
+      components = (value,) * self.num_replicas_in_sync
+    sums, counts = [], []
+    for component in components:
+      with tf.device(getattr(component, "device", None) or None):
+        tensor = tf.convert_to_tensor(component)
+        axes = _checked_axes(axis, tensor)
+        sums.append(tf.reduce_sum(tensor, axis=axes))
+        if reduce_op == ReduceOp.MEAN:
+          counts.append(_element_count(tensor, axes))
+    total = self._extended._reduce(  # pylint: disable=protected-access
+        ReduceOp.SUM, self._as_distributed(sums))
+    if reduce_op == ReduceOp.SUM:
+      return total
+    if all(isinstance(c, int) for c in counts):
+      count = sum(counts)
+    else:
+      count = self._extended._reduce(  # pylint: disable=protected-access
+          ReduceOp.SUM, self._as_distributed([tf.cast(c, tf.int64) for c in counts]))
+    return tf.math.truediv(total, tf.cast(count, total.dtype))
+
+  def _as_distributed(self, components):
+    if len(components) == 1:
+      return components[0]
+    return values_lib.PerReplica(components)
+
+  def gather(self, value, axis):
+    """Concatenates the replicas' components of `value` along `axis`.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> parts = strategy.experimental_distribute_values_from_function(
+    ...     lambda ctx: tf.fill([1, 2], ctx.replica_id_in_sync_group))
+    >>> strategy.gather(parts, axis=0)
+    <tf.Tensor: shape=(2, 2), dtype=int32, numpy=
+    array([[0, 0],
+           [1, 1]], dtype=int32)>
+    """
+    if not contexts.in_cross_replica_context() and contexts.has_strategy():
+      raise RuntimeError(
+          "`tf.distribute.Strategy.gather` is not supported in a replica "
+          "context; use `tf.distribute.ReplicaContext.all_gather` instead.")
+    destination = device_util.current() or "/device:CPU:0"
+    return tf.nest.map_structure(
+        lambda v: self._extended._local_results(  # pylint: disable=protected-access
+            self._extended._gather_to(v, destination, axis))[0], value)  # pylint: disable=protected-access
+
+  def experimental_local_results(self, value):
+    """The components of `value` on this worker's replicas, as a tuple.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> result = strategy.run(lambda: tf.constant(1.0))
+    >>> [t.numpy().item() for t in strategy.experimental_local_results(result)]
+    [1.0, 1.0]
+    """
+    return self._extended._local_results(value)  # pylint: disable=protected-access
+
+  def experimental_distribute_values_from_function(self, value_fn):
+    """Distributed values made by `value_fn(ValueContext)` for each replica.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> strategy.experimental_distribute_values_from_function(
+    ...     lambda ctx: ctx.replica_id_in_sync_group * 10)
+    PerReplica:{
+      0: 0,
+      1: 10
+    }
+    """
+    return self._extended._distribute_values_from_function(value_fn)  # pylint: disable=protected-access
+
+
+def _check_replica_counts(strategy, structure, argument):
+  expected = strategy.num_replicas_in_sync
+  for path, value in _flatten_with_paths(structure):
+    if (isinstance(value, tf.distribute.DistributedValues) and
+        not values_lib.is_distributed_variable(value) and
+        len(value.values) != expected):
+      raise ValueError(
+          f"`{argument}`{path} of strategy.run holds "
+          f"{len(value.values)} per-replica values, but the strategy has "
+          f"{expected} replicas: distributed values passed to run must come "
+          f"from the same strategy.")
+
+
+def _flatten_with_paths(structure, path=""):
+  """The leaves of a nest of dicts, lists and tuples, with their paths."""
+  if isinstance(structure, dict):
+    for key, item in structure.items():
+      yield from _flatten_with_paths(item, f"{path}[{key!r}]")
+  elif isinstance(structure, (list, tuple)):
+    for index, item in enumerate(structure):
+      yield from _flatten_with_paths(item, f"{path}[{index}]")
+  else:
+    yield path, structure
+
+
+def _checked_axes(axis, tensor):
+  """`axis` validated against `tensor`'s rank."""
+  axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
+  rank = tensor.shape.rank
+  for a in axes:
+    if not isinstance(a, int):
+      raise TypeError(f"`axis` must be None, an int or a list of ints; got {axis!r}.")
+    if rank is not None and not -rank <= a < rank:
+      raise ValueError(f"`axis` = {axis!r} out of range for `value` with "
+                       f"rank {rank} (shape {tensor.shape}).")
+  return axes if isinstance(axis, (list, tuple)) else axis
+
+
+def _element_count(tensor, axes):
+  """How many elements `reduce_sum(tensor, axes)` adds into each result."""
+  axes = axes if isinstance(axes, list) else [axes]
+  count = 1
+  for a in axes:
+    dim = tensor.shape[a] if tensor.shape.rank is not None else None
+    if dim is None:
+      return tf.reduce_prod([tf.shape(tensor, out_type=tf.int64)[a] for a in axes])
+    count *= dim
+  return count
+
+
+class StrategyExtended:
+  """The lower-level methods of a strategy: `strategy.extended`.
+
+  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> strategy.extended.worker_devices
+  ('/job:localhost/replica:0/task:0/device:CPU:0', '/job:localhost/replica:0/task:0/device:CPU:1')
+  """
+
+  def __init__(self, container_strategy):
+    self._container_strategy_ref = weakref.ref(container_strategy)
+
+  def _container_strategy(self):
+    return self._container_strategy_ref()
+
+  # Read by TensorFlow's tf.function cache: one trace per device when True.
+  _retrace_functions_for_each_device = False
+
+  def _use_merge_call(self):
+    """Read by Keras: replica-context updates go through `merge_call`."""
+    return True
+
+  def _in_multi_worker_mode(self):
+    return False
+
+  def _default_device_scope(self):
+    return None
+
+  @property
+  def experimental_require_static_shapes(self):
+    return False
+
+  @property
+  def experimental_between_graph(self):
+    return False
+
+  @property
+  def experimental_should_init(self):
+    return True
+
+  @property
+  def should_checkpoint(self):
+    return True
+
+  @property
+  def should_save_summary(self):
+    return True
+
+  # --- Variables.
+
+  def variable_created_in_scope(self, v):
+    """Whether `v` was created inside this strategy's scope."""
+    return getattr(v, "_distribute_strategy", None) is self._container_strategy()
+
+  def colocate_vars_with(self, colocate_with_variable):
+    """A scope in which new variables are placed like `colocate_with_variable`.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> with strategy.scope():
+    ...   v = tf.Variable(1.0)
+    ...   with strategy.extended.colocate_vars_with(v):
+    ...     slot = tf.Variable(0.0)
+    >>> [c.device[-5:] for c in slot.values]
+    ['CPU:0', 'CPU:1']
+    """
+    strategy = self._container_strategy()
+    if contexts.get_strategy() is not strategy:
+      contexts.raise_wrong_strategy(strategy)
+    if getattr(colocate_with_variable, "_distribute_strategy", None) is not strategy:
+      raise ValueError(
+          "`colocate_vars_with` must only be passed a variable created in "
+          f"this tf.distribute.Strategy.scope(), not: {colocate_with_variable!r}")
+
+    def create_colocated(next_creator, **kwargs):
+      kwargs["colocate_with"] = colocate_with_variable
+      return next_creator(**kwargs)
+    return tf.variable_creator_scope(create_colocated)
+
+  def _create_variable(self, next_creator, **kwargs):
+    kwargs.pop("colocate_with", None)
+    return next_creator(**kwargs)
+
+  def value_container(self, value):
+    """The distributed variable `value` is a component of, else `value`."""
+    container = values_lib.distributed_container(value)
+    return value if container is None else container
+
+  def read_var(self, v):
+    """`v` as one tensor: for sync-on-read variables, the aggregated value."""
+    return tf.identity(v.value() if isinstance(v, tf.Variable) else v)
+
+  # --- Running replicas.
+
+  def call_for_each_replica(self, fn, args=(), kwargs=None):
+    """Runs `fn` once per replica (the TF 1.x name of `strategy.run`)."""
+    with self._container_strategy().scope():
+      return self._call_for_each_replica(fn, args, kwargs or {})
+
+  def _call_for_each_replica(self, fn, args, kwargs):
+    with ReplicaContext(self._container_strategy(), 0):
+      return fn(*args, **kwargs)
+
+  def _distribute_values_from_function(self, value_fn):
+    return value_fn(ValueContext())
+
+  @property
+  def _num_replicas_in_sync(self):
+    return 1
+
+  @property
+  def worker_devices(self):
+    """The devices the replicas run on, one per replica."""
+    raise RuntimeError(
+        "worker_devices() method unsupported by default tf.distribute.Strategy.")
+
+  @property
+  def parameter_devices(self):
+    """The devices variables are placed on."""
+    raise RuntimeError(
+        "parameter_devices() method unsupported by default tf.distribute.Strategy.")
+
+  def non_slot_devices(self, var_list):
+    """The devices for non-slot variables (such as an optimizer's step)."""
+    del var_list
+    return self.parameter_devices
+
+  def _local_results(self, value):
+    return values_lib.local_results(value, self._num_replicas_in_sync)
+
+  # --- Reductions.
+
+  def reduce_to(self, reduce_op, value, destinations, options=None):
+    """Reduces `value` across replicas onto `destinations`.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> per_replica = strategy.run(lambda: tf.constant(1.0))
+    >>> strategy.extended.reduce_to("SUM", per_replica, destinations="CPU:0")
+    <tf.Tensor: shape=(), dtype=float32, numpy=2.0>
+    """
+    contexts.require_cross_replica_or_default(self._container_strategy())
+    if isinstance(reduce_op, tf.VariableAggregation):
+      raise ValueError("`reduce_op` must be a tf.distribute.ReduceOp, not a "
+                       f"tf.VariableAggregation ({reduce_op}).")
+    return self._reduce_to(ReduceOp.from_any(reduce_op), value, destinations,
+                           options)
+
+  def batch_reduce_to(self, reduce_op, value_destination_pairs, options=None):
+    """`reduce_to` for a list of `(value, destinations)` pairs at once."""
+    contexts.require_cross_replica_or_default(self._container_strategy())
+    return self._batch_reduce_to(ReduceOp.from_any(reduce_op),
+                                 list(value_destination_pairs), options)
+
+  def _reduce_to(self, reduce_op, value, destinations, options):
+    del reduce_op, destinations, options
+    return value
+
+  def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+    return [self._reduce_to(reduce_op, v, d, options)
+            for v, d in value_destination_pairs]
+
+  def _reduce(self, reduce_op, value):
+    destination = device_util.current() or "/device:CPU:0"
+    return self._local_results(self._reduce_to(reduce_op, value, destination, None))[0]
+
+  def broadcast_to(self, tensor, destinations):
+    """Copies `tensor` onto `destinations` (a `Mirrored` value for several)."""
+    contexts.require_cross_replica_or_default(self._container_strategy())
+    return self._broadcast_to(tensor, destinations)
+
+  def _broadcast_to(self, tensor, destinations):
+    del destinations
+    return tensor
+
+  def _gather_to(self, value, destinations, axis, options=None):
+    del destinations, axis, options
+    return value
+
+  # --- Updates.
+
+  def update(self, var, fn, args=(), kwargs=None, group=True):
+    """Runs `fn(component, *args, **kwargs)` on each component of `var`.
+
+    In a replica context this first waits for all replicas (`merge_call`)
+    and passes `fn` their arguments grouped.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> with strategy.scope():
+    ...   v = tf.Variable(1.0)
+    >>> _ = strategy.extended.update(v, lambda c, x: c.assign_add(x), args=(2.0,))
+    >>> v.values[1].numpy()
+    np.float32(3.0)
+    """
+    kwargs = {} if kwargs is None else kwargs
+    strategy = self._container_strategy()
+    replica_context = contexts.get_replica_context()
+    if replica_context is not None and replica_context.strategy is strategy:
+      def merge_fn(merged_strategy, *merged_args, **merged_kwargs):
+        return merged_strategy.extended.update(var, fn, merged_args,
+                                               merged_kwargs, group)
+      return replica_context.merge_call(merge_fn, args=args, kwargs=kwargs)
+    with strategy.scope():
+      return self._update(var, fn, args, kwargs, group)
+
+  def _update(self, var, fn, args, kwargs, group):
+    with contexts.UpdateContext(0):
+      result = fn(var, *args, **kwargs)
+    return result if group else self._local_results(result)
+
+  def update_non_slot(self, colocate_with, fn, args=(), kwargs=None, group=True):
+    """Runs `fn(*args, **kwargs)` once per device of `colocate_with`."""
+    with self._container_strategy().scope():
+      return self._update_non_slot(colocate_with, fn, args, kwargs or {}, group)
+
+  def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
+    del colocate_with
+    with contexts.UpdateContext(0):
+      result = fn(*args, **kwargs)
+    return result if group else self._local_results(result)
+
+  def update_config_proto(self, config_proto):
+    return config_proto
+
+
+class ReplicaContext:
+  """What code inside `strategy.run` sees: its replica and the collectives.
+
+  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> def step():
+  ...   ctx = tf_distribute_lite.get_replica_context()
+  ...   return ctx.all_reduce("SUM", tf.cast(ctx.replica_id_in_sync_group, tf.float32) + 1.0)
+  >>> strategy.run(step)
+  PerReplica:{
+    0: <tf.Tensor: shape=(), dtype=float32, numpy=3.0>,
+    1: <tf.Tensor: shape=(), dtype=float32, numpy=3.0>
+  }
+  """
+
+  def __init__(self, strategy, replica_id_in_sync_group, runner=None):
+    self._strategy = strategy
+    self._replica_id = replica_id_in_sync_group
+    self._runner = runner
+    self._entry = contexts.ContextEntry.in_replica(self)
+
+  def __enter__(self):
+    contexts.push(self._entry)
+    return self
+
+  def __exit__(self, *exc_info):
+    contexts.pop()
+
+  @property
+  def strategy(self):
+    """The strategy this replica belongs to."""
+    return self._strategy
+
+  @property
+  def num_replicas_in_sync(self):
+    """How many replicas take part in each synchronous step."""
+    return self._strategy.num_replicas_in_sync
+
+  @property
+  def replica_id_in_sync_group(self):
+    """This replica's index, a scalar int32 tensor."""
+    return tf.constant(self._replica_id, tf.int32, name="replica_id_in_sync_group")
+
+  @property
+  def devices(self):
+    """The devices this replica runs on."""
+    self._require_current()
+    return [self._strategy.extended.worker_devices[self._replica_id:self._replica_id + 1]]
+
+  def _require_current(self):
+    current = contexts.get_replica_context()
+    if current is self:
+      return
+    if current is None:
+      raise RuntimeError("Need to be inside `call_for_each_replica()`")
+    if current.strategy is self._strategy:
+      raise RuntimeError("Mismatching ReplicaContext.")
+    raise RuntimeError(f"Mismatching tf.distribute.Strategy objects: "
+                       f"{current.strategy} is not {self._strategy}.")
+
+  def merge_call(self, merge_fn, args=(), kwargs=None):
+    """Runs `merge_fn(strategy, *args, **kwargs)` once, across all replicas.
+
+    Every replica must call `merge_call`; `merge_fn` runs in the
+    cross-replica context with each argument grouped into a distributed
+    value, and each replica receives its part of the result.
+    """
+    self._require_current()
+    kwargs = {} if kwargs is None else kwargs
+    if not tf.executing_eagerly():
+      merge_fn = tf.__internal__.autograph.tf_convert(
+          merge_fn, tf.__internal__.autograph.control_status_ctx(),
+          convert_by_default=False)
+    if self._runner is not None and self._runner.num_replicas > 1:
+      return self._runner.merge_call(self._replica_id, merge_fn, args, kwargs)
+    with contexts.Entered(contexts.ContextEntry.cross_replica(self._strategy)):
+      return merge_fn(self._strategy, *args, **kwargs)
+
+  def all_reduce(self, reduce_op, value, options=None):
+    """Reduces `value` (a nest of tensors) across replicas; each gets the result.
+
+    The gradient of a SUM (MEAN) all-reduce is the SUM (MEAN) all-reduce of
+    the gradients.
+    """
+    reduce_op = ReduceOp.from_any(reduce_op)
+    flat = tf.nest.flatten(value)
+    if not flat:
+      return value
+    if self.num_replicas_in_sync == 1:
+      return value
+
+    def batch_all_reduce(strategy, *per_replica):
+      return strategy.extended.batch_reduce_to(
+          reduce_op, [(v, v) for v in per_replica], options)
+
+    if any(isinstance(v, tf.IndexedSlices) for v in flat):
+      return tf.nest.pack_sequence_as(
+          value, self.merge_call(batch_all_reduce, args=flat))
+
+    @tf.custom_gradient
+    def all_reduce_with_gradient(*xs):
+      ys = self.merge_call(batch_all_reduce, args=xs)
+      return ys, lambda *dys: self.all_reduce(reduce_op, list(dys), options)
+    return tf.nest.pack_sequence_as(value, all_reduce_with_gradient(*flat))
+
+  def all_gather(self, value, axis, options=None):
+    """Concatenates every replica's `value` (a nest of tensors) along `axis`."""
+    flat = tf.nest.flatten(value)
+    if self.num_replicas_in_sync == 1:
+      return value
+
+    def gather(strategy, *per_replica):
+      return [strategy.extended._gather_to(v, v, axis, options)  # pylint: disable=protected-access
+              for v in per_replica]
+    return tf.nest.pack_sequence_as(value, self.merge_call(gather, args=flat))
+
+
+class _DefaultReplicaContext(ReplicaContext):
+  """The replica context outside any strategy: one replica, id 0."""
+
+  @property
+  def replica_id_in_sync_group(self):
+    return 0
+
+  @property
+  def devices(self):
+    return (device_util.current(),)
+
+
+class _DefaultExtended(StrategyExtended):
+  """The default strategy: one replica on whatever device is current."""
+
+
+class _DefaultStrategy(Strategy):
+  """The strategy in effect outside any `scope()`."""
+
+  def __init__(self):
+    super().__init__(_DefaultExtended(self))
+
+
+_defaults = {}
+_defaults_lock = threading.Lock()
+
+
+def default_strategy():
+  """The single default strategy object."""
+  if "strategy" not in _defaults:
+    with _defaults_lock:
+      if "strategy" not in _defaults:
+        strategy = _DefaultStrategy()
+        replica_context = _DefaultReplicaContext(strategy, 0)
+        _defaults["entry"] = contexts.ContextEntry(strategy, None, replica_context)
+        _defaults["strategy"] = strategy
+  return _defaults["strategy"]
+
+
+def default_context_entry():
+  """The context in effect when the strategy stack is empty."""
+  default_strategy()
+  return _defaults["entry"]
+
+
+_global_scopes = weakref.WeakKeyDictionary()
+
+
+def experimental_set_strategy(strategy):
+  """Makes `strategy` current without a `with` block (None resets it).
+
+  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> experimental_set_strategy(strategy)
+  >>> tf_distribute_lite.get_strategy() is strategy
+  True
+  >>> experimental_set_strategy(None)
+  >>> tf_distribute_lite.has_strategy()
+  False
+  """
+  graph = tf.compat.v1.get_default_graph()
+  old_scope = _global_scopes.pop(graph, None)
+  if old_scope is not None:
+    old_scope.__exit__(None, None, None)
+  if contexts.has_strategy():
+    raise RuntimeError(
+        "Must not be called inside a `tf.distribute.Strategy` scope.")
+  if strategy is not None:
+    new_scope = strategy.scope()
+    new_scope.__enter__()
+    _global_scopes[graph] = new_scope
+
+
+class StrategyV1(Strategy):
+  """The TF 1.x form of `Strategy` (`tf.compat.v1.distribute.Strategy`).
+
+  It differs in `reduce`, whose `axis` defaults to None, and in the TF 1.x
+  methods it keeps.
+
+  >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.0)))
+  <tf.Tensor: shape=(), dtype=float32, numpy=4.0>
+  """
+
+  def reduce(self, reduce_op, value, axis=None):
+    return super().reduce(reduce_op, value, axis)
+
+  def update_config_proto(self, config_proto):
+    """Returns a copy of `config_proto` adjusted for this strategy."""
+    return self._extended.update_config_proto(config_proto)
+

@@ -1,0 +1,423 @@
+"""Distributed variables: one `tf.Variable` per replica behind one `tf.Variable`.
+
+`MirroredVariable` (synchronization ON_WRITE or AUTO) keeps its components
+equal: an update in the cross-replica context is applied to every component,
+and an update inside `strategy.run` is first aggregated across replicas by
+the variable's `aggregation`. `SyncOnReadVariable` lets each replica update
+its own component and aggregates only when read in the cross-replica context.
+
+To the rest of TensorFlow both are real variables: they subclass
+`tf.Variable`, convert to tensors, take part in gradients, checkpoints and
+SavedModels (saved as the single variable they stand for).
+"""
+
+import weakref
+
+import tensorflow as tf
+
+from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import contexts
+from tf_distribute_lite import values as values_lib
+from tf_distribute_lite.reduce_util import ReduceOp
+
+_VARIABLE_VALUE = "VARIABLE_VALUE"  # the checkpoint key plain variables use
+
+
+class DistributedVariable(values_lib.DistributedValues, tf.Variable):
+  """Base of `MirroredVariable` and `SyncOnReadVariable`."""
+
+  def __init__(self, strategy, components, aggregation):
+    if (aggregation == tf.VariableAggregation.MEAN and
+        not components[0].dtype.is_floating):
+      raise ValueError(
+          "creating distributed tf.Variable with aggregation=MEAN and a "
+          "non-floating dtype is not supported, please use a different "
+          "aggregation or dtype")
+    values_lib.DistributedValues.__init__(self, components)
+    self._distribute_strategy = strategy
+    self._aggregation = aggregation
+    self._common_name = self._primary.name.split(":")[0]
+    for component in components:
+      # Keras and `regroup` find the container of a component through this.
+      component.handle._distributed_container = weakref.ref(self)  # pylint: disable=protected-access
+
+  # --- Properties of the variable it stands for.
+
+  is_distributed_variable = True
+
+  @property
+  def distribute_strategy(self):
+    return self._distribute_strategy
+
+  @property
+  def aggregation(self):
+    return self._aggregation
+
+  @property
+  def synchronization(self):
+    return self._primary.synchronization
+
+  name = property(lambda self: self._primary.name)
+  dtype = property(lambda self: self._primary.dtype)
+  shape = property(lambda self: self._primary.shape)
+  device = property(lambda self: self._primary.device)
+  trainable = property(lambda self: self._primary.trainable)
+  constraint = property(lambda self: self._primary.constraint)
+  graph = property(lambda self: self._primary.graph)
+  initial_value = property(lambda self: self._primary.initial_value)
+  _shared_name = property(lambda self: self._primary._shared_name)  # pylint: disable=protected-access
+  _unique_id = property(lambda self: self._primary._unique_id)  # pylint: disable=protected-access
+  _graph_key = property(lambda self: self._primary._graph_key)  # pylint: disable=protected-access
+
+  def get_shape(self):
+    return self.shape
+
+  @property
+  def initializer(self):
+    return tf.group([v.initializer for v in self._values])
+
+  @property
+  def op(self):
+    return self._get_on_device_or_primary().op
+
+  @property
+  def handle(self):
+    """The resource handle of the current replica's component."""
+    if _tf_bridge.saving_without_distribution():
+      return self._primary.handle
+    return self._get_on_device_or_primary().handle
+
+  def is_initialized(self, name=None):
+    if tf.executing_eagerly():
+      return all(v.is_initialized() for v in self._values)
+    return tf.reduce_all([v.is_initialized() for v in self._values], name=name)
+
+  def _should_act_as_resource_variable(self):
+    """Makes `resource_variable_ops.is_resource_variable` accept this."""
+
+  # --- Reading.
+
+  def _current_replica_id(self):
+    """The replica whose component a read or write here means, or None."""
+    entry = contexts.current()
+    if entry.replica_context is None:
+      return contexts.update_replica_id()
+    if entry.strategy is self._distribute_strategy:
+      return entry.replica_context._replica_id  # pylint: disable=protected-access
+    if contexts.has_strategy():
+      contexts.raise_wrong_strategy(self._distribute_strategy)
+    return None  # no strategy in effect: the variable reads as one value
+
+  def _get(self):
+    if _tf_bridge.saving_without_distribution():
+      return self._primary
+    return super()._get()
+
+  def value(self):
+    value = self._get()
+    return value.value() if isinstance(value, tf.Variable) else value
+
+  def read_value(self):
+    return tf.identity(self.value())
+
+  def numpy(self):
+    if not tf.executing_eagerly():
+      raise NotImplementedError(
+          "DistributedVariable.numpy() is only available when eager "
+          "execution is enabled.")
+    return self.read_value().numpy()
+
+  def __tf_tensor__(self, dtype=None, name=None):
+    return tf.convert_to_tensor(self.value(), dtype=dtype, name=name)
+
+  def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
+    del as_ref
+    return self.__tf_tensor__(dtype, name)
+
+  def _as_graph_element(self):
+    return self._get_on_device_or_primary()._as_graph_element()  # pylint: disable=protected-access
+
+  def sparse_read(self, indices, name=None):
+    return tf.gather(self.value(), indices, name=name)
+
+  def gather_nd(self, indices, name=None):
+    return tf.gather_nd(self.value(), indices, name=name)
+
+  # --- Writing. Every update method funnels into `_update`.
+
+  def assign(self, value, use_locking=False, name=None, read_value=True):
+    return self._update("assign", value, use_locking=use_locking, name=name,
+                        read_value=read_value)
+
+  def assign_add(self, delta, use_locking=False, name=None, read_value=True):
+    return self._update("assign_add", delta, use_locking=use_locking,
+                        name=name, read_value=read_value)
+
+  def assign_sub(self, delta, use_locking=False, name=None, read_value=True):
+    return self._update("assign_sub", delta, use_locking=use_locking,
+                        name=name, read_value=read_value)
+
+  def _update(self, method, value, **kwargs):
+    """Applies `component.<method>(value, **kwargs)` as the context asks."""
+    def update_fn(component, value):
+      return getattr(component, method)(value, **kwargs)
+
+    if _tf_bridge.saving_without_distribution():
+      return update_fn(self._primary, value)
+    if method.startswith("assign"):
+      self._check_assignable(value)
+    entry = contexts.current()
+    if entry.replica_context is None and contexts.update_replica_id() is not None:
+      return update_fn(self._values[contexts.update_replica_id()], value)
+    if self._current_replica_id() is not None:
+      return self._update_in_replica(update_fn, value, method)
+    with self._strategy_scope():
+      return self._update_cross_replica(update_fn, value, method)
+
+  def _update_cross_replica(self, update_fn, value, method):
+    return self._distribute_strategy.extended.update(
+        self, update_fn, args=(value,), group=True)
+
+  def _update_in_replica(self, update_fn, value, method):
+    raise NotImplementedError
+
+  def _strategy_scope(self):
+    if contexts.has_strategy():
+      return _NullContext()
+    return self._distribute_strategy.scope()
+
+  def _check_assignable(self, value):
+    """Raises a clear error for a value of the wrong dtype or shape."""
+    for component in values_lib.local_results(value, 1):
+      if isinstance(component, (tf.IndexedSlices, tf.Operation)):
+        continue
+      try:
+        tensor = tf.convert_to_tensor(component, dtype_hint=self.dtype)
+      except (TypeError, ValueError) as e:
+        raise type(e)(f"Cannot assign {component!r} to variable "
+                      f"'{self.name}' of dtype {self.dtype.name}: {e}") from None
+      if tensor.dtype.base_dtype != self.dtype.base_dtype:
+        raise ValueError(
+            f"Cannot assign a value of dtype {tensor.dtype.name} to variable "
+            f"'{self.name}' of dtype {self.dtype.name}; cast it first.")
+      if not tensor.shape.is_compatible_with(self.shape):
+        raise ValueError(
+            f"Cannot assign a value of shape {tensor.shape} to variable "
+            f"'{self.name}' of shape {self.shape}.")
+
+  # --- tf.function, checkpoints and SavedModel.
+
+  def __tf_tracing_type__(self, context):
+    del context
+    return _VariableTraceType(self)
+
+  def _serialize_to_tensors(self):
+    return {_VARIABLE_VALUE: self._saved_value()}
+
+  def _saved_value(self):
+    with self._strategy_scope():
+      return self.read_value()
+
+  def _restore_from_tensors(self, restored_tensors):
+    restored = restored_tensors[_VARIABLE_VALUE]
+    if not restored.shape.is_compatible_with(self.shape):
+      raise ValueError(
+          f"Received incompatible tensor with shape {restored.shape} when "
+          f"attempting to restore variable with shape {self.shape} and name "
+          f"{self.name}.")
+    restored = self._component_restore_value(restored)
+    updates = []
+    for component in self._values:
+      with tf.device(component.device):
+        updates.append(component.assign(restored, read_value=False))
+    return tf.group(updates)
+
+  def _component_restore_value(self, restored):
+    return restored
+
+  def _export_to_saved_model_graph(self, object_map=None, tensor_map=None,
+                                   options=None, **kwargs):
+    # A SavedModel stores the variable this stands for: the primary component.
+    resources = self._primary._export_to_saved_model_graph(  # pylint: disable=protected-access
+        object_map=object_map, tensor_map=tensor_map, options=options, **kwargs)
+    for component in self._values[1:]:
+      object_map[component] = object_map[self._primary]
+      tensor_map[component.handle] = tensor_map[self._primary.handle]
+      resources.append(component.handle)
+    object_map[self] = object_map[self._primary]
+    tensor_map[self] = tensor_map[self._primary.handle]
+    resources.append(self)
+    return resources
+
+  def _write_object_proto(self, proto, options):
+    self._primary._write_object_proto(proto, options)  # pylint: disable=protected-access
+    proto.variable.aggregation = self.aggregation.value
+    policy = options.experimental_variable_policy
+    if policy == tf.saved_model.experimental.VariablePolicy.EXPAND_DISTRIBUTED_VARIABLES:
+      for component in self._values:
+        component_proto = proto.variable.experimental_distributed_variable_components.add()
+        component_proto.name = component.name.split(":")[0]
+        component_proto.device = component.device
+
+  def __tf_experimental_restore_capture__(self, concrete_function, internal_capture):
+    concrete_function.graph.replace_capture(self, internal_capture)
+    return self
+
+
+def _scatter_method(method):
+  def scatter(self, sparse_delta, use_locking=False, name=None):
+    return self._update(method, sparse_delta, use_locking=use_locking, name=name)  # pylint: disable=protected-access
+  scatter.__name__ = method
+  scatter.__doc__ = f"`tf.Variable.{method}` on every component, as for `assign`."
+  return scatter
+
+
+for _method in ("scatter_sub", "scatter_add", "scatter_mul", "scatter_div",
+                "scatter_min", "scatter_max", "scatter_update",
+                "batch_scatter_update"):
+  setattr(DistributedVariable, _method, _scatter_method(_method))
+
+
+class _NullContext:
+
+  def __enter__(self):
+    return None
+
+  def __exit__(self, *exc_info):
+    return False
+
+
+class _VariableTraceType(tf.types.experimental.TraceType):
+  """A `tf.function` traces once per distributed variable and captures it."""
+
+  def __init__(self, variable):
+    self._variable = variable
+
+  def is_subtype_of(self, other):
+    return self == other
+
+  def most_specific_common_supertype(self, others):
+    return self if all(self == other for other in others) else None
+
+  def placeholder_value(self, placeholder_context=None):
+    return self._variable
+
+  def to_tensors(self, value):
+    return []
+
+  def cast(self, value, cast_context):
+    return value
+
+  def __hash__(self):
+    return id(self._variable)
+
+  def __eq__(self, other):
+    return isinstance(other, _VariableTraceType) and other._variable is self._variable
+
+
+class MirroredVariable(DistributedVariable, tf.types.experimental.distributed.Mirrored):
+  """A variable whose components stay equal on every replica.
+
+  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> with strategy.scope():
+  ...   v = tf.Variable(1.0)
+  >>> v
+  MirroredVariable:{
+    0: <tf.Variable 'Variable:0' shape=() dtype=float32, numpy=1.0>,
+    1: <tf.Variable 'Variable/replica_1:0' shape=() dtype=float32, numpy=1.0>
+  }
+  >>> _ = v.assign_add(2.0)
+  >>> v.numpy()
+  np.float32(3.0)
+  """
+
+  def _get_cross_replica(self):
+    return self._get_on_device_or_primary()
+
+  def value(self):
+    if self._current_replica_id() is None and not _tf_bridge.saving_without_distribution():
+      # Hand out a copy, so the cross-replica value cannot be assigned to.
+      return tf.identity(self._get_cross_replica().value())
+    return super().value()
+
+  def _update_in_replica(self, update_fn, value, method):
+    if self._aggregation == tf.VariableAggregation.NONE:
+      return update_fn(self._get(), value)
+    if method.startswith("scatter") and self._aggregation != tf.VariableAggregation.ONLY_FIRST_REPLICA:
+      raise NotImplementedError(
+          f"`{method}` is not supported for MirroredVariable '{self.name}' "
+          f"with aggregation {self._aggregation} in a replica context: only "
+          f"ONLY_FIRST_REPLICA and NONE are.")
+
+    def merge_fn(strategy, value):
+      aggregated = _aggregate(strategy, value, self._aggregation, self)
+      return strategy.extended.update(self, update_fn, args=(aggregated,), group=True)
+
+    return contexts.get_replica_context().merge_call(merge_fn, args=(value,))
+
+
+def _aggregate(strategy, value, aggregation, destinations):
+  """`value` from every replica, combined by a variable's `aggregation`."""
+  if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
+    first = strategy.experimental_local_results(value)[0]
+    return strategy.extended.broadcast_to(first, destinations)
+  return strategy.extended.reduce_to(
+      ReduceOp.from_variable_aggregation(aggregation), value, destinations)
+
+
+class SyncOnReadVariable(DistributedVariable):
+  """A variable each replica updates on its own, aggregated when read.
+
+  Reading it in a cross-replica context combines the components by its
+  `aggregation` (SUM, MEAN or ONLY_FIRST_REPLICA).
+
+  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> with strategy.scope():
+  ...   v = tf.Variable(0.0, synchronization=tf.VariableSynchronization.ON_READ,
+  ...                   aggregation=tf.VariableAggregation.SUM)
+  >>> _ = strategy.run(lambda: v.assign_add(1.0))
+  >>> v.numpy()
+  np.float32(2.0)
+  """
+
+  def _get_cross_replica(self):
+    if self._aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
+      return self._primary
+    if self._aggregation == tf.VariableAggregation.NONE:
+      raise ValueError(
+          f"SyncOnReadVariable '{self.name}' has aggregation NONE and cannot "
+          f"be read in a cross-replica context; read it inside strategy.run.")
+    reads = []
+    for component in self._values:
+      with tf.device(component.device):
+        reads.append(component.read_value())
+    with tf.device(self._primary.device):
+      total = tf.add_n(reads)
+      if self._aggregation == tf.VariableAggregation.MEAN:
+        return total / len(reads)
+      return total
+
+  def _update_in_replica(self, update_fn, value, method):
+    if method.startswith("scatter"):
+      raise NotImplementedError(
+          f"`{method}` is not supported for SyncOnReadVariable '{self.name}'.")
+    return update_fn(self._get(), value)
+
+  def _update_cross_replica(self, update_fn, value, method):
+    if method.startswith("scatter"):
+      raise NotImplementedError(
+          f"`{method}` is not supported for SyncOnReadVariable '{self.name}'.")
+    if method != "assign" and self._aggregation == tf.VariableAggregation.SUM:
+      raise ValueError(
+          f"SyncOnReadVariable does not support `{method}` in cross-replica "
+          f"context when aggregation is set to `tf.VariableAggregation.SUM`.")
+    if method == "assign":
+      value = self._component_restore_value(tf.convert_to_tensor(value, self.dtype))
+    return self._distribute_strategy.extended.update(
+        self, update_fn, args=(value,), group=True)
+
+  def _component_restore_value(self, restored):
+    # Each component holds its share, so that the components sum to `restored`.
+    if self._aggregation == tf.VariableAggregation.SUM:
+      return restored / tf.cast(len(self._values), restored.dtype)
+    return restored

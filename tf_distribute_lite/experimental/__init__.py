@@ -1,0 +1,6 @@
+"""`tf.distribute.experimental`: the experimental names."""
+
+from tf_distribute_lite.collective_util import CollectiveCommunication
+from tf_distribute_lite.collective_util import CommunicationImplementation
+from tf_distribute_lite.collective_util import CommunicationOptions
+from tf_distribute_lite.distribute_lib import ValueContext

@@ -1,0 +1,334 @@
+"""`MirroredStrategy`: synchronous data parallelism on one machine's devices.
+
+Every variable is mirrored on all devices; each step runs once per device
+(replica) on that replica's share of the batch, and the replicas' gradients
+are all-reduced so the copies stay equal.
+"""
+
+import weakref
+
+import tensorflow as tf
+
+from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import contexts
+from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
+from tf_distribute_lite import device_util
+from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import distributed_variables
+from tf_distribute_lite import replica_runner
+from tf_distribute_lite import values as values_lib
+from tf_distribute_lite.collective_util import CommunicationImplementation
+from tf_distribute_lite.collective_util import CommunicationOptions
+from tf_distribute_lite.reduce_util import ReduceOp
+
+
+class MirroredStrategy(distribute_lib.Strategy):
+  """Synchronous training across the devices of one machine.
+
+  Args:
+    devices: device names, e.g. `["GPU:0", "GPU:1"]`. None or empty means
+      every GPU, or every CPU device if there is no GPU.
+    cross_device_ops: a `CrossDeviceOps` for reductions; by default
+      collective all-reduce (ring on CPUs, NCCL on GPUs), as TensorFlow.
+
+  >>> strategy = MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> strategy.num_replicas_in_sync
+  2
+  >>> with strategy.scope():
+  ...   v = tf.Variable(1.0)
+  >>> v
+  MirroredVariable:{
+    0: <tf.Variable 'Variable:0' shape=() dtype=float32, numpy=1.0>,
+    1: <tf.Variable 'Variable/replica_1:0' shape=() dtype=float32, numpy=1.0>
+  }
+  """
+
+  def __init__(self, devices=None, cross_device_ops=None):
+    super().__init__(MirroredExtended(self, devices, cross_device_ops))
+
+
+class MirroredExtended(distribute_lib.StrategyExtended):
+  """`strategy.extended` of `MirroredStrategy`."""
+
+  def __init__(self, container_strategy, devices, cross_device_ops):
+    super().__init__(container_strategy)
+    self._devices = _resolve_devices(devices)
+    self._retrace_functions_for_each_device = len(self._devices) > 1
+    self._cross_device_ops = cross_device_ops or _default_cross_device_ops(self._devices)
+    self._host_ops = cross_device_ops_lib.ReductionToOneDevice()
+    self._function_cache = weakref.WeakKeyDictionary()
+
+  # --- Devices.
+
+  @property
+  def worker_devices(self):
+    return self._devices
+
+  @property
+  def parameter_devices(self):
+    return self._devices
+
+  @property
+  def _num_replicas_in_sync(self):
+    return len(self._devices)
+
+  def _local_results(self, value):
+    return values_lib.local_results(value, len(self._devices))
+
+  # --- Variables.
+
+  def _create_variable(self, next_creator, **kwargs):
+    colocate_with = kwargs.pop("colocate_with", None)
+    devices = self._devices if colocate_with is None else tuple(
+        v.device for v in colocate_with.values)
+    kwargs.pop("caching_device", None)
+    synchronization = kwargs.get("synchronization") or tf.VariableSynchronization.AUTO
+    aggregation = kwargs.pop("aggregation", None) or tf.VariableAggregation.NONE
+    name = kwargs.get("name")
+    if synchronization == tf.VariableSynchronization.NONE:
+      raise ValueError(
+          "`NONE` variable synchronization mode is not supported with "
+          f"tf.distribute strategy. Please change the `synchronization` for "
+          f"variable: {name}")
+    if aggregation not in tuple(tf.VariableAggregation):
+      raise ValueError(f"Invalid variable aggregation mode: {aggregation} for "
+                       f"variable: {name}")
+    components = []
+    for i, device in enumerate(devices):
+      with tf.device(device):
+        if i > 0:
+          primary = components[0]
+          kwargs["name"] = f"{primary.name.split(':')[0]}/replica_{i}/"
+          if kwargs.get("initial_value") is not None:
+            kwargs["initial_value"] = _copy_of(primary)
+        components.append(next_creator(**kwargs))
+    if synchronization == tf.VariableSynchronization.ON_READ:
+      cls = distributed_variables.SyncOnReadVariable
+    else:
+      cls = distributed_variables.MirroredVariable
+    return cls(self._container_strategy(), components, aggregation)
+
+  # --- Running replicas.
+
+  def _call_for_each_replica(self, fn, args, kwargs):
+    if isinstance(fn, tf.types.experimental.PolymorphicFunction):
+      return self._as_one_function(fn)(*args, **kwargs)
+    if not tf.executing_eagerly():
+      fn = tf.__internal__.autograph.tf_convert(
+          fn, tf.__internal__.autograph.control_status_ctx(),
+          convert_by_default=False)
+    inputs = [(values_lib.select_replica(i, args),
+               values_lib.select_replica(i, kwargs))
+              for i in range(len(self._devices))]
+    runner = replica_runner.ReplicaRunner(
+        self._container_strategy(), fn, inputs, self._devices,
+        self._make_replica_context)
+    return values_lib.regroup(runner.run())
+
+  def _as_one_function(self, function):
+    """`function` run on every replica inside one traced function."""
+    wrapped = self._function_cache.get(function)
+    if wrapped is None:
+      def run_replicas(*args, **kwargs):
+        return self._call_for_each_replica(function.python_function, args, kwargs)
+      wrapped = _tf_bridge.clone_function(function, run_replicas)
+      self._function_cache[function] = wrapped
+    return wrapped
+
+  def _make_replica_context(self, replica_id, runner):
+    return distribute_lib.ReplicaContext(self._container_strategy(), replica_id,
+                                         runner)
+
+  def _distribute_values_from_function(self, value_fn):
+    n = len(self._devices)
+    return values_lib.regroup(
+        [value_fn(distribute_lib.ValueContext(i, n)) for i in range(n)],
+        always_wrap=True)
+
+  # --- Reductions.
+
+  def _cross_device_ops_for(self, value):
+    """The algorithm for `value`: int32 goes through one device, as in TF."""
+    components = values_lib.local_results(value, 1)
+    if any(getattr(c, "dtype", None) == tf.int32 for c in components):
+      return self._host_ops
+    return self._cross_device_ops
+
+  def _reduce_to(self, reduce_op, value, destinations, options):
+    if reduce_op == ReduceOp.MEAN and _is_mirrored(value):
+      return value
+    if not isinstance(value, tf.distribute.DistributedValues):
+      return self._reduce_plain_value(reduce_op, value, destinations)
+    devices = cross_device_ops_lib.devices_of(destinations)
+    on_host = any(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in devices)
+    if on_host or devices != _devices_of_value(value):
+      return self._host_ops.reduce(reduce_op, value, destinations)
+    return self._cross_device_ops_for(value).reduce(
+        reduce_op, value, destinations, options)
+
+  def _reduce_plain_value(self, reduce_op, value, destinations):
+    """Reduces a value that is the same object on every replica."""
+    if not tf.is_tensor(value) and _is_all_zero(value):
+      return value
+    if reduce_op == ReduceOp.MEAN:
+      return value
+    if len(self._devices) != 1:
+      raise ValueError(
+          f"A non-DistributedValues value {value} cannot be reduced with the "
+          f"given reduce op {reduce_op}: summing one value that every "
+          f"replica shares is ambiguous. Pass per-replica values (from "
+          f"strategy.run) or use ReduceOp.MEAN.")
+    return cross_device_ops_lib.simple_broadcast(value, destinations)
+
+  def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+    results = [None] * len(value_destination_pairs)
+    by_ops = {}
+    for i, (value, destinations) in enumerate(value_destination_pairs):
+      if not isinstance(value, tf.distribute.DistributedValues):
+        results[i] = self._reduce_plain_value(reduce_op, value, destinations)
+      else:
+        by_ops.setdefault(self._cross_device_ops_for(value), []).append(i)
+    for ops, indices in by_ops.items():
+      reduced = ops.batch_reduce(
+          reduce_op, [value_destination_pairs[i] for i in indices], options)
+      for i, r in zip(indices, reduced):
+        results[i] = r
+    return results
+
+  def _broadcast_to(self, tensor, destinations):
+    if isinstance(tensor, (float, int)):
+      return tensor
+    return self._cross_device_ops_for(tensor).broadcast(tensor, destinations)
+
+  def _gather_to(self, value, destinations, axis, options=None):
+    if not isinstance(value, tf.distribute.DistributedValues):
+      return value
+    return self._host_ops._gather(value, destinations, axis, options)  # pylint: disable=protected-access
+
+  # --- Updates.
+
+  def _update(self, var, fn, args, kwargs, group):
+    if not values_lib.is_distributed_variable(var):
+      raise ValueError(
+          f"strategy.extended.update of {type(self._container_strategy()).__name__} "
+          f"needs a variable created in its scope; got {var!r}.")
+    components = var.values
+    return self._update_each(
+        [c.device for c in components], fn,
+        [(c,) for c in components], args, kwargs, group)
+
+  def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
+    devices = cross_device_ops_lib.devices_of(colocate_with)
+    return self._update_each(devices, fn, [()] * len(devices), args, kwargs, group)
+
+  def _update_each(self, devices, fn, leading_args, args, kwargs, group):
+    results = []
+    for i, device in enumerate(devices):
+      with tf.device(device), contexts.UpdateContext(i):
+        results.append(fn(*leading_args[i], *values_lib.select_replica(i, args),
+                          **values_lib.select_replica(i, kwargs)))
+    return _regroup_updates(results, group, self._local_results)
+
+  def non_slot_devices(self, var_list):
+    del var_list
+    return self._devices
+
+  def update_config_proto(self, config_proto):
+    updated = type(config_proto)()
+    updated.CopyFrom(config_proto)
+    updated.isolate_session_state = True
+    return updated
+
+
+def _regroup_updates(results, group, local_results):
+  """Per-device update results as one value; with `group`, run all updates."""
+  grouped = values_lib.regroup(results, values_lib.Mirrored)
+  if not group:
+    return tf.nest.map_structure(local_results, grouped)
+
+  def join(value):
+    if not isinstance(value, values_lib.Mirrored) or len(value.values) == 1:
+      return value
+    parts = value.values
+    done = tf.group(parts)
+    if not all(tf.is_tensor(p) or isinstance(p, tf.Variable) for p in parts):
+      return done
+    joined = []
+    for part in parts:
+      with tf.device(part.device), tf.control_dependencies([done]):
+        joined.append(tf.identity(part))
+    return values_lib.Mirrored(joined)
+  return tf.nest.map_structure(join, grouped)
+
+
+def _copy_of(primary):
+  """The initial value of component i > 0: the primary's value."""
+  def initial_value():
+    return tf.identity(tf.stop_gradient(primary.value()))
+  return initial_value
+
+
+def _is_mirrored(value):
+  return isinstance(value, (values_lib.Mirrored, distributed_variables.MirroredVariable))
+
+
+def _is_all_zero(value):
+  try:
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    return bool(np.all(np.asarray(value) == 0))
+  except (TypeError, ValueError):
+    return False
+
+
+def _devices_of_value(value):
+  return tuple(device_util.canonicalize(v.device) for v in value.values)
+
+
+def _resolve_devices(devices):
+  """Validated, canonical device names; all local devices when none given."""
+  if devices is None or (isinstance(devices, (list, tuple)) and not devices):
+    devices = device_util.local_devices("GPU") or device_util.local_devices("CPU")
+  if isinstance(devices, str):
+    raise ValueError(f"`devices` must be a list of device names, not the "
+                     f"string {devices!r}; did you mean [{devices!r}]?")
+  resolved = tuple(device_util.canonicalize(d) for d in devices)
+  seen = {}
+  for given, canonical in zip(devices, resolved):
+    if canonical in seen:
+      raise ValueError(
+          f"No duplicates allowed in `devices` argument: {seen[canonical]!r} "
+          f"and {given!r} both name {canonical}.")
+    seen[canonical] = given
+  return resolved
+
+
+def _default_cross_device_ops(devices):
+  """TensorFlow 2.21's choice of algorithm, minus its hang on absent devices."""
+  missing = [d for d in devices if not device_util.is_present(d)]
+  if missing:
+    tf.get_logger().warning(
+        "MirroredStrategy devices %s are not present on this machine: "
+        "TensorFlow places their ops on available devices instead (soft "
+        "placement), and reductions use ReductionToOneDevice.",
+        ", ".join(missing))
+    return cross_device_ops_lib.ReductionToOneDevice()
+  types = {tf.DeviceSpec.from_string(d).device_type for d in devices}
+  if types - {"GPU"} and (not tf.compat.v1.executing_eagerly_outside_functions()
+                          or "GPU" in types):
+    return cross_device_ops_lib.ReductionToOneDevice()
+  if types == {"GPU"} and (len(tf.config.list_physical_devices("GPU")) >=
+                           len(tf.config.list_logical_devices("GPU"))):
+    implementation = CommunicationImplementation.NCCL
+  else:
+    implementation = CommunicationImplementation.RING
+  return cross_device_ops_lib.CollectiveAllReduce(
+      devices, options=CommunicationOptions(implementation=implementation))
+
+
+class MirroredStrategyV1(distribute_lib.StrategyV1, MirroredStrategy):
+  """`MirroredStrategy` with the TF 1.x API (`tf.compat.v1.distribute`).
+
+  >>> strategy = MirroredStrategyV1(["CPU:0", "CPU:1"])
+  >>> strategy.reduce("MEAN", strategy.run(lambda: tf.constant(3.0)))
+  <tf.Tensor: shape=(), dtype=float32, numpy=3.0>
+  """

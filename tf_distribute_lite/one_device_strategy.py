@@ -1,0 +1,99 @@
+"""`OneDeviceStrategy`: everything on one device, through the strategy API.
+
+Code written for several replicas runs unchanged on one: variables are plain
+`tf.Variable`s placed on the device, `run` calls the function once there, and
+reductions return their input.
+"""
+
+import tensorflow as tf
+
+from tf_distribute_lite import device_util
+from tf_distribute_lite import distribute_lib
+
+
+class OneDeviceStrategy(distribute_lib.Strategy):
+  """Runs on one device, with the API of the multi-replica strategies.
+
+  Args:
+    device: the device name, e.g. `"/gpu:0"` or `"CPU:1"`.
+
+  >>> strategy = OneDeviceStrategy("/cpu:1")
+  >>> with strategy.scope():
+  ...   v = tf.Variable(1.0)
+  >>> v.device
+  '/job:localhost/replica:0/task:0/device:CPU:1'
+  >>> strategy.run(lambda: v + 1.0)
+  <tf.Tensor: shape=(), dtype=float32, numpy=2.0>
+  """
+
+  def __init__(self, device):
+    super().__init__(OneDeviceExtended(self, device))
+
+
+class OneDeviceExtended(distribute_lib.StrategyExtended):
+  """`strategy.extended` of `OneDeviceStrategy`."""
+
+  def __init__(self, container_strategy, device):
+    super().__init__(container_strategy)
+    self._device = device_util.canonicalize(device)
+
+  @property
+  def worker_devices(self):
+    return (self._device,)
+
+  @property
+  def parameter_devices(self):
+    return (self._device,)
+
+  def _default_device_scope(self):
+    return tf.device(self._device)
+
+  def _create_variable(self, next_creator, **kwargs):
+    colocate_with = kwargs.pop("colocate_with", None)
+    with tf.device(self._device if colocate_with is None else colocate_with.device):
+      return next_creator(**kwargs)
+
+  def _call_for_each_replica(self, fn, args, kwargs):
+    if not tf.executing_eagerly():
+      fn = tf.__internal__.autograph.tf_convert(
+          fn, tf.__internal__.autograph.control_status_ctx(),
+          convert_by_default=False)
+    with tf.device(self._device), _OneDeviceReplicaContext(
+        self._container_strategy(), 0):
+      return fn(*args, **kwargs)
+
+  def _update(self, var, fn, args, kwargs, group):
+    with tf.device(self._device):
+      return super()._update(var, fn, args, kwargs, group)
+
+  def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
+    with tf.device(self._device):
+      return super()._update_non_slot(colocate_with, fn, args, kwargs, group)
+
+  def _broadcast_to(self, tensor, destinations):
+    del destinations
+    return tensor
+
+  def _gather_to(self, value, destinations, axis, options=None):
+    del destinations, axis, options
+    return value
+
+  def non_slot_devices(self, var_list):
+    del var_list
+    return (self._device,)
+
+
+class _OneDeviceReplicaContext(distribute_lib.ReplicaContext):
+
+  @property
+  def devices(self):
+    self._require_current()
+    return self._strategy.extended.worker_devices
+
+
+class OneDeviceStrategyV1(distribute_lib.StrategyV1, OneDeviceStrategy):
+  """`OneDeviceStrategy` with the TF 1.x API (`tf.compat.v1.distribute`).
+
+  >>> OneDeviceStrategyV1("/cpu:0").reduce("SUM", tf.constant(1.0))
+  <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
+  """

@@ -1,0 +1,47 @@
+"""`ReduceOp`: how values from several replicas combine into one."""
+
+import enum
+
+import tensorflow as tf
+
+
+class ReduceOp(enum.Enum):
+  """How a set of per-replica values is reduced.
+
+  * `SUM`: add all the values.
+  * `MEAN`: the arithmetic mean of the values.
+
+  Wherever a reduce op is taken, `ReduceOp.SUM`, TensorFlow's
+  `tf.distribute.ReduceOp.SUM` and the string `"SUM"` mean the same thing.
+
+  >>> ReduceOp.from_any("mean")
+  <ReduceOp.MEAN: 'MEAN'>
+  >>> ReduceOp.from_variable_aggregation(tf.VariableAggregation.SUM)
+  <ReduceOp.SUM: 'SUM'>
+  """
+  SUM = "SUM"
+  MEAN = "MEAN"
+
+  @staticmethod
+  def from_variable_aggregation(aggregation):
+    """The reduce op matching a `tf.VariableAggregation` (SUM or MEAN)."""
+    by_aggregation = {tf.VariableAggregation.SUM: ReduceOp.SUM,
+                      tf.VariableAggregation.MEAN: ReduceOp.MEAN}
+    if aggregation not in by_aggregation:
+      raise ValueError(
+          f"Could not convert from `tf.VariableAggregation` {aggregation} to "
+          f"`tf.distribute.ReduceOp`: only SUM and MEAN have one.")
+    return by_aggregation[aggregation]
+
+  @staticmethod
+  def from_any(reduce_op):
+    """Our `ReduceOp` for `reduce_op`: ours, TensorFlow's, or a string."""
+    if isinstance(reduce_op, ReduceOp):
+      return reduce_op
+    if isinstance(reduce_op, enum.Enum) and type(reduce_op).__name__ == "ReduceOp":
+      reduce_op = reduce_op.value  # TensorFlow's own tf.distribute.ReduceOp
+    if isinstance(reduce_op, str) and reduce_op.upper() in ("SUM", "MEAN"):
+      return ReduceOp(reduce_op.upper())
+    raise ValueError(
+        f"`reduce_op` must be tf.distribute.ReduceOp.SUM or MEAN (or the "
+        f"string 'SUM' or 'MEAN'); got {reduce_op!r}.")

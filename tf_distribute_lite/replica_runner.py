@@ -1,0 +1,227 @@
+"""Runs a function once per replica, pausing every replica at `merge_call`.
+
+Replicas run one after another on the calling thread, each under its device
+and in its `ReplicaContext`. Only `merge_call` needs more: it must hold every
+replica at the same point until all have arrived, then run `merge_fn` once
+with their arguments grouped. When replica 0 first calls `merge_call`, the
+other replicas start on threads of their own, each running until it reaches
+`merge_call` too; from then on the replicas advance in lockstep, always in
+replica order, so the ops they build come out in a deterministic order.
+A function that never calls `merge_call` never starts a thread.
+"""
+
+import contextlib
+import threading
+
+import tensorflow as tf
+
+from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import contexts
+from tf_distribute_lite import values as values_lib
+
+
+class _Abort(BaseException):
+  """Unwinds a paused replica thread when another replica failed."""
+
+
+class _ThreadState:
+  """What a replica thread must inherit from the thread that called `run`."""
+
+  def __init__(self):
+    self.eager = tf.executing_eagerly()
+    self.graph = tf.compat.v1.get_default_graph()
+    self.name_scope = "" if self.eager else self.graph.get_name_scope()
+    self.creators = list(_tf_bridge.variable_creator_stack(self.graph))
+
+  def enter(self, stack):
+    """Enters this state on the current thread, using `stack` (ExitStack)."""
+    if not self.eager:
+      stack.enter_context(self.graph.as_default())
+    _tf_bridge.set_variable_creator_stack(self.graph, list(self.creators))
+    if self.name_scope:
+      stack.enter_context(tf.name_scope(self.name_scope + "/"))
+
+
+class _ReplicaThread(threading.Thread):
+  """Runs one replica; pauses at each `merge_call` until told to go on."""
+
+  def __init__(self, runner, replica_id, state):
+    super().__init__(name=f"replica_{replica_id}", daemon=True)
+    self.runner = runner
+    self.replica_id = replica_id
+    self.state = state
+    self._go = threading.Event()
+    self._paused = threading.Event()
+    self.merge_request = None
+    self.merge_result = None
+    self.result = None
+    self.error = None
+    self.done = False
+
+  def run(self):
+    self._go.wait()
+    self._go.clear()
+    if self.runner.aborting:
+      self.done = True
+      self._paused.set()
+      return
+    try:
+      with contextlib.ExitStack() as stack:
+        self.state.enter(stack)
+        self.result = self.runner.call_replica(self.replica_id)
+      self.done = True
+    except _Abort:
+      self.done = True
+    except BaseException as e:  # pylint: disable=broad-except
+      self.error = e
+    finally:
+      self._paused.set()
+
+  def advance(self):
+    """From the main thread: let this replica run to its next pause."""
+    self._go.set()
+    self._paused.wait()
+    self._paused.clear()
+
+  def wait_for_merge(self, request):
+    """From this replica's thread: park at `merge_call` until resumed."""
+    self.merge_request = request
+    self._paused.set()
+    self._go.wait()
+    self._go.clear()
+    if self.runner.aborting:
+      raise _Abort()
+    return self.merge_result
+
+
+class ReplicaRunner:
+  """Calls `fn` once per replica and returns the per-replica results.
+
+  Args:
+    strategy: the strategy the replicas belong to.
+    fn: the function to run.
+    replica_inputs: per replica, the `(args, kwargs)` it is called with.
+    devices: per replica, its device.
+    make_replica_context: `(replica_id, runner) -> ReplicaContext`.
+  """
+
+  def __init__(self, strategy, fn, replica_inputs, devices, make_replica_context):
+    self._strategy = strategy
+    self._fn = fn
+    self._inputs = replica_inputs
+    self._devices = devices
+    self._make_replica_context = make_replica_context
+    self._state = _ThreadState()
+    self._threads = None
+    self._main_thread = threading.current_thread()
+    self._created_variables = []
+    self._merge_calls = 0
+    self.aborting = False
+
+  @property
+  def num_replicas(self):
+    return len(self._inputs)
+
+  def run(self):
+    try:
+      first = self.call_replica(0)
+    except BaseException:
+      self._abort()
+      raise
+    if self._threads is None:
+      return [first] + [self.call_replica(i) for i in range(1, self.num_replicas)]
+    results = [first]
+    for thread in self._threads:
+      self._advance(thread)
+      if not thread.done:
+        self._abort()
+        raise RuntimeError(
+            f"Replica {thread.replica_id} called merge_call more often than "
+            f"replica 0 ({self._merge_calls} times): every replica must call "
+            f"merge_call (directly or through all_reduce, variable updates, "
+            f"optimizers) the same number of times.")
+      results.append(thread.result)
+    return results
+
+  def call_replica(self, replica_id):
+    """Runs `fn` as replica `replica_id` on the current thread."""
+    args, kwargs = self._inputs[replica_id]
+    replica_context = self._make_replica_context(replica_id, self)
+    with replica_context, tf.device(self._devices[replica_id]), \
+        tf.variable_creator_scope(self._share_variables(replica_id)):
+      if replica_id > 0 and not tf.executing_eagerly():
+        with tf.name_scope(f"replica_{replica_id}"):
+          return self._fn(*args, **kwargs)
+      return self._fn(*args, **kwargs)
+
+  def _share_variables(self, replica_id):
+    """Replica 0 creates variables; the others get the same ones, in order."""
+    taken = [0]
+
+    def creator(next_creator, **kwargs):
+      if replica_id == 0:
+        variable = next_creator(**kwargs)
+        self._created_variables.append(variable)
+        return variable
+      if taken[0] >= len(self._created_variables):
+        raise RuntimeError(
+            f"Replica {replica_id} created variable {kwargs.get('name')!r} "
+            f"that replica 0 did not create: every replica must create the "
+            f"same variables in the same order.")
+      taken[0] += 1
+      return self._created_variables[taken[0] - 1]
+    return creator
+
+  def merge_call(self, replica_id, merge_fn, args, kwargs):
+    """Pauses replica `replica_id` until all replicas call merge; runs it."""
+    if threading.current_thread() is not self._main_thread:
+      return self._threads[replica_id - 1].wait_for_merge((args, kwargs))
+    if replica_id != 0:
+      raise RuntimeError(
+          f"Replica {replica_id} called merge_call but replica 0 did not: "
+          f"every replica must call merge_call (directly or through "
+          f"all_reduce, variable updates, optimizers) the same number of "
+          f"times.")
+    self._merge_calls += 1
+    if self._threads is None:
+      self._threads = [_ReplicaThread(self, i, self._state)
+                       for i in range(1, self.num_replicas)]
+      for thread in self._threads:
+        thread.start()
+    requests = [(args, kwargs)]
+    for thread in self._threads:
+      self._advance(thread)
+      if thread.done:
+        self._abort()
+        raise RuntimeError(
+            f"Replica 0 called merge_call (call {self._merge_calls}) but "
+            f"replica {thread.replica_id} returned without calling it: every "
+            f"replica must call merge_call the same number of times.")
+      requests.append(thread.merge_request)
+    merged_args = values_lib.regroup([r[0] for r in requests])
+    merged_kwargs = values_lib.regroup([r[1] for r in requests])
+    try:
+      with contexts.Entered(contexts.ContextEntry.cross_replica(self._strategy)), \
+          tf.device(None):
+        result = merge_fn(self._strategy, *merged_args, **merged_kwargs)
+    except BaseException:
+      self._abort()
+      raise
+    for thread in self._threads:
+      thread.merge_result = values_lib.select_replica(thread.replica_id, result)
+    return values_lib.select_replica(0, result)
+
+  def _advance(self, thread):
+    thread.advance()
+    if thread.error is not None:
+      self._abort()
+      raise thread.error
+
+  def _abort(self):
+    """Unwinds every replica thread that is still paused."""
+    if not self._threads or self.aborting:
+      return
+    self.aborting = True
+    for thread in self._threads:
+      if thread.is_alive() and not thread.done and thread.error is None:
+        thread.advance()

@@ -1,0 +1,293 @@
+"""Distributed values: one value per replica, grouped in one object.
+
+`PerReplica` holds values that may differ between replicas (each replica's
+loss); `Mirrored` holds values known to be equal on every replica (a reduced
+gradient). Both are composite tensors with a type spec, so a `tf.function`
+that takes them traces once per structure of shapes and dtypes.
+
+`regroup` turns the list of per-replica results of `strategy.run` into one
+nest of distributed values; `select_replica` does the reverse for the inputs.
+"""
+
+import tensorflow as tf
+
+from tf_distribute_lite import contexts
+
+
+class DistributedValues(tf.distribute.DistributedValues):
+  """Base class of values that hold one component per replica.
+
+  >>> v = PerReplica([tf.constant(1.0), tf.constant(2.0)])
+  >>> v.values[1]
+  <tf.Tensor: shape=(), dtype=float32, numpy=2.0>
+  """
+
+  def __init__(self, values):
+    self._values = tuple(values)
+
+  @property
+  def values(self):
+    """The components, one per local replica."""
+    return self._values
+
+  @property
+  def _primary(self):
+    return self._values[0]
+
+  @property
+  def _devices(self):
+    return tuple(v.device for v in self._values)
+
+  def _current_replica_id(self):
+    return contexts.current_replica_id()
+
+  def _get(self):
+    """The component for the current replica, or the cross-replica value."""
+    replica_id = self._current_replica_id()
+    if replica_id is None:
+      return self._get_cross_replica()
+    return self._values[replica_id]
+
+  def _get_cross_replica(self):
+    raise ValueError(
+        f"{type(self).__name__} has a different value on each replica and "
+        f"cannot be used as one value in a cross-replica context. Reduce it "
+        f"with `strategy.reduce`, or use it inside `strategy.run`.")
+
+  def _get_on_device_or_primary(self):
+    """The current replica's component, else the one on this device."""
+    replica_id = self._current_replica_id()
+    if replica_id is not None:
+      return self._values[replica_id]
+    from tf_distribute_lite import device_util  # pylint: disable=g-import-not-at-top
+    device = device_util.current()
+    if device:
+      device = device_util.canonicalize(device)
+      for value in self._values:
+        if device_util.canonicalize(value.device) == device:
+          return value
+    return self._primary
+
+  def _debug_string(self, format_value):
+    lines = ",\n".join(f"  {i}: {format_value(v)}"
+                       for i, v in enumerate(self._values))
+    return f"{type(self).__name__}:{{\n{lines}\n}}"
+
+  def __str__(self):
+    return self._debug_string(str)
+
+  def __repr__(self):
+    return self._debug_string(repr)
+
+
+class _DistributedValuesSpec(tf.TypeSpec):
+  """Type spec of a distributed value: the specs of its components."""
+
+  __slots__ = ("_value_specs",)
+
+  def __init__(self, *value_specs):
+    self._value_specs = tuple(value_specs)
+
+  def _serialize(self):
+    return self._value_specs
+
+  @property
+  def _component_specs(self):
+    return self._value_specs
+
+  def _to_components(self, value):
+    return value._values  # pylint: disable=protected-access
+
+  def _from_components(self, components):
+    return self.value_type(components)
+
+
+class PerReplica(DistributedValues, tf.types.experimental.distributed.PerReplica,
+                 tf.__internal__.CompositeTensor):
+  """Values that may differ from replica to replica.
+
+  >>> PerReplica([tf.constant(1), tf.constant(2)])
+  PerReplica:{
+    0: <tf.Tensor: shape=(), dtype=int32, numpy=1>,
+    1: <tf.Tensor: shape=(), dtype=int32, numpy=2>
+  }
+  """
+
+  @property
+  def _type_spec(self):
+    return PerReplicaSpec(*(tf.type_spec_from_value(v) for v in self._values))
+
+  def __tf_tensor__(self, dtype=None, name=None):
+    if contexts.in_cross_replica_context() or not contexts.has_strategy():
+      raise ValueError(
+          "It looks like you are using a PerReplica object while not inside a "
+          "replica context, which is not supported. Try running your op or "
+          "function inside a replica context by using `strategy.run`")
+    return tf.convert_to_tensor(self._get(), dtype=dtype, name=name)
+
+
+class PerReplicaSpec(_DistributedValuesSpec):
+  """Type spec of a `PerReplica`.
+
+  >>> PerReplica([tf.constant(1.0), tf.constant(2.0)])._type_spec
+  PerReplicaSpec(TensorSpec(shape=(), dtype=tf.float32, name=None), TensorSpec(shape=(), dtype=tf.float32, name=None))
+  """
+
+  value_type = property(lambda self: PerReplica)
+
+
+class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored,
+               tf.__internal__.CompositeTensor):
+  """Values that are equal on every replica; usable as one value anywhere.
+
+  Attribute access and operators go to the current replica's component, or
+  in a cross-replica context to the component on the current device.
+
+  >>> m = Mirrored([tf.constant(3.0), tf.constant(3.0)])
+  >>> m + 1.0
+  <tf.Tensor: shape=(), dtype=float32, numpy=4.0>
+  >>> m.dtype
+  tf.float32
+  """
+
+  @property
+  def _type_spec(self):
+    return MirroredSpec(*(tf.type_spec_from_value(v) for v in self._values))
+
+  def _get_cross_replica(self):
+    return self._get_on_device_or_primary()
+
+  def __getattr__(self, name):
+    if name.startswith("_"):
+      raise AttributeError(name)
+    return getattr(self._get(), name)
+
+  def __tf_tensor__(self, dtype=None, name=None):
+    return tf.convert_to_tensor(self._get(), dtype=dtype, name=name)
+
+
+class MirroredSpec(_DistributedValuesSpec):
+  """Type spec of a `Mirrored` value.
+
+  >>> Mirrored([tf.constant(1), tf.constant(1)])._type_spec
+  MirroredSpec(TensorSpec(shape=(), dtype=tf.int32, name=None), TensorSpec(shape=(), dtype=tf.int32, name=None))
+  """
+
+  value_type = property(lambda self: Mirrored)
+
+
+def _forward_operator(name):
+  def operator(self, *args):
+    return getattr(self._get(), name)(*args)  # pylint: disable=protected-access
+  operator.__name__ = name
+  return operator
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__",
+              "__rmul__", "__truediv__", "__rtruediv__", "__floordiv__",
+              "__rfloordiv__", "__mod__", "__rmod__", "__pow__", "__rpow__",
+              "__matmul__", "__rmatmul__", "__lt__", "__le__", "__gt__",
+              "__ge__", "__and__", "__rand__", "__or__", "__ror__", "__xor__",
+              "__rxor__", "__getitem__", "__neg__", "__abs__", "__invert__"):
+  setattr(Mirrored, _name, _forward_operator(_name))
+
+
+def is_distributed_variable(value):
+  return getattr(value, "is_distributed_variable", False) is True
+
+
+def select_replica(replica_id, structure):
+  """`structure` as replica `replica_id` sees it.
+
+  Distributed values become their component; distributed variables stay
+  whole (they pick their component themselves when used).
+
+  >>> select_replica(1, {"x": PerReplica([1, 2]), "y": 3})
+  {'x': 2, 'y': 3}
+  """
+  def component(value):
+    if isinstance(value, DistributedValues) and not is_distributed_variable(value):
+      return value.values[replica_id]
+    return value
+  return tf.nest.map_structure(component, structure)
+
+
+def regroup(per_replica_results, wrap_class=PerReplica, always_wrap=False):
+  """One nest of distributed values from a list of per-replica nests.
+
+  Lists, tuples, namedtuples and dicts are regrouped element by element.
+  Where every replica returned the very same object, that object is kept;
+  components of one distributed variable become that variable.
+
+  >>> regroup([(1, "a"), (2, "a")])
+  (PerReplica:{
+    0: 1,
+    1: 2
+  }, 'a')
+  """
+  first = per_replica_results[0]
+  if isinstance(first, (list, tuple)):
+    _check_same_length(per_replica_results)
+    items = [regroup([r[i] for r in per_replica_results], wrap_class, always_wrap)
+             for i in range(len(first))]
+    if hasattr(first, "_fields"):
+      return type(first)(*items)
+    return type(first)(items)
+  if isinstance(first, dict):
+    _check_same_keys(per_replica_results)
+    return type(first)((key, regroup([r[key] for r in per_replica_results],
+                                     wrap_class, always_wrap))
+                       for key in first)
+  if all(r is first for r in per_replica_results[1:]):
+    if is_distributed_variable(first) or not (
+        always_wrap or distributed_container(first) is not None):
+      return first
+  container = distributed_container(first)
+  if container is not None and all(
+      distributed_container(r) is container for r in per_replica_results[1:]):
+    return container
+  return wrap_class(per_replica_results)
+
+
+def distributed_container(value):
+  """The distributed variable `value` is a component of, or None."""
+  if not isinstance(value, tf.Variable) or is_distributed_variable(value):
+    return None
+  reference = getattr(value.handle, "_distributed_container", None)
+  container = reference() if reference is not None else None
+  if container is None or not any(c is value for c in container.values):
+    return None  # e.g. the result of an assign: same handle, not a component
+  return container
+
+
+def _check_same_length(results):
+  lengths = {len(r) for r in results}
+  if len(lengths) > 1:
+    raise ValueError(f"Replicas returned sequences of different lengths "
+                     f"{[len(r) for r in results]}; every replica must "
+                     f"return the same structure.")
+
+
+def _check_same_keys(results):
+  keys = set(results[0])
+  for i, r in enumerate(results[1:], 1):
+    if set(r) != keys:
+      raise ValueError(f"Replicas returned dicts with different keys: replica "
+                       f"0 returned {sorted(map(str, keys))}, replica {i} "
+                       f"returned {sorted(map(str, r))}.")
+
+
+def local_results(value, num_replicas):
+  """The per-replica components of `value` as a tuple.
+
+  A distributed value gives its components; a nest gives the nest as each
+  replica sees it; any other value gives `(value,)`.
+
+  >>> local_results((PerReplica([1, 2]),), 2)
+  ((1,), (2,))
+  """
+  if isinstance(value, tf.distribute.DistributedValues):
+    return value.values
+  if tf.nest.is_nested(value):
+    return tuple(select_replica(i, value) for i in range(num_replicas))
+  return (value,)
