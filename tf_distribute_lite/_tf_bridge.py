@@ -7,9 +7,12 @@ onto that same stack is what makes `tf.distribute.get_strategy()`, Keras,
 behind a private attribute, so every private access sits here, behind a
 check that refuses a TensorFlow whose internals look different.
 
-The other private reads are the saving context (a `tf.saved_model.save` in
-progress maps distributed variables onto single ones) and the per-thread
-variable-creator stack that replica threads inherit.
+The other private contacts are the saving context (a `tf.saved_model.save`
+in progress maps distributed variables onto single ones), the per-thread
+variable-creator stack that replica threads inherit, and AutoGraph's list of
+libraries it leaves alone: like TensorFlow's own `tf.distribute` (and Keras),
+this package is library code that AutoGraph must not rewrite when a user's
+`tf.function` calls into it (rewriting it costs seconds per trace).
 """
 
 import tensorflow as tf
@@ -27,6 +30,11 @@ def _check_tensorflow():
   except ImportError:
     save_context = None
     missing.append("saved_model.save_context")
+  try:
+    from tensorflow.python.autograph.core import config as autograph_config  # pylint: disable=g-import-not-at-top
+    autograph_config.CONVERSION_RULES  # pylint: disable=pointless-statement
+  except (ImportError, AttributeError):
+    missing.append("autograph.core.config.CONVERSION_RULES")
   if missing or not tf.__version__.startswith("2."):
     raise ImportError(
         f"tf_distribute_lite does not recognise the internals of TensorFlow "
@@ -37,6 +45,16 @@ def _check_tensorflow():
 
 
 _save_context = _check_tensorflow()
+
+
+def _exempt_from_autograph(package):
+  from tensorflow.python.autograph.core import config  # pylint: disable=g-import-not-at-top
+  rule = config.DoNotConvert(package)
+  if not any(str(r) == str(rule) for r in config.CONVERSION_RULES):
+    config.CONVERSION_RULES = (rule,) + tuple(config.CONVERSION_RULES)
+
+
+_exempt_from_autograph(__name__.split(".")[0])
 
 
 def strategy_stack():

@@ -11,6 +11,7 @@ To the rest of TensorFlow both are real variables: they subclass
 SavedModels (saved as the single variable they stand for).
 """
 
+import copy
 import weakref
 
 import tensorflow as tf
@@ -40,6 +41,15 @@ class DistributedVariable(values_lib.DistributedValues, tf.Variable):
     for component in components:
       # Keras and `regroup` find the container of a component through this.
       component.handle._distributed_container = weakref.ref(self)  # pylint: disable=protected-access
+
+  def __deepcopy__(self, memo):
+    components = []
+    for component in self._values:
+      with tf.device(component.device):
+        components.append(copy.deepcopy(component, memo))
+    copied = type(self)(self._distribute_strategy, components, self._aggregation)
+    memo[id(self)] = copied
+    return copied
 
   # --- Properties of the variable it stands for.
 

@@ -1,0 +1,59 @@
+"""The bridge to TensorFlow's strategy stack: what it relies on, and its refusal."""
+
+import pytest
+import tensorflow as tf
+
+import tf_distribute_lite as tfd
+from tf_distribute_lite import _tf_bridge
+
+
+def test_pushes_onto_tensorflows_own_stack():
+  strategy = tfd.OneDeviceStrategy("CPU:0")
+  depth = len(_tf_bridge.strategy_stack())
+  with strategy.scope():
+    assert len(_tf_bridge.strategy_stack()) == depth + 1
+    assert _tf_bridge.strategy_stack()[-1].strategy is strategy
+  assert len(_tf_bridge.strategy_stack()) == depth
+
+
+def test_refuses_tensorflow_without_the_stack(monkeypatch):
+  monkeypatch.delattr(tf.Graph, _tf_bridge._STACK_ATTRIBUTE)
+  monkeypatch.setattr(tf, "__version__", "2.99.0")
+  with pytest.raises(ImportError, match=r"TensorFlow 2\.99\.0.*_distribution_strategy_stack"):
+    _tf_bridge._check_tensorflow()
+
+
+def test_refuses_tensorflow_1(monkeypatch):
+  monkeypatch.setattr(tf, "__version__", "1.15.5")
+  with pytest.raises(ImportError, match=r"TensorFlow 1\.15\.5"):
+    _tf_bridge._check_tensorflow()
+
+
+def test_saving_context_is_seen(tmp_path):
+  strategy = tfd.MirroredStrategy(["CPU:0", "CPU:1"])
+  with strategy.scope():
+    v = tf.Variable(3.0)
+  module = tf.Module()
+  module.v = v
+  seen = []
+  module.f = tf.function(lambda: seen.append(_tf_bridge.saving_without_distribution()) or v + 1.0,
+                         input_signature=[])
+  assert not _tf_bridge.saving_without_distribution()
+  tf.saved_model.save(module, str(tmp_path))
+  assert True in seen
+  assert tf.saved_model.load(str(tmp_path)).f().numpy() == 4.0
+
+
+def test_resource_on_ignores_variable_creators():
+  strategy = tfd.MirroredStrategy(["CPU:0", "CPU:1"])
+  with strategy.scope():
+    token = _tf_bridge.resource_on("/cpu:1")
+  assert type(token).__name__ == "ResourceVariable"
+  assert token.device.endswith("CPU:1")
+
+
+def test_autograph_leaves_the_package_alone():
+  from tensorflow.python.autograph.impl import conversion  # pylint: disable=g-import-not-at-top
+  assert conversion.is_allowlisted(tfd.MirroredStrategy.run)
+  assert conversion.is_allowlisted(tfd.ReplicaContext.all_reduce)
+  assert not conversion.is_allowlisted(test_autograph_leaves_the_package_alone)
