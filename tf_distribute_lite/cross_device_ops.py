@@ -313,17 +313,25 @@ def _split_flat(flat, like, device):
             for p, t in zip(pieces, like)]
 
 
-def _packs_by_count(values, num_packs):
-  """`num_packs` is 0: no packing; else one pack per dtype."""
-  if num_packs == 0:
-    return [[i] for i in range(len(values))]
-  by_dtype = {}
-  for i, v in enumerate(values):
-    by_dtype.setdefault(v.values[0].dtype, []).append(i)
-  return list(by_dtype.values())
+class _PackedByCount(_AllReduce):
+  """An all-reduce whose `num_packs` says whether to concatenate tensors."""
+
+  def __init__(self, num_packs=1):
+    if num_packs < 0:
+      raise ValueError(f"`num_packs` must be >= 0; got {num_packs}.")
+    self.num_packs = num_packs
+
+  def _packs(self, values, options):
+    """No packing for `num_packs` 0; else one pack per dtype."""
+    if self.num_packs == 0:
+      return [[i] for i in range(len(values))]
+    by_dtype = {}
+    for i, v in enumerate(values):
+      by_dtype.setdefault(v.values[0].dtype, []).append(i)
+    return list(by_dtype.values())
 
 
-class HierarchicalCopyAllReduce(_AllReduce):
+class HierarchicalCopyAllReduce(_PackedByCount):
   """All-reduce in two halves of the devices, then between their roots.
 
   Each half sums its components on a root device (the roots rotate between
@@ -348,13 +356,8 @@ class HierarchicalCopyAllReduce(_AllReduce):
   """
 
   def __init__(self, num_packs=1):
-    if num_packs < 0:
-      raise ValueError(f"`num_packs` must be >= 0; got {num_packs}.")
-    self.num_packs = num_packs
+    super().__init__(num_packs)
     self._next_root = itertools.count()
-
-  def _packs(self, values, options):
-    return _packs_by_count(values, self.num_packs)
 
   def _all_reduce_dense(self, per_device, devices, options):
     n = len(devices)
@@ -379,7 +382,7 @@ class HierarchicalCopyAllReduce(_AllReduce):
     return result
 
 
-class NcclAllReduce(_AllReduce):
+class NcclAllReduce(_PackedByCount):
   """All-reduce between GPUs with NVIDIA NCCL.
 
   Reductions onto other devices than the values' own fall back to
@@ -394,13 +397,8 @@ class NcclAllReduce(_AllReduce):
   """
 
   def __init__(self, num_packs=1):
-    if num_packs < 0:
-      raise ValueError(f"`num_packs` must be >= 0; got {num_packs}.")
-    self.num_packs = num_packs
+    super().__init__(num_packs)
     self._names = itertools.count()
-
-  def _packs(self, values, options):
-    return _packs_by_count(values, self.num_packs)
 
   def _all_reduce_dense(self, per_device, devices, options):
     not_gpu = [d for d in devices if tf.DeviceSpec.from_string(d).device_type != "GPU"]

@@ -70,14 +70,6 @@ class OneDeviceExtended(distribute_lib.StrategyExtended):
     with tf.device(self._device):
       return super()._update_non_slot(colocate_with, fn, args, kwargs, group)
 
-  def _broadcast_to(self, tensor, destinations):
-    del destinations
-    return tensor
-
-  def _gather_to(self, value, destinations, axis, options=None):
-    del destinations, axis, options
-    return value
-
   def non_slot_devices(self, var_list):
     del var_list
     return (self._device,)

@@ -80,6 +80,20 @@ class DistributedValues(tf.distribute.DistributedValues):
     return self._debug_string(repr)
 
 
+def _component_specs(value):
+  specs = []
+  for i, component in enumerate(value.values):
+    try:
+      specs.append(tf.type_spec_from_value(component))
+    except TypeError:
+      raise TypeError(
+          f"{type(value).__name__} component {i} is {component!r} of type "
+          f"{type(component).__name__}, not a tensor: a value passed into or "
+          f"returned from a tf.function (e.g. the result of strategy.run) "
+          f"must be a nest of tensors.") from None
+  return specs
+
+
 class _DistributedValuesSpec(tf.TypeSpec):
   """Type spec of a distributed value: the specs of its components."""
 
@@ -115,7 +129,7 @@ class PerReplica(DistributedValues, tf.types.experimental.distributed.PerReplica
 
   @property
   def _type_spec(self):
-    return PerReplicaSpec(*(tf.type_spec_from_value(v) for v in self._values))
+    return PerReplicaSpec(*_component_specs(self))
 
   def __tf_tensor__(self, dtype=None, name=None):
     if contexts.in_cross_replica_context() or not contexts.has_strategy():
@@ -152,7 +166,7 @@ class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored,
 
   @property
   def _type_spec(self):
-    return MirroredSpec(*(tf.type_spec_from_value(v) for v in self._values))
+    return MirroredSpec(*_component_specs(self))
 
   def _get_cross_replica(self):
     return self._get_on_device_or_primary()
