@@ -44,7 +44,8 @@ def devices_of(destinations):
   if isinstance(destinations, str):
     devices = (destinations,)
   elif isinstance(destinations, tf.distribute.DistributedValues):
-    devices = tuple(v.device for v in destinations.values)
+    # Components without a device (tf.function arguments) count as CPU:0.
+    devices = tuple(v.device or "/device:CPU:0" for v in destinations.values)
   elif isinstance(destinations, (list, tuple)) and all(
       isinstance(d, str) for d in destinations):
     devices = tuple(destinations)
@@ -67,10 +68,6 @@ def as_per_replica(value):
   if isinstance(value, tf.distribute.DistributedValues):
     return values_lib.PerReplica(value.values)
   return values_lib.PerReplica((value,))
-
-
-def _value_devices(value):
-  return tuple(device_util.canonicalize(v.device) for v in value.values)
 
 
 def copy_to_device(value, device):
@@ -145,7 +142,7 @@ class CrossDeviceOps:
     reduce_op = ReduceOp.from_any(reduce_op)
     value = as_per_replica(per_replica_value)
     devices = devices_of(destinations)
-    if len(value.values) == 1 and _value_devices(value) == devices:
+    if len(value.values) == 1 and devices_of(value) == devices:
       return values_lib.regroup([copy_to_device(value.values[0], devices[0])],
                                 values_lib.Mirrored)
     return self.reduce_implementation(reduce_op, value, destinations,
@@ -155,7 +152,7 @@ class CrossDeviceOps:
     """Reduces each `(value, destinations)` pair; returns a list of results."""
     reduce_op = ReduceOp.from_any(reduce_op)
     pairs = _checked_pairs(value_destination_pairs)
-    if all(len(v.values) == 1 and _value_devices(v) == devices_of(d)
+    if all(len(v.values) == 1 and devices_of(v) == devices_of(d)
            for v, d in pairs):
       return [values_lib.regroup([copy_to_device(v.values[0], v.values[0].device)],
                                  values_lib.Mirrored) for v, _ in pairs]
@@ -246,7 +243,7 @@ class _AllReduce(CrossDeviceOps):
 
   def batch_reduce_implementation(self, reduce_op, value_destination_pairs,
                                   options):
-    if not all(_value_devices(v) == devices_of(d)
+    if not all(devices_of(v) == devices_of(d)
                for v, d in value_destination_pairs):
       return _FALLBACK.batch_reduce_implementation(
           reduce_op, value_destination_pairs, options)
@@ -273,7 +270,7 @@ class _AllReduce(CrossDeviceOps):
 
   def _batch_all_reduce(self, values, options):
     """Sums each distributed value in `values`; per value, per-device sums."""
-    devices = _value_devices(values[0])
+    devices = devices_of(values[0])
     packs = self._packs(values, options)
     reduced = [None] * len(values)
     for pack in packs:
@@ -494,6 +491,9 @@ class CollectiveAllReduce(_AllReduce):
           f"got values on {devices}.")
     options = self._options.merge(options)
     if tf.executing_eagerly():
+      # The caller differentiates all-reduce itself (ReplicaContext.all_reduce);
+      # a tape must not try to differentiate the collective op inside.
+      per_device = [tf.stop_gradient(t) for t in per_device]
       return self._eager_launch(per_device, options.implementation.value,
                                 options.timeout_seconds or 0)
     return self._launch(per_device, options.implementation.value,

@@ -89,7 +89,6 @@ class _StrategyScope:
     self._strategy = strategy
     self._entry = contexts.ContextEntry.cross_replica(strategy)
     self._creator_scope = tf.variable_creator_scope(self._create_variable)
-    self._device_scope = strategy.extended._default_device_scope()  # pylint: disable=protected-access
     self._reentered = 0
 
   def _create_variable(self, next_creator, **kwargs):
@@ -105,16 +104,12 @@ class _StrategyScope:
       return self._strategy
     contexts.push(self._entry)
     self._creator_scope.__enter__()
-    if self._device_scope is not None:
-      self._device_scope.__enter__()
     return self._strategy
 
   def __exit__(self, *exc_info):
     if self._reentered:
       self._reentered -= 1
       return
-    if self._device_scope is not None:
-      self._device_scope.__exit__(*exc_info)
     self._creator_scope.__exit__(*exc_info)
     contexts.pop()
 
@@ -346,9 +341,6 @@ class StrategyExtended:
 
   def _in_multi_worker_mode(self):
     return False
-
-  def _default_device_scope(self):
-    return None
 
   @property
   def experimental_require_static_shapes(self):
@@ -591,7 +583,7 @@ class ReplicaContext:
   def devices(self):
     """The devices this replica runs on."""
     self._require_current()
-    return [self._strategy.extended.worker_devices[self._replica_id:self._replica_id + 1]]
+    return [[self._strategy.extended.worker_devices[self._replica_id]]]
 
   def _require_current(self):
     current = contexts.get_replica_context()

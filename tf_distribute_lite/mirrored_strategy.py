@@ -154,14 +154,30 @@ class MirroredExtended(distribute_lib.StrategyExtended):
       return self._host_ops
     return self._cross_device_ops
 
+  def _placed(self, value):
+    """`value` with each component on its replica's device.
+
+    The components of a distributed value passed into a `tf.function` have
+    no device; they belong to the replicas in order.
+    """
+    if (not isinstance(value, values_lib.DistributedValues) or
+        values_lib.is_distributed_variable(value) or
+        len(value.values) != len(self._devices) or
+        all(c.device for c in value.values)):
+      return value
+    return type(value)([
+        c if c.device else cross_device_ops_lib.copy_to_device(c, d)
+        for c, d in zip(value.values, self._devices)])
+
   def _reduce_to(self, reduce_op, value, destinations, options):
     if reduce_op == ReduceOp.MEAN and _is_mirrored(value):
       return value
     if not isinstance(value, tf.distribute.DistributedValues):
       return self._reduce_plain_value(reduce_op, value, destinations)
+    value, destinations = self._placed(value), self._placed(destinations)
     devices = cross_device_ops_lib.devices_of(destinations)
     on_host = any(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in devices)
-    if on_host or devices != _devices_of_value(value):
+    if on_host or devices != cross_device_ops_lib.devices_of(value):
       return self._host_ops.reduce(reduce_op, value, destinations)
     return self._cross_device_ops_for(value).reduce(
         reduce_op, value, destinations, options)
@@ -183,14 +199,18 @@ class MirroredExtended(distribute_lib.StrategyExtended):
   def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
     results = [None] * len(value_destination_pairs)
     by_ops = {}
+    pairs = []
     for i, (value, destinations) in enumerate(value_destination_pairs):
       if not isinstance(value, tf.distribute.DistributedValues):
         results[i] = self._reduce_plain_value(reduce_op, value, destinations)
-      else:
-        by_ops.setdefault(self._cross_device_ops_for(value), []).append(i)
+        pairs.append(None)
+        continue
+      placed = self._placed(value)
+      pairs.append((placed, placed if destinations is value else
+                    self._placed(destinations)))
+      by_ops.setdefault(self._cross_device_ops_for(value), []).append(i)
     for ops, indices in by_ops.items():
-      reduced = ops.batch_reduce(
-          reduce_op, [value_destination_pairs[i] for i in indices], options)
+      reduced = ops.batch_reduce(reduce_op, [pairs[i] for i in indices], options)
       for i, r in zip(indices, reduced):
         results[i] = r
     return results
@@ -198,12 +218,14 @@ class MirroredExtended(distribute_lib.StrategyExtended):
   def _broadcast_to(self, tensor, destinations):
     if isinstance(tensor, (float, int)):
       return tensor
-    return self._cross_device_ops_for(tensor).broadcast(tensor, destinations)
+    return self._cross_device_ops_for(tensor).broadcast(
+        tensor, self._placed(destinations))
 
   def _gather_to(self, value, destinations, axis, options=None):
     if not isinstance(value, tf.distribute.DistributedValues):
       return value
-    return self._host_ops._gather(value, destinations, axis, options)  # pylint: disable=protected-access
+    return self._host_ops._gather(  # pylint: disable=protected-access
+        self._placed(value), self._placed(destinations), axis, options)
 
   # --- Updates.
 
@@ -278,10 +300,6 @@ def _is_all_zero(value):
     return bool(np.all(np.asarray(value) == 0))
   except (TypeError, ValueError):
     return False
-
-
-def _devices_of_value(value):
-  return tuple(device_util.canonicalize(v.device) for v in value.values)
 
 
 def _resolve_devices(devices):

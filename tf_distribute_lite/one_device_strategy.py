@@ -45,9 +45,6 @@ class OneDeviceExtended(distribute_lib.StrategyExtended):
   def parameter_devices(self):
     return (self._device,)
 
-  def _default_device_scope(self):
-    return tf.device(self._device)
-
   def _create_variable(self, next_creator, **kwargs):
     colocate_with = kwargs.pop("colocate_with", None)
     with tf.device(self._device if colocate_with is None else colocate_with.device):

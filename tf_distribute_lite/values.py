@@ -1,9 +1,10 @@
 """Distributed values: one value per replica, grouped in one object.
 
 `PerReplica` holds values that may differ between replicas (each replica's
-loss); `Mirrored` holds values known to be equal on every replica (a reduced
-gradient). Both are composite tensors with a type spec, so a `tf.function`
-that takes them traces once per structure of shapes and dtypes.
+loss); it is a composite tensor with a type spec, so a `tf.function` that
+takes one traces once per structure of shapes and dtypes. `Mirrored` holds
+values known to be equal on every replica (a reduced gradient) and stands in
+for that one value.
 
 `regroup` turns the list of per-replica results of `strategy.run` into one
 nest of distributed values; `select_replica` does the reverse for the inputs.
@@ -94,28 +95,6 @@ def _component_specs(value):
   return specs
 
 
-class _DistributedValuesSpec(tf.TypeSpec):
-  """Type spec of a distributed value: the specs of its components."""
-
-  __slots__ = ("_value_specs",)
-
-  def __init__(self, *value_specs):
-    self._value_specs = tuple(value_specs)
-
-  def _serialize(self):
-    return self._value_specs
-
-  @property
-  def _component_specs(self):
-    return self._value_specs
-
-  def _to_components(self, value):
-    return value._values  # pylint: disable=protected-access
-
-  def _from_components(self, components):
-    return self.value_type(components)
-
-
 class PerReplica(DistributedValues, tf.types.experimental.distributed.PerReplica,
                  tf.__internal__.CompositeTensor):
   """Values that may differ from replica to replica.
@@ -140,22 +119,41 @@ class PerReplica(DistributedValues, tf.types.experimental.distributed.PerReplica
     return tf.convert_to_tensor(self._get(), dtype=dtype, name=name)
 
 
-class PerReplicaSpec(_DistributedValuesSpec):
-  """Type spec of a `PerReplica`.
+class PerReplicaSpec(tf.TypeSpec):
+  """Type spec of a `PerReplica`: the specs of its components.
 
   >>> PerReplica([tf.constant(1.0), tf.constant(2.0)])._type_spec
   PerReplicaSpec(TensorSpec(shape=(), dtype=tf.float32, name=None), TensorSpec(shape=(), dtype=tf.float32, name=None))
   """
 
+  __slots__ = ("_value_specs",)
+
   value_type = property(lambda self: PerReplica)
 
+  def __init__(self, *value_specs):
+    self._value_specs = tuple(value_specs)
 
-class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored,
-               tf.__internal__.CompositeTensor):
+  def _serialize(self):
+    return self._value_specs
+
+  @property
+  def _component_specs(self):
+    return self._value_specs
+
+  def _to_components(self, value):
+    return value._values  # pylint: disable=protected-access
+
+  def _from_components(self, components):
+    return PerReplica(components)
+
+
+class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored):
   """Values that are equal on every replica; usable as one value anywhere.
 
   Attribute access and operators go to the current replica's component, or
-  in a cross-replica context to the component on the current device.
+  in a cross-replica context to the component on the current device. Unlike
+  `PerReplica` it is not a composite tensor: as in TensorFlow, a `tf.function`
+  returns it as that one tensor.
 
   >>> m = Mirrored([tf.constant(3.0), tf.constant(3.0)])
   >>> m + 1.0
@@ -163,10 +161,6 @@ class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored,
   >>> m.dtype
   tf.float32
   """
-
-  @property
-  def _type_spec(self):
-    return MirroredSpec(*_component_specs(self))
 
   def _get_cross_replica(self):
     return self._get_on_device_or_primary()
@@ -178,16 +172,6 @@ class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored,
 
   def __tf_tensor__(self, dtype=None, name=None):
     return tf.convert_to_tensor(self._get(), dtype=dtype, name=name)
-
-
-class MirroredSpec(_DistributedValuesSpec):
-  """Type spec of a `Mirrored` value.
-
-  >>> Mirrored([tf.constant(1), tf.constant(1)])._type_spec
-  MirroredSpec(TensorSpec(shape=(), dtype=tf.int32, name=None), TensorSpec(shape=(), dtype=tf.int32, name=None))
-  """
-
-  value_type = property(lambda self: Mirrored)
 
 
 def _forward_operator(name):

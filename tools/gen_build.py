@@ -23,6 +23,9 @@ HEADER = """\
 # After adding, removing or renaming a .py file run: python tools/gen_build.py
 """
 
+# Every py_test runs its file through pytest with this entry point.
+PYTEST_MAIN = "tests/pytest_main.py"
+
 LIBRARY_DEPS = [
     "//third_party/py:absl",
     "//third_party/py:numpy",
@@ -48,7 +51,8 @@ def test_files(root=REPO_ROOT):
 def test_support_srcs(root=REPO_ROOT):
     """tests/conftest.py and any other non-test helper module in tests/."""
     files = (p.relative_to(root).as_posix() for p in (root / TESTS).glob("*.py"))
-    return sorted(f for f in files if not pathlib.PurePosixPath(f).name.startswith("test_"))
+    return sorted(f for f in files
+                  if not pathlib.PurePosixPath(f).name.startswith("test_") and f != PYTEST_MAIN)
 
 
 def _list(items, indent):
@@ -93,8 +97,9 @@ def render(root=REPO_ROOT):
         parts.append(_rule("py_test", [
             ("name", f'"{pathlib.PurePosixPath(path).stem}"'),
             ("size", '"medium"'),
-            ("srcs", [path]),
-            ("main", f'"{path}"'),
+            ("srcs", [path, PYTEST_MAIN]),
+            ("main", f'"{PYTEST_MAIN}"'),
+            ("args", [f"$(location {path})"]),
             ("deps", [f":{PACKAGE}", ":test_support"]),
         ]))
     return "\n".join(parts)

@@ -1,0 +1,702 @@
+"""`Strategy`, `StrategyExtended` and `ReplicaContext`, compared with
+`tf.distribute`: each snippet runs against both and must give the same reprs,
+values and exception classes, in eager mode and inside a `tf.function`.
+"""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_distribute_lite as tfd
+
+DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4))
+
+Pair = collections.namedtuple("Pair", ["first", "second"])
+
+
+class Api:
+  """One implementation of the strategy API and its strategies, made once."""
+
+  def __init__(self, name, module, v1):
+    self.name = name
+    self.mod = module
+    self.v1 = v1
+    self._strategies = {}
+
+  def _strategy(self, key, make):
+    if key not in self._strategies:
+      self._strategies[key] = make()
+    return self._strategies[key]
+
+  @property
+  def mirrored(self):
+    """A MirroredStrategy on all 4 CPUs."""
+    return self._strategy("mirrored", self.mod.MirroredStrategy)
+
+  @property
+  def pair(self):
+    """A MirroredStrategy on CPU:0 and CPU:1."""
+    if self.mod is tf.distribute:  # TF 2.21 collectives of several group sizes collide.
+      make = lambda: tf.distribute.MirroredStrategy(
+          ["CPU:0", "CPU:1"], cross_device_ops=tf.distribute.ReductionToOneDevice())
+    else:
+      make = lambda: tfd.MirroredStrategy(["CPU:0", "CPU:1"])
+    return self._strategy("pair", make)
+
+  @property
+  def one_device(self):
+    return self._strategy("one_device", lambda: self.mod.OneDeviceStrategy("CPU:1"))
+
+  @property
+  def v1_mirrored(self):
+    return self._strategy("v1_mirrored", self.v1.MirroredStrategy)
+
+  def replica_ids(self, strategy=None, dtype=tf.float32):
+    """A PerReplica holding each replica's id."""
+    strategy = strategy or self.mirrored
+    return strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(ctx.replica_id_in_sync_group, dtype))
+
+  def replica_id(self):
+    """Inside `run`: this replica's id as a float32 tensor."""
+    return tf.cast(self.mod.get_replica_context().replica_id_in_sync_group, tf.float32)
+
+
+TF = Api("tf", tf.distribute, tf.compat.v1.distribute)
+TFD = Api("tfd", tfd, tfd.compat.v1)
+
+
+def _outcome(fn):
+  try:
+    return fn()
+  except Exception as e:  # pylint: disable=broad-except
+    return e
+
+
+def _is_eager(run_mode):
+  return bool(run_mode(tf.executing_eagerly))
+
+
+def both(snippet, run_mode=None, oracle_in_function=True):
+  """Runs `snippet(api)` with TF and with tfd; returns tfd's result.
+
+  The results must have equal reprs, or both raise the same exception class.
+  Where TensorFlow is slow, `oracle_in_function=False` runs only tfd inside
+  a `tf.function`.
+  """
+  if run_mode and not oracle_in_function and not _is_eager(run_mode):
+    return run_mode(lambda: snippet(TFD))
+  results = []
+  for api in (TF, TFD):
+    def call(api=api):
+      return snippet(api)
+    results.append(_outcome(lambda: run_mode(call) if run_mode else call()))
+  expected, actual = results
+  if isinstance(expected, Exception) or isinstance(actual, Exception):
+    assert type(actual) is type(expected), (
+        f"tf.distribute: {expected!r}\ntf_distribute_lite: {actual!r}")
+    return actual
+  assert repr(actual) == repr(expected)
+  return actual
+
+
+def local(strategy, value):
+  """The per-replica components of `value` as numpy values."""
+  return [np.asarray(v).tolist() for v in strategy.experimental_local_results(value)]
+
+
+# --- run.
+
+def test_run_replica_ids(run_mode):
+  result = both(lambda a: a.mirrored.run(
+      lambda: a.mod.get_replica_context().replica_id_in_sync_group), run_mode)
+  assert isinstance(result, tfd.values.PerReplica)
+  assert local(TFD.mirrored, result) == [0, 1, 2, 3]
+
+
+def test_run_with_per_replica_args_and_kwargs(run_mode):
+  def snippet(a):
+    ids = a.replica_ids()
+    return a.mirrored.run(lambda x, y, scale=1.0: x * y + scale,
+                          args=(ids, 10.0), kwargs={"scale": ids})
+  result = both(snippet, run_mode)
+  assert local(TFD.mirrored, result) == [0.0, 11.0, 22.0, 33.0]
+
+
+def test_run_regroups_nested_structures_per_element(run_mode):
+  def snippet(a):
+    ids = a.replica_ids()
+
+    def replica_fn(x):
+      return (x + 1.0, {"double": x * 2.0, "one": tf.constant(1.0)},
+              Pair(x, "label"), [x - 1.0])
+    return a.mirrored.run(replica_fn, args=(ids,))
+  result = both(snippet, run_mode)
+  plus_one, as_dict, pair, as_list = result
+  assert local(TFD.mirrored, plus_one) == [1.0, 2.0, 3.0, 4.0]
+  assert local(TFD.mirrored, as_dict["double"]) == [0.0, 2.0, 4.0, 6.0]
+  assert local(TFD.mirrored, as_dict["one"]) == [1.0] * 4
+  assert isinstance(pair, Pair)
+  assert local(TFD.mirrored, pair.first) == [0.0, 1.0, 2.0, 3.0]
+  assert isinstance(as_list, list)
+  assert local(TFD.mirrored, as_list[0]) == [-1.0, 0.0, 1.0, 2.0]
+
+
+def test_run_keeps_python_values_every_replica_shares():
+  pair = both(lambda a: a.mirrored.run(lambda: Pair("label", None)))
+  assert pair == Pair("label", None)
+  assert both(lambda a: a.mirrored.run(lambda: 5)) == 5
+
+
+def test_run_returns_a_captured_tensor_unwrapped(run_mode):
+  captured = tf.constant(3.0)
+  result = both(lambda a: a.mirrored.run(lambda: captured), run_mode)
+  assert float(result) == 3.0
+
+
+def test_run_with_one_replica_returns_plain_values(run_mode):
+  def snippet(a):
+    return (a.one_device.run(lambda x: {"y": x + 1.0}, args=(tf.constant(1.0),)),
+            a.mod.get_strategy().run(lambda: tf.constant(2.0)))
+  on_device, default = both(snippet, run_mode)
+  assert float(on_device["y"]) == 2.0
+  assert float(default) == 2.0
+
+
+def test_run_with_one_device_mirrored_strategy_returns_plain_values():
+  def snippet(a):
+    strategy = a.mod.MirroredStrategy(["CPU:0"], cross_device_ops=a.mod.ReductionToOneDevice())
+    return strategy.run(lambda: tf.constant(1.0))
+  assert float(both(snippet)) == 1.0
+
+
+def test_run_a_tf_function(run_mode):
+  double = tf.function(lambda x: x * 2.0)
+  result = both(lambda a: a.mirrored.run(double, args=(a.replica_ids(),)), run_mode)
+  assert local(TFD.mirrored, result) == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_run_a_tf_function_that_all_reduces(run_mode):
+  def snippet(a):
+    @tf.function
+    def step(x):
+      return a.mod.get_replica_context().all_reduce("SUM", x)
+    return a.mirrored.run(step, args=(a.replica_ids(),))
+  result = both(snippet, run_mode)
+  assert local(TFD.mirrored, result) == [6.0] * 4
+
+
+def test_run_inside_a_function_taking_per_replica_values():
+  def snippet(a):
+    step = tf.function(lambda x: a.mirrored.run(lambda y: y * y, args=(x,)))
+    return step(a.replica_ids())
+  assert local(TFD.mirrored, both(snippet)) == [0.0, 1.0, 4.0, 9.0]
+
+
+def test_run_places_each_replica_on_its_device():
+  result = both(lambda a: a.mirrored.run(lambda: tf.identity(a.replica_id()).device))
+  assert list(result.values) == list(DEVICES)
+
+
+def test_run_with_per_replica_args_of_another_replica_count_raises():
+  two = TFD.replica_ids(TFD.pair)
+  with pytest.raises(ValueError, match=r"2 per-replica values.*4 replicas"):
+    TFD.mirrored.run(lambda x: x, args=(two,))
+  with pytest.raises(ValueError, match=r"`kwargs`\['x'\].*2 per-replica values.*4 replicas"):
+    TFD.mirrored.run(lambda x: x, kwargs={"x": two})
+  with pytest.raises(ValueError, match=r"2 per-replica values.*4 replicas"):
+    tf.function(lambda: TFD.mirrored.run(lambda x: x, args=((1.0, two),)))()
+
+
+def test_run_returning_a_python_object_from_a_function_raises():
+  def snippet(a):
+    return tf.function(lambda: a.mirrored.run(object))()
+  assert isinstance(both(snippet), TypeError)
+
+
+# --- experimental_distribute_values_from_function.
+
+def test_distribute_values_from_function_passes_a_value_context():
+  result = both(lambda a: a.mirrored.experimental_distribute_values_from_function(
+      lambda ctx: (ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync, str(ctx))))
+  assert local(TFD.mirrored, result[0]) == [0, 1, 2, 3]
+  assert local(TFD.mirrored, result[1]) == [4] * 4
+  assert result[2].values[2] == (
+      "tf.distribute.ValueContext(replica id 2,  total replicas in sync: 4)")
+
+
+def test_distribute_values_from_function_always_wraps():
+  result = both(lambda a: a.mirrored.experimental_distribute_values_from_function(lambda ctx: 7))
+  assert isinstance(result, tfd.values.PerReplica)
+  assert list(result.values) == [7] * 4
+
+
+def test_distribute_values_from_function_does_not_place_values():
+  result = both(lambda a: [v.device for v in a.replica_ids().values])
+  assert result == [DEVICES[0]] * 4
+
+
+# --- reduce.
+
+@pytest.mark.parametrize("op, expected", [("SUM", 6.0), ("MEAN", 1.5)])
+def test_reduce_across_replicas(run_mode, op, expected):
+  result = both(lambda a: a.mirrored.reduce(op, a.replica_ids(), axis=None), run_mode)
+  assert float(result) == expected
+
+
+def _blocks(a):
+  """Per replica a [2, 3] block: arange(6) + 10 * replica id."""
+  return a.mirrored.experimental_distribute_values_from_function(
+      lambda ctx: tf.reshape(tf.range(6.0), [2, 3]) + 10.0 * ctx.replica_id_in_sync_group)
+
+
+@pytest.mark.parametrize("op, axis, expected", [
+    ("SUM", None, [[60.0, 64.0, 68.0], [72.0, 76.0, 80.0]]),
+    ("MEAN", None, [[15.0, 16.0, 17.0], [18.0, 19.0, 20.0]]),
+    ("SUM", 0, [132.0, 140.0, 148.0]),
+    ("MEAN", 0, [16.5, 17.5, 18.5]),
+    ("SUM", 1, [192.0, 228.0]),
+    ("MEAN", -1, [16.0, 19.0]),
+    ("MEAN", -2, [16.5, 17.5, 18.5]),
+])
+def test_reduce_along_an_axis(run_mode, op, axis, expected):
+  result = both(lambda a: a.mirrored.reduce(op, _blocks(a), axis=axis), run_mode)
+  assert np.asarray(result).tolist() == expected
+
+
+def _partial_batch(a):
+  """The spec's last batch of 6 examples: [0, 1, 2, 3] and [4, 5]."""
+  return a.pair.experimental_distribute_values_from_function(
+      lambda ctx: [tf.constant([0.0, 1.0, 2.0, 3.0]), tf.constant([4.0, 5.0])][
+          ctx.replica_id_in_sync_group])
+
+
+@pytest.mark.parametrize("op, axis, expected", [
+    ("MEAN", 0, 2.5), ("SUM", 0, 15.0), ("MEAN", -1, 2.5)])
+def test_reduce_partial_batch_divides_by_the_true_count(run_mode, op, axis, expected):
+  result = both(lambda a: a.pair.reduce(op, _partial_batch(a), axis=axis), run_mode)
+  assert float(result) == expected
+
+
+def test_reduce_partial_batch_without_axis_raises():
+  error = both(lambda a: a.pair.reduce("MEAN", _partial_batch(a), axis=None))
+  assert isinstance(error, tf.errors.InvalidArgumentError)
+
+
+@pytest.mark.parametrize("op", [
+    tfd.ReduceOp.SUM, tf.distribute.ReduceOp.SUM, "SUM", "sum",
+    tfd.ReduceOp.MEAN, tf.distribute.ReduceOp.MEAN, "MEAN", "mean"],
+    ids=lambda op: f"{type(op).__module__.split('.')[0]}.{op}")
+def test_reduce_accepts_every_spelling_of_the_op(op):
+  is_sum = "SUM" in str(op).upper()
+  assert float(TFD.mirrored.reduce(op, TFD.replica_ids(), axis=None)) == (6.0 if is_sum else 1.5)
+  along = TFD.mirrored.reduce(op, _blocks(TFD), axis=0).numpy().tolist()
+  assert along == ([132.0, 140.0, 148.0] if is_sum else [16.5, 17.5, 18.5])
+
+
+def test_reduce_a_nest():
+  result = both(lambda a: a.mirrored.reduce(
+      "SUM", {"a": a.replica_ids(), "b": (a.replica_ids(),)}, axis=None))
+  assert float(result["a"]) == 6.0
+  assert float(result["b"][0]) == 6.0
+
+
+def test_reduce_a_value_every_replica_shares():
+  assert float(both(lambda a: a.mirrored.reduce("MEAN", tf.constant(2.0), axis=None))) == 2.0
+  assert isinstance(both(lambda a: a.mirrored.reduce("SUM", tf.constant(2.0), axis=None)),
+                    ValueError)
+
+
+def test_reduce_with_an_unknown_op_raises():
+  assert isinstance(both(lambda a: a.mirrored.reduce("MAX", a.replica_ids(), axis=None)),
+                    ValueError)
+  with pytest.raises(ValueError, match="MAX"):
+    TFD.mirrored.reduce("MAX", TFD.replica_ids(), axis=None)
+
+
+@pytest.mark.parametrize("axis", [2, -3])
+def test_reduce_with_an_axis_out_of_range_raises(axis):
+  assert isinstance(both(lambda a: a.mirrored.reduce("MEAN", _blocks(a), axis=axis)),
+                    ValueError)
+  with pytest.raises(ValueError, match=rf"`axis` = {axis}\b.*rank 2"):
+    TFD.mirrored.reduce("SUM", _blocks(TFD), axis=axis)
+
+
+def test_reduce_in_a_replica_context_raises(run_mode):
+  error = both(lambda a: a.mirrored.run(
+      lambda: a.mirrored.reduce("SUM", tf.constant(1.0), axis=None)), run_mode)
+  assert isinstance(error, RuntimeError)
+  assert "cross-replica context" in str(error)
+
+
+# --- gather and experimental_local_results.
+
+@pytest.mark.parametrize("axis, shape", [(0, [8, 3]), (1, [2, 12])])
+def test_gather(run_mode, axis, shape):
+  result = both(lambda a: a.mirrored.gather(_blocks(a), axis=axis), run_mode)
+  assert result.shape.as_list() == shape
+  assert float(tf.reduce_sum(result)) == 4 * 15.0 + 6 * 60.0
+
+
+def test_gather_in_a_replica_context_raises():
+  error = both(lambda a: a.mirrored.run(lambda: a.mirrored.gather(tf.constant([1.0]), axis=0)))
+  assert isinstance(error, RuntimeError)
+
+
+def test_experimental_local_results():
+  def snippet(a):
+    ids = a.replica_ids()
+    return (a.mirrored.experimental_local_results(ids),
+            a.mirrored.experimental_local_results(tf.constant(1.0)),
+            a.mirrored.experimental_local_results((ids, "x")))
+  components, plain, nest = both(snippet)
+  assert isinstance(components, tuple)
+  assert [float(c) for c in components] == [0.0, 1.0, 2.0, 3.0]
+  assert len(plain) == 1
+  assert [(float(x), s) for x, s in nest] == [(0.0, "x"), (1.0, "x"), (2.0, "x"), (3.0, "x")]
+
+
+def test_experimental_local_results_of_a_mirrored_variable():
+  def snippet(a):
+    with a.mirrored.scope():
+      v = tf.Variable(2.0)
+    return [c.device for c in a.mirrored.experimental_local_results(v)]
+  assert both(snippet) == list(DEVICES)
+
+
+# --- ReplicaContext.all_reduce, all_gather, merge_call.
+
+@pytest.mark.parametrize("op, expected", [("SUM", 10.0), ("MEAN", 2.5)])
+def test_all_reduce_a_tensor(run_mode, op, expected):
+  result = both(lambda a: a.mirrored.run(
+      lambda: a.mod.get_replica_context().all_reduce(op, a.replica_id() + 1.0)), run_mode)
+  assert local(TFD.mirrored, result) == [expected] * 4
+
+
+def test_all_reduce_a_nest(run_mode):
+  def snippet(a):
+    def replica_fn():
+      x = a.replica_id() + 1.0
+      return a.mod.get_replica_context().all_reduce(
+          tf.distribute.ReduceOp.MEAN, {"a": x, "b": [x * 2.0, tf.fill([2], x)]})
+    return a.mirrored.run(replica_fn)
+  result = both(snippet, run_mode)
+  assert local(TFD.mirrored, result["a"]) == [2.5] * 4
+  assert local(TFD.mirrored, result["b"][0]) == [5.0] * 4
+  assert local(TFD.mirrored, result["b"][1]) == [[2.5, 2.5]] * 4
+
+
+def test_all_reduce_int32(run_mode):
+  result = both(lambda a: a.mirrored.run(lambda: a.mod.get_replica_context().all_reduce(
+      "SUM", a.mod.get_replica_context().replica_id_in_sync_group)), run_mode)
+  assert local(TFD.mirrored, result) == [6] * 4
+
+
+@pytest.mark.parametrize("op, scale", [("SUM", 1.0), ("MEAN", 0.25)])
+def test_all_reduce_indexed_slices(run_mode, op, scale):
+  def snippet(a):
+    def replica_fn():
+      x = a.replica_id()
+      rows = tf.IndexedSlices(tf.fill([1, 2], x + 1.0), tf.cast([x], tf.int32),
+                              tf.constant([4, 2]))
+      reduced = a.mod.get_replica_context().all_reduce(op, rows)
+      assert isinstance(reduced, tf.IndexedSlices)
+      return tf.convert_to_tensor(reduced)
+    return a.mirrored.run(replica_fn)
+  result = both(snippet, run_mode, oracle_in_function=False)
+  dense = [[scale * (i + 1)] * 2 for i in range(4)]
+  assert local(TFD.mirrored, result) == [dense] * 4
+
+
+def test_all_gather(run_mode):
+  def snippet(a):
+    def replica_fn():
+      context = a.mod.get_replica_context()
+      x = a.replica_id()
+      return (context.all_gather(tf.fill([1, 2], x), axis=0),
+              context.all_gather({"q": tf.fill([2], x)}, axis=0))
+    return a.mirrored.run(replica_fn)
+  rows, flat = both(snippet, run_mode, oracle_in_function=False)
+  assert local(TFD.mirrored, rows) == [[[0.0] * 2, [1.0] * 2, [2.0] * 2, [3.0] * 2]] * 4
+  assert local(TFD.mirrored, flat["q"]) == [[0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0]] * 4
+
+
+def test_merge_call_regroups_arguments_and_distributes_the_result(run_mode):
+  def snippet(a):
+    def merge_fn(strategy, value, scale=1.0):
+      assert isinstance(value, tf.distribute.DistributedValues)
+      assert len(value.values) == 4
+      total = strategy.reduce("SUM", value, axis=None)
+      return total * scale, value
+    def replica_fn():
+      return a.mod.get_replica_context().merge_call(
+          merge_fn, args=(a.replica_id(),), kwargs={"scale": 2.0})
+    return a.mirrored.run(replica_fn)
+  total, each = both(snippet, run_mode)
+  assert float(total) == 12.0
+  assert local(TFD.mirrored, each) == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_merge_call_hands_out_a_mirrored_result(run_mode):
+  def snippet(a):
+    def merge_fn(strategy, value):
+      return strategy.extended.reduce_to("SUM", value, destinations=value)
+    return a.mirrored.run(lambda: a.mod.get_replica_context().merge_call(
+        merge_fn, args=(a.replica_id(),)))
+  assert local(TFD.mirrored, both(snippet, run_mode)) == [6.0] * 4
+
+
+@pytest.mark.parametrize("op, value, gradient", [
+    ("SUM", 30.0, [8.0, 16.0, 24.0, 32.0]),
+    ("MEAN", 7.5, [2.0, 4.0, 6.0, 8.0]),
+])
+def test_gradient_of_all_reduce_is_all_reduce_of_gradients(run_mode, op, value, gradient):
+  def snippet(a):
+    def replica_fn():
+      x = a.replica_id() + 1.0
+      with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = a.mod.get_replica_context().all_reduce(op, x * x)
+      return y, tape.gradient(y, x)
+    return a.mirrored.run(replica_fn)
+  y, dy_dx = both(snippet, run_mode)
+  assert local(TFD.mirrored, y) == [value] * 4
+  assert local(TFD.mirrored, dy_dx) == gradient
+
+
+# --- StrategyExtended.
+
+def test_worker_and_parameter_devices():
+  extended = both(lambda a: (a.mirrored.extended.worker_devices,
+                             a.mirrored.extended.parameter_devices))
+  assert extended == (DEVICES, DEVICES)
+
+
+def test_reduce_to(run_mode):
+  def snippet(a):
+    v = _variable(a)
+    ids = a.replica_ids()
+    def reduce():
+      onto_each = a.mirrored.extended.reduce_to(a.mod.ReduceOp.MEAN, ids, destinations=v)
+      assert isinstance(onto_each, tf.distribute.DistributedValues)
+      return (a.mirrored.extended.reduce_to("SUM", ids, destinations="/cpu:0"),
+              [t.device for t in onto_each.values] if tf.executing_eagerly() else [],
+              a.mirrored.experimental_local_results(onto_each))
+    return run_mode(reduce)
+  onto_one, devices, onto_each = both(snippet)
+  assert float(onto_one) == 6.0
+  assert devices in ([], list(DEVICES))
+  assert [float(t) for t in onto_each] == [1.5] * 4
+
+
+def test_reduce_to_of_function_arguments():
+  def snippet(a):
+    @tf.function
+    def reduce(x):
+      return (a.mirrored.reduce("SUM", x, axis=None),
+              a.mirrored.extended.reduce_to("SUM", x, destinations=x))
+    return reduce(a.replica_ids())
+  total, mirrored = both(snippet)
+  assert float(total) == 6.0
+  assert float(mirrored) == 6.0
+
+
+def test_all_reduce_of_function_arguments():
+  def snippet(a):
+    @tf.function
+    def step(x):
+      return a.mirrored.run(
+          lambda y: a.mod.get_replica_context().all_reduce("SUM", y), args=(x,))
+    return step(a.replica_ids())
+  assert local(TFD.mirrored, both(snippet)) == [6.0] * 4
+
+
+def test_reduce_to_places_the_result_on_the_destination():
+  result = both(lambda a: a.mirrored.extended.reduce_to(
+      "SUM", a.replica_ids(), destinations="/cpu:2").device)
+  assert result == DEVICES[2]
+
+
+def test_reduce_to_with_a_variable_aggregation_raises():
+  with pytest.raises(ValueError, match="VariableAggregation"):
+    TFD.mirrored.extended.reduce_to(tf.VariableAggregation.SUM, TFD.replica_ids(), "/cpu:0")
+
+
+def test_reduce_to_in_a_replica_context_raises():
+  error = both(lambda a: a.mirrored.run(
+      lambda: a.mirrored.extended.reduce_to("SUM", tf.constant(1.0), "/cpu:0")))
+  assert isinstance(error, RuntimeError)
+
+
+def test_batch_reduce_to(run_mode):
+  def snippet(a):
+    v = _variable(a)
+    ids = a.replica_ids()
+    doubled = a.mirrored.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(2.0 * ctx.replica_id_in_sync_group))
+    def reduce():
+      mirrored, onto_one = a.mirrored.extended.batch_reduce_to(
+          "SUM", [(ids, v), (doubled, "/cpu:1")])
+      return a.mirrored.experimental_local_results(mirrored), onto_one
+    return run_mode(reduce)
+  mirrored, onto_one = both(snippet)
+  assert [float(t) for t in mirrored] == [6.0] * 4
+  assert float(onto_one) == 12.0
+
+
+def _variable(a, value=1.0):
+  with a.mirrored.scope():
+    return tf.Variable(value)
+
+
+def test_update(run_mode):
+  def snippet(a):
+    v = _variable(a)
+    ids = a.replica_ids()
+    result = run_mode(lambda: a.mirrored.experimental_local_results(a.mirrored.extended.update(
+        v, lambda component, x: component.assign_add(x), args=(ids,))))
+    return result, v
+  result, v = both(snippet)
+  assert [float(t) for t in result] == [1.0, 2.0, 3.0, 4.0]
+  assert [float(c) for c in v.values] == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_update_without_grouping_returns_local_results():
+  def snippet(a):
+    v = _variable(a, 5.0)
+    return a.mirrored.extended.update(v, lambda c: c.read_value(), group=False)
+  result = both(snippet)
+  assert isinstance(result, tuple)
+  assert [float(t) for t in result] == [5.0] * 4
+
+
+def test_update_in_a_replica_context_merges_first(run_mode):
+  def snippet(a):
+    v = _variable(a)
+    result = run_mode(lambda: a.mirrored.run(lambda: a.mirrored.extended.update(
+        v, lambda component, x: component.assign(x), args=(a.replica_id() * 3.0,))))
+    return result, v
+  result, v = both(snippet)
+  assert local(TFD.mirrored, result) == [0.0, 3.0, 6.0, 9.0]
+  assert [float(c) for c in v.values] == [0.0, 3.0, 6.0, 9.0]
+
+
+def test_value_container():
+  def snippet(a):
+    v = _variable(a)
+    t = tf.constant(1.0)
+    return (a.mirrored.extended.value_container(v.values[2]) is v,
+            a.mirrored.extended.value_container(t) is t)
+  assert both(snippet) == (True, True)
+
+
+def test_colocate_vars_with():
+  def snippet(a):
+    with a.mirrored.scope():
+      v = tf.Variable(1.0)
+      with a.mirrored.extended.colocate_vars_with(v):
+        slot = tf.Variable(0.0)
+    return slot
+  slot = both(snippet)
+  assert [c.device for c in slot.values] == list(DEVICES)
+
+
+def test_colocate_vars_with_outside_the_scope_raises():
+  def snippet(a):
+    v = _variable(a)
+    with a.mirrored.extended.colocate_vars_with(v):
+      pass
+  error = both(snippet)
+  assert isinstance(error, RuntimeError)
+  assert "Need to be inside" in str(error)
+
+
+def test_colocate_vars_with_a_foreign_variable_raises():
+  def snippet(a):
+    plain = tf.Variable(1.0)
+    with a.mirrored.scope():
+      with a.mirrored.extended.colocate_vars_with(plain):
+        pass
+  assert isinstance(both(snippet), ValueError)
+
+
+def test_broadcast_to(run_mode):
+  def snippet(a):
+    v = _variable(a)
+    def broadcast():
+      everywhere = a.mirrored.extended.broadcast_to(tf.constant(3.0), destinations=v)
+      assert isinstance(everywhere, tf.distribute.DistributedValues)
+      return (a.mirrored.experimental_local_results(everywhere),
+              a.mirrored.extended.broadcast_to(tf.constant(4.0), destinations="/cpu:2"))
+    return run_mode(broadcast)
+  everywhere, one = both(snippet)
+  assert [float(t) for t in everywhere] == [3.0] * 4
+  assert float(one) == 4.0
+
+
+def test_broadcast_to_places_copies_on_the_destinations():
+  def snippet(a):
+    v = _variable(a)
+    return ([t.device for t in a.mirrored.extended.broadcast_to(
+        tf.constant(3.0), destinations=v).values],
+            a.mirrored.extended.broadcast_to(tf.constant(3.0), destinations="/cpu:2").device)
+  assert both(snippet) == (list(DEVICES), DEVICES[2])
+
+
+def test_call_for_each_replica(run_mode):
+  result = both(lambda a: a.mirrored.extended.call_for_each_replica(
+      lambda x, k=0.0: x * 2.0 + k, args=(a.replica_ids(),), kwargs={"k": 1.0}), run_mode)
+  assert local(TFD.mirrored, result) == [1.0, 3.0, 5.0, 7.0]
+
+
+@pytest.mark.parametrize("group", [True, False])
+def test_update_non_slot(group):
+  def snippet(a):
+    v = _variable(a)
+    devices = a.mirrored.extended.non_slot_devices([v])
+    return a.mirrored.extended.update_non_slot(
+        devices, lambda x: tf.identity(x), args=(tf.constant(1.0),), group=group)
+  result = both(snippet)
+  assert isinstance(result, tfd.values.Mirrored if group else tuple)
+  components = TFD.mirrored.experimental_local_results(result) if group else result
+  assert [float(t) for t in components] == [1.0] * 4
+
+
+def test_non_slot_devices():
+  assert both(lambda a: a.mirrored.extended.non_slot_devices([_variable(a)])) == DEVICES
+
+
+# --- compat.v1.
+
+def test_v1_reduce_axis_defaults_to_none():
+  def snippet(a):
+    strategy = a.v1_mirrored
+    return (strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.0))),
+            a.v1.OneDeviceStrategy("/cpu:0").reduce("MEAN", tf.constant([1.0, 3.0])))
+  total, plain = both(snippet)
+  assert float(total) == 8.0
+  assert plain.numpy().tolist() == [1.0, 3.0]
+
+
+def test_v1_reduce_along_an_axis():
+  def snippet(a):
+    strategy = a.v1_mirrored
+    return strategy.reduce("MEAN", strategy.run(lambda: tf.constant([1.0, 3.0])), axis=0)
+  assert float(both(snippet)) == 2.0
+
+
+def test_v1_update_config_proto():
+  def snippet(a):
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    return (a.v1_mirrored.update_config_proto(config),
+            a.v1.OneDeviceStrategy("/cpu:0").update_config_proto(config), config)
+  mirrored, one_device, original = both(snippet)
+  assert mirrored.isolate_session_state and mirrored.allow_soft_placement
+  assert not original.isolate_session_state
+  assert one_device == original
+
+
+def test_v1_strategy_is_a_v1_strategy():
+  assert both(lambda a: isinstance(a.v1_mirrored, a.v1.Strategy)) is True

@@ -1,0 +1,234 @@
+"""`MirroredStrategy`: devices, the default cross-device ops, placement, and
+bad device lists, compared with `tf.distribute.MirroredStrategy`."""
+
+import logging
+
+import pytest
+import tensorflow as tf
+
+import tf_distribute_lite as tfd
+from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
+
+DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4))
+MODULES = pytest.mark.parametrize("mod", [tf.distribute, tfd], ids=["tf", "tfd"])
+
+
+def _mirrored(mod, devices):
+  """A MirroredStrategy on `devices`; TF's on fewer than 4 CPUs avoids collectives.
+
+  TF 2.21's collective group keys collide between strategies of different sizes.
+  """
+  if mod is tf.distribute and devices is not None and len(devices) != 4:
+    return tf.distribute.MirroredStrategy(
+        devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
+  return mod.MirroredStrategy(devices)
+
+
+def _cross_device_ops(strategy):
+  """The algorithm a strategy reduces with (private in TF and here alike)."""
+  return strategy.extended._cross_device_ops  # pylint: disable=protected-access
+
+
+def _replica_ids_all_reduced(mod, strategy, run_mode):
+  def replica_fn():
+    context = mod.get_replica_context()
+    return context.all_reduce("SUM", tf.cast(context.replica_id_in_sync_group, tf.float32) + 1.0)
+  result = run_mode(lambda: strategy.run(replica_fn))
+  return [float(t) for t in strategy.experimental_local_results(result)]
+
+
+# --- Devices.
+
+@MODULES
+@pytest.mark.parametrize("devices", [None, []], ids=["None", "empty"])
+def test_no_devices_means_every_cpu(mod, devices):
+  strategy = mod.MirroredStrategy(devices)
+  assert strategy.extended.worker_devices == DEVICES
+  assert strategy.extended.parameter_devices == DEVICES
+  assert strategy.num_replicas_in_sync == 4
+
+
+@MODULES
+@pytest.mark.parametrize("devices", [
+    ["CPU:0", "CPU:1"],
+    ["cpu:0", "cpu:1"],
+    ["/cpu:0", "/cpu:1"],
+    ["/CPU:0", "/device:CPU:1"],
+    [DEVICES[0], DEVICES[1]],
+    ("/job:localhost/device:CPU:0", "/job:localhost/device:CPU:1"),
+], ids=str)
+def test_device_spellings_canonicalise_alike(mod, devices):
+  strategy = _mirrored(mod, devices)
+  assert strategy.extended.worker_devices == DEVICES[:2]
+  assert strategy.num_replicas_in_sync == 2
+
+
+@MODULES
+def test_devices_keep_their_order(mod):
+  strategy = _mirrored(mod, ["CPU:2", "CPU:0"])
+  assert strategy.extended.worker_devices == (DEVICES[2], DEVICES[0])
+  result = strategy.run(lambda: tf.identity(
+      tf.cast(mod.get_replica_context().replica_id_in_sync_group, tf.float32)))
+  assert [t.device for t in result.values] == [DEVICES[2], DEVICES[0]]
+
+
+@pytest.mark.parametrize("devices", [None, ["CPU:0", "CPU:1"], ["CPU:1", "CPU:2", "CPU:3"]],
+                         ids=["all", "two", "three"])
+def test_default_cross_device_ops_match_tensorflows_choice(devices):
+  theirs = _cross_device_ops(tf.distribute.MirroredStrategy(devices))
+  ours = _cross_device_ops(tfd.MirroredStrategy(devices))
+  assert type(theirs).__name__ == "CollectiveAllReduce"
+  assert isinstance(ours, cross_device_ops_lib.CollectiveAllReduce)
+  assert type(ours).__name__ == type(theirs).__name__
+
+
+@MODULES
+@pytest.mark.parametrize("ops", ["ReductionToOneDevice", "HierarchicalCopyAllReduce"])
+def test_given_cross_device_ops_are_used(mod, ops, run_mode):
+  cross_device_ops = getattr(mod, ops)()
+  strategy = mod.MirroredStrategy(cross_device_ops=cross_device_ops)
+  assert _cross_device_ops(strategy) is cross_device_ops
+  assert _replica_ids_all_reduced(mod, strategy, run_mode) == [10.0] * 4
+
+
+def test_strategies_of_different_sizes_all_reduce_in_one_process(run_mode):
+  sizes = {2: ["CPU:0", "CPU:1"], 3: ["CPU:1", "CPU:2", "CPU:3"], 4: None}
+  strategies = {n: tfd.MirroredStrategy(devices) for n, devices in sizes.items()}
+  for _ in range(2):
+    for n, strategy in strategies.items():
+      assert _replica_ids_all_reduced(tfd, strategy, run_mode) == [n * (n + 1) / 2] * n
+
+
+# --- Placement.
+
+@MODULES
+def test_variables_are_mirrored_on_every_device(mod):
+  strategy = mod.MirroredStrategy()
+  with strategy.scope():
+    v = tf.Variable(2.0)
+  assert [c.device for c in v.values] == list(DEVICES)
+  assert repr(v) == (
+      "MirroredVariable:{\n"
+      "  0: <tf.Variable 'Variable:0' shape=() dtype=float32, numpy=2.0>,\n"
+      "  1: <tf.Variable 'Variable/replica_1:0' shape=() dtype=float32, numpy=2.0>,\n"
+      "  2: <tf.Variable 'Variable/replica_2:0' shape=() dtype=float32, numpy=2.0>,\n"
+      "  3: <tf.Variable 'Variable/replica_3:0' shape=() dtype=float32, numpy=2.0>\n"
+      "}")
+
+
+@MODULES
+def test_each_replica_runs_on_its_device(mod, run_mode):
+  strategy = mod.MirroredStrategy()
+  seen = {}
+
+  def replica_fn():
+    context = mod.get_replica_context()
+    seen[int(tf.get_static_value(context.replica_id_in_sync_group))] = tf.identity(1.0).device
+    return tf.constant(0)
+
+  run_mode(lambda: strategy.run(replica_fn))
+  assert seen == dict(enumerate(DEVICES))
+
+
+@MODULES
+def test_ops_in_scope_are_not_placed(mod):
+  strategy = mod.MirroredStrategy()
+  with strategy.scope():
+    assert tf.identity(1.0).device == DEVICES[0]
+    with tf.device("CPU:3"):
+      assert tf.identity(1.0).device == DEVICES[3]
+
+
+@MODULES
+def test_reduce_and_all_reduce_on_a_subset_of_devices(mod, run_mode):
+  strategy = _mirrored(mod, ["CPU:1", "CPU:3"])
+  assert _replica_ids_all_reduced(mod, strategy, run_mode) == [3.0, 3.0]
+  ids = strategy.experimental_distribute_values_from_function(
+      lambda ctx: tf.constant(float(ctx.replica_id_in_sync_group) + 1.0))
+  assert float(run_mode(lambda: strategy.reduce("SUM", ids, axis=None))) == 3.0
+
+
+# --- Bad device lists.
+
+@pytest.mark.parametrize("bad", ["foo:bar:baz", "CPU:x", "/job:localhost/xyz:0"])
+def test_malformed_device_strings_raise(bad):
+  with pytest.raises(ValueError):
+    _mirrored(tf.distribute, ["CPU:0", bad])
+  with pytest.raises(ValueError, match=f"Malformed device string '{bad}'"):
+    tfd.MirroredStrategy(["CPU:0", bad])
+
+
+@MODULES
+def test_a_single_string_instead_of_a_list_raises(mod):
+  with pytest.raises(ValueError):
+    mod.MirroredStrategy("CPU:0")
+
+
+def test_a_single_string_error_suggests_a_list():
+  with pytest.raises(ValueError, match=r"did you mean \['CPU:0'\]"):
+    tfd.MirroredStrategy("CPU:0")
+
+
+@pytest.mark.parametrize("devices", [
+    ["CPU:0", "CPU:0"], ["CPU:0", "/cpu:0"], ["cpu:1", "/device:CPU:1"]], ids=str)
+def test_duplicated_devices_raise_value_error_naming_them(devices):
+  with pytest.raises(AssertionError):
+    _mirrored(tf.distribute, devices)
+  with pytest.raises(ValueError, match="No duplicates allowed") as raised:
+    tfd.MirroredStrategy(devices)
+  assert repr(devices[0]) in str(raised.value)
+  assert repr(devices[1]) in str(raised.value)
+  assert DEVICES[int(devices[0][-1])] in str(raised.value)
+
+
+class _Records(logging.Handler):
+
+  def __init__(self):
+    super().__init__(logging.WARNING)
+    self.messages = []
+
+  def emit(self, record):
+    self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def tf_warnings():
+  """The warnings TensorFlow's logger emits during the test."""
+  handler = _Records()
+  tf.get_logger().addHandler(handler)
+  yield handler.messages
+  tf.get_logger().removeHandler(handler)
+
+
+@pytest.fixture
+def absent_gpus(tf_warnings):
+  """Our strategy on two GPUs this machine does not have (never TF's: it hangs)."""
+  strategy = tfd.MirroredStrategy(["GPU:0", "GPU:1"])
+  return strategy, list(tf_warnings)
+
+
+def test_absent_devices_are_accepted_with_a_warning(absent_gpus):
+  strategy, warnings = absent_gpus
+  gpus = ("/job:localhost/replica:0/task:0/device:GPU:0",
+          "/job:localhost/replica:0/task:0/device:GPU:1")
+  assert strategy.extended.worker_devices == gpus
+  assert strategy.num_replicas_in_sync == 2
+  assert len(warnings) == 1
+  assert all(gpu in warnings[0] for gpu in gpus)
+  assert "soft placement" in warnings[0]
+  assert "ReductionToOneDevice" in warnings[0]
+  assert isinstance(_cross_device_ops(strategy), tfd.ReductionToOneDevice)
+
+
+def test_absent_devices_run_and_all_reduce(absent_gpus, run_mode):
+  strategy, _ = absent_gpus
+  assert _replica_ids_all_reduced(tfd, strategy, run_mode) == [3.0, 3.0]
+  with strategy.scope():
+    v = tf.Variable(1.0)
+  result = run_mode(lambda: strategy.reduce("SUM", strategy.run(lambda: v * 2.0), axis=None))
+  assert float(result) == 4.0
+
+
+def test_present_devices_give_no_warning(tf_warnings):
+  tfd.MirroredStrategy(["CPU:0", "CPU:1"])
+  assert not [m for m in tf_warnings if "not present" in m]
