@@ -24,7 +24,8 @@ from tf_distribute_lite.reduce_util import ReduceOp
 _VARIABLE_VALUE = "VARIABLE_VALUE"  # the checkpoint key plain variables use
 
 
-class DistributedVariable(values_lib.DistributedValues, tf.Variable):
+class DistributedVariable(values_lib.DistributedValues, tf.Variable,
+                          tf.__internal__.types.Tensor):
   """Base of `MirroredVariable` and `SyncOnReadVariable`."""
 
   def __init__(self, strategy, components, aggregation):
@@ -140,6 +141,9 @@ class DistributedVariable(values_lib.DistributedValues, tf.Variable):
   def __tf_tensor__(self, dtype=None, name=None):
     return tf.convert_to_tensor(self.value(), dtype=dtype, name=name)
 
+  def __array__(self, dtype=None):
+    return self.numpy() if dtype is None else self.numpy().astype(dtype)
+
   def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
     del as_ref
     return self.__tf_tensor__(dtype, name)
@@ -197,19 +201,20 @@ class DistributedVariable(values_lib.DistributedValues, tf.Variable):
     return self._distribute_strategy.scope()
 
   def _check_assignable(self, value):
-    """Raises a clear error for a value of the wrong dtype or shape."""
+    """Raises a clear error for a value of the wrong dtype or shape.
+
+    The error classes are those a plain variable raises: TypeError for a
+    Python value that does not fit the dtype, ValueError for a tensor of
+    another dtype or shape.
+    """
     for component in values_lib.local_results(value, 1):
       if isinstance(component, (tf.IndexedSlices, tf.Operation)):
         continue
       try:
-        tensor = tf.convert_to_tensor(component, dtype_hint=self.dtype)
+        tensor = tf.convert_to_tensor(component, dtype=self.dtype)
       except (TypeError, ValueError) as e:
         raise type(e)(f"Cannot assign {component!r} to variable "
                       f"'{self.name}' of dtype {self.dtype.name}: {e}") from None
-      if tensor.dtype.base_dtype != self.dtype.base_dtype:
-        raise ValueError(
-            f"Cannot assign a value of dtype {tensor.dtype.name} to variable "
-            f"'{self.name}' of dtype {self.dtype.name}; cast it first.")
       if not tensor.shape.is_compatible_with(self.shape):
         raise ValueError(
             f"Cannot assign a value of shape {tensor.shape} to variable "
@@ -423,11 +428,17 @@ class SyncOnReadVariable(DistributedVariable):
           f"context when aggregation is set to `tf.VariableAggregation.SUM`.")
     if method == "assign":
       value = self._component_restore_value(tf.convert_to_tensor(value, self.dtype))
-    return self._distribute_strategy.extended.update(
-        self, update_fn, args=(value,), group=True)
+    updates = self._distribute_strategy.extended.update(
+        self, update_fn, args=(value,), group=False)
+    done = tf.group([u for u in updates if u is not None])
+    if all(u is None or isinstance(u, tf.Operation) for u in updates):
+      return done  # read_value=False
+    # As TensorFlow does: the value now read in the cross-replica context.
+    with tf.control_dependencies([done] if done is not None else []):
+      return self.read_value()
 
   def _component_restore_value(self, restored):
     # Each component holds its share, so that the components sum to `restored`.
     if self._aggregation == tf.VariableAggregation.SUM:
-      return restored / tf.cast(len(self._values), restored.dtype)
+      return tf.cast(restored / len(self._values), self.dtype)
     return restored

@@ -83,6 +83,8 @@ class MirroredExtended(distribute_lib.StrategyExtended):
         v.device for v in colocate_with.values)
     kwargs.pop("caching_device", None)
     synchronization = kwargs.get("synchronization") or tf.VariableSynchronization.AUTO
+    if synchronization == tf.VariableSynchronization.AUTO:
+      synchronization = kwargs["synchronization"] = tf.VariableSynchronization.ON_WRITE
     aggregation = kwargs.pop("aggregation", None) or tf.VariableAggregation.NONE
     name = kwargs.get("name")
     if synchronization == tf.VariableSynchronization.NONE:

@@ -170,6 +170,10 @@ class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored):
       raise AttributeError(name)
     return getattr(self._get(), name)
 
+  def __tf_tracing_type__(self, context):
+    # A tf.function sees the one value this stands for, as TensorFlow's does.
+    return self._get().__tf_tracing_type__(context)
+
   def __tf_tensor__(self, dtype=None, name=None):
     return tf.convert_to_tensor(self._get(), dtype=dtype, name=name)
 
