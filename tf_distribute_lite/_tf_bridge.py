@@ -15,6 +15,8 @@ this package is library code that AutoGraph must not rewrite when a user's
 `tf.function` calls into it (rewriting it costs seconds per trace).
 """
 
+import threading
+
 import tensorflow as tf
 
 _STACK_ATTRIBUTE = "_distribution_strategy_stack"
@@ -104,3 +106,31 @@ def resource_on(device):
 def clone_function(function, python_function):
   """A `tf.function` like `function` (same options) around `python_function`."""
   return function._clone(python_function=python_function)  # pylint: disable=protected-access
+
+
+class TraceMapperGuard:
+  """Restores this thread's stack-trace mappers if a replica function fails.
+
+  AutoGraph pushes a source-map entry when it enters a converted function;
+  if building that entry fails (TensorFlow cannot map functions whose source
+  file is unknown, such as those defined in doctests), the entry stays on
+  the thread's stack and breaks every later conversion on that thread.
+  TensorFlow runs replicas on throwaway threads, so the damage dies with
+  them; replica 0 runs on the caller's thread here, so we clean up.
+  """
+
+  def __init__(self):
+    from tensorflow.python.util import tf_stack  # pylint: disable=g-import-not-at-top
+    key = threading.get_ident()
+    self._stacks = [tf_stack._source_mapper_stacks[key],  # pylint: disable=protected-access
+                    tf_stack._source_filter_stacks[key]]  # pylint: disable=protected-access
+    self._depths = [len(s) for s in self._stacks]
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, exc_type, *unused):
+    if exc_type is not None:
+      for stack, depth in zip(self._stacks, self._depths):
+        del stack[depth:]
+    return False

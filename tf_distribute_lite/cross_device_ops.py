@@ -311,12 +311,25 @@ def _split_flat(flat, like, device):
 
 
 class _PackedByCount(_AllReduce):
-  """An all-reduce whose `num_packs` says whether to concatenate tensors."""
+  """An all-reduce between accelerators, with `num_packs` packing.
+
+  A single reduction onto any CPU uses `ReductionToOneDevice`, as in
+  TensorFlow.
+  """
 
   def __init__(self, num_packs=1):
     if num_packs < 0:
       raise ValueError(f"`num_packs` must be >= 0; got {num_packs}.")
     self.num_packs = num_packs
+
+  def reduce_implementation(self, reduce_op, per_replica_value, destinations,
+                            options):
+    if any(tf.DeviceSpec.from_string(d).device_type == "CPU"
+           for d in devices_of(destinations)):
+      return _FALLBACK.reduce_implementation(
+          reduce_op, per_replica_value, destinations, options)
+    return super().reduce_implementation(
+        reduce_op, per_replica_value, destinations, options)
 
   def _packs(self, values, options):
     """No packing for `num_packs` 0; else one pack per dtype."""
@@ -494,8 +507,10 @@ class CollectiveAllReduce(_AllReduce):
       # The caller differentiates all-reduce itself (ReplicaContext.all_reduce);
       # a tape must not try to differentiate the collective op inside.
       per_device = [tf.stop_gradient(t) for t in per_device]
-      return self._eager_launch(per_device, options.implementation.value,
-                                options.timeout_seconds or 0)
+      reduced = self._eager_launch(per_device, options.implementation.value,
+                                   options.timeout_seconds or 0)
+      # A function hands its outputs back on the caller's device.
+      return [copy_to_device(r, d) for r, d in zip(reduced, devices)]
     return self._launch(per_device, options.implementation.value,
                         options.timeout_seconds or 0)
 

@@ -5,6 +5,8 @@ TensorFlow accepts many spellings of one device (`"CPU:0"`, `"cpu:0"`,
 compare devices by their canonical, fully qualified name.
 """
 
+import functools
+
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
@@ -12,6 +14,7 @@ from tf_distribute_lite import _tf_bridge
 _LOCAL_JOB = "/job:localhost/replica:0/task:0"
 
 
+@functools.lru_cache(maxsize=1024)
 def canonicalize(device, default=_LOCAL_JOB):
   """The fully qualified name of `device`, filling gaps from `default`.
 

@@ -159,17 +159,22 @@ class MirroredExtended(distribute_lib.StrategyExtended):
   def _placed(self, value):
     """`value` with each component on its replica's device.
 
-    The components of a distributed value passed into a `tf.function` have
-    no device; they belong to the replicas in order.
+    The components of a distributed value belong to the replicas in order,
+    wherever they were made: a `tf.function` argument has no device, and a
+    value from `experimental_distribute_values_from_function` sits where
+    `value_fn` made it.
     """
     if (not isinstance(value, values_lib.DistributedValues) or
         values_lib.is_distributed_variable(value) or
-        len(value.values) != len(self._devices) or
-        all(c.device for c in value.values)):
+        len(value.values) != len(self._devices)):
+      return value
+    devices = [device_util.canonicalize(c.device) if c.device else None
+               for c in value.values]
+    if all(d == r for d, r in zip(devices, self._devices)):
       return value
     return type(value)([
-        c if c.device else cross_device_ops_lib.copy_to_device(c, d)
-        for c, d in zip(value.values, self._devices)])
+        c if d == r else cross_device_ops_lib.copy_to_device(c, r)
+        for c, d, r in zip(value.values, devices, self._devices)])
 
   def _reduce_to(self, reduce_op, value, destinations, options):
     if reduce_op == ReduceOp.MEAN and _is_mirrored(value):

@@ -124,7 +124,8 @@ class ReplicaRunner:
 
   def run(self):
     try:
-      first = self.call_replica(0)
+      with _tf_bridge.TraceMapperGuard():
+        first = self.call_replica(0)
     except BaseException:
       self._abort()
       raise

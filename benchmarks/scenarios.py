@@ -1,0 +1,332 @@
+"""Benchmark scenarios, one function each, shared by every implementation.
+
+A scenario takes `module` (None for plain TensorFlow, else `tf.distribute` or
+`tf_distribute_lite`, used as `module.MirroredStrategy`, `module.ReduceOp`,
+...) and a `Budget`, and returns `(ms, fingerprint)`: the measured time in
+milliseconds and a dict of floats summarising what was computed, which must
+agree across implementations.
+
+Importing this module does not start TensorFlow's runtime, so the worker
+configures the `NUM_DEVICES` logical CPU devices after importing it.
+"""
+
+import contextlib
+import dataclasses
+import statistics
+import time
+
+import numpy as np
+import tensorflow as tf
+
+NUM_DEVICES = 4
+DEVICES = tuple(f"CPU:{i}" for i in range(NUM_DEVICES))
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+  """How long to measure a steady state: warm-up calls, then timed calls."""
+  warmup: int = 5
+  min_iters: int = 20
+  min_seconds: float = 0.5
+  max_iters: int = 2000
+
+
+QUICK = Budget(warmup=2, min_iters=3, min_seconds=0.05, max_iters=50)
+
+
+def median_ms(fn, budget):
+  """Median time of one `fn()` call in ms, after `budget.warmup` calls."""
+  for _ in range(budget.warmup):
+    fn()
+  times = []
+  start = time.perf_counter()
+  while len(times) < budget.max_iters and (
+      len(times) < budget.min_iters or
+      time.perf_counter() - start < budget.min_seconds):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times) * 1e3
+
+
+def time_once_ms(fn):
+  """`(ms, result)` of a single `fn()` call."""
+  t0 = time.perf_counter()
+  result = fn()
+  return (time.perf_counter() - t0) * 1e3, result
+
+
+# --- Helpers shared by the scenarios.
+
+
+def make_strategy(module, devices=DEVICES):
+  return None if module is None else module.MirroredStrategy(list(devices))
+
+
+def scope(strategy):
+  return contextlib.nullcontext() if strategy is None else strategy.scope()
+
+
+def per_replica(strategy, make, devices=DEVICES):
+  """`make(i)` on each replica's device: a PerReplica value, or a list."""
+  def on_device(i):
+    with tf.device(devices[i]):
+      return make(i)
+  if strategy is None:
+    return [on_device(i) for i in range(len(devices))]
+  return strategy.experimental_distribute_values_from_function(
+      lambda ctx: on_device(ctx.replica_id_in_sync_group))
+
+
+def replica_values(strategy, value):
+  """The per-replica copies of `value` (a structure) as a list of structures."""
+  if strategy is None:
+    return [value]
+  flat = [strategy.experimental_local_results(v)
+          for v in tf.nest.flatten(value)]
+  return [tf.nest.pack_sequence_as(value, [f[r] for f in flat])
+          for r in range(len(flat[0]))]
+
+
+def checksum(structure, fn=lambda a: a):
+  """Sum of `fn` over every element of every tensor, in float64."""
+  return float(sum(np.sum(fn(np.asarray(t, dtype=np.float64)))
+                   for t in tf.nest.flatten(structure)))
+
+
+def agreed(name, sums):
+  """Fingerprint entries for per-replica checksums that should be equal."""
+  mean = float(np.mean(sums))
+  spread = float(np.ptp(sums)) / max(abs(mean), 1e-30)
+  return {name: mean, "replica_spread": spread}
+
+
+# --- 1. Eager strategy.run of a small step.
+
+
+def _eager_run(module, budget, num_replicas):
+  devices = DEVICES[:num_replicas]
+  rng = np.random.default_rng(0)
+  xs = [rng.random((32, 32), np.float32) for _ in devices]
+  w0, b0 = rng.random((32, 32), np.float32), rng.random(32, np.float32)
+
+  def make_step(w, b):
+    return lambda x: tf.matmul(x, w) + b
+
+  strategy = make_strategy(module, devices)
+  x = per_replica(strategy, lambda i: tf.constant(xs[i]), devices)
+  if strategy is None:
+    steps = []
+    for device in devices:
+      with tf.device(device):
+        steps.append(make_step(tf.Variable(w0), tf.Variable(b0)))
+
+    def iteration():
+      outputs = []
+      for device, step, x_i in zip(devices, steps, x):
+        with tf.device(device):
+          outputs.append(step(x_i))
+      return outputs
+  else:
+    with strategy.scope():
+      step = make_step(tf.Variable(w0), tf.Variable(b0))
+    iteration = lambda: strategy.run(step, args=(x,))
+  ms = median_ms(iteration, budget)
+  outputs = iteration()
+  if strategy is not None:
+    outputs = strategy.experimental_local_results(outputs)
+  return ms, {"output_sum": checksum(outputs)}
+
+
+def eager_run_1(module, budget):
+  return _eager_run(module, budget, 1)
+
+
+def eager_run_4(module, budget):
+  return _eager_run(module, budget, 4)
+
+
+# --- 2. MLP training step in a tf.function.
+
+GLOBAL_BATCH = 256
+LEARNING_RATE = 0.1
+
+
+class _Mlp:
+  """784-256-10 MLP and its SGD training step, for one implementation."""
+
+  def __init__(self, module):
+    rng = np.random.default_rng(0)
+    self.initial = [rng.normal(0, 0.05, (784, 256)).astype(np.float32),
+                    np.zeros(256, np.float32),
+                    rng.normal(0, 0.05, (256, 10)).astype(np.float32),
+                    np.zeros(10, np.float32)]
+    self.x = rng.random((GLOBAL_BATCH, 784), np.float32)
+    self.y = rng.integers(0, 10, GLOBAL_BATCH).astype(np.int32)
+    self.strategy = strategy = make_strategy(module)
+    with scope(strategy):
+      self.params = params = [tf.Variable(v) for v in self.initial]
+    replicas = 1 if strategy is None else strategy.num_replicas_in_sync
+
+    def step_fn(x, y):
+      with tf.GradientTape() as tape:
+        w1, b1, w2, b2 = params
+        logits = tf.nn.relu(x @ w1 + b1) @ w2 + b2
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+        loss = tf.reduce_sum(losses) / tf.cast(tf.shape(x)[0] * replicas,
+                                               tf.float32)
+      grads = tape.gradient(loss, params)
+      if module is not None:
+        grads = module.get_replica_context().all_reduce(module.ReduceOp.SUM,
+                                                        grads)
+      for v, g in zip(params, grads):
+        v.assign_sub(LEARNING_RATE * g)
+      return loss
+
+    if strategy is None:
+      self.train_step = tf.function(step_fn)
+    else:
+      @tf.function
+      def train_step(x, y):
+        losses = strategy.run(step_fn, args=(x, y))
+        return strategy.reduce(module.ReduceOp.SUM, losses, axis=None)
+      self.train_step = train_step
+
+  def batch(self, size):
+    """The first `size` examples: global tensors, or per-replica slices."""
+    if self.strategy is None:
+      return tf.constant(self.x[:size]), tf.constant(self.y[:size])
+    n = size // self.strategy.num_replicas_in_sync
+    return tuple(
+        per_replica(self.strategy, lambda i, a=a: tf.constant(a[i * n:][:n]))
+        for a in (self.x, self.y))
+
+  def weight_change(self):
+    """Fingerprint of the weights: sum |w - w0|, per replica."""
+    sums = [sum(checksum(v - w0, np.abs) for v, w0 in zip(vs, self.initial))
+            for vs in replica_values(self.strategy, self.params)]
+    return agreed("weight_change", sums)
+
+
+def mlp_step(module, budget):
+  mlp = _Mlp(module)
+  x, y = mlp.batch(GLOBAL_BATCH)
+  losses = [float(mlp.train_step(x, y)) for _ in range(3)]
+  fingerprint = {"loss_1": losses[0], "loss_3": losses[2],
+                 **mlp.weight_change()}
+  return median_ms(lambda: mlp.train_step(x, y), budget), fingerprint
+
+
+def mlp_first_call(module, budget):
+  del budget
+  mlp = _Mlp(module)
+  x, y = mlp.batch(GLOBAL_BATCH)
+  ms, loss = time_once_ms(lambda: mlp.train_step(x, y))
+  return ms, {"loss_1": float(loss), **mlp.weight_change()}
+
+
+def mlp_retrace(module, budget):
+  del budget
+  mlp = _Mlp(module)
+  x, y = mlp.batch(GLOBAL_BATCH)
+  x_half, y_half = mlp.batch(GLOBAL_BATCH // 2)
+  for _ in range(2):
+    mlp.train_step(x, y)
+  traces = mlp.train_step.experimental_get_tracing_count()
+  ms, loss = time_once_ms(lambda: mlp.train_step(x_half, y_half))
+  if mlp.train_step.experimental_get_tracing_count() != traces + 1:
+    raise RuntimeError("the call with a new batch size did not retrace")
+  return ms, {"loss_3": float(loss), **mlp.weight_change()}
+
+
+# --- 3. All-reduce of ~16 MB per replica in a tf.function.
+
+
+def _allreduce_shapes(num_tensors=50, floats=4 * 2**20):
+  """Kernel-like [rows, 256] and bias-like [rows] shapes, ~`floats` in all."""
+  weights = np.random.default_rng(1).uniform(0.2, 1.8, num_tensors // 2)
+  rows = np.maximum(1, np.round(weights / weights.sum() * floats / 257))
+  return [s for r in rows.astype(int).tolist() for s in ((r, 256), (r,))]
+
+
+def allreduce_16mb(module, budget):
+  rng = np.random.default_rng(0)
+  arrays = [rng.random(s, np.float32) for s in _allreduce_shapes()]
+  strategy = make_strategy(module)
+  inputs = per_replica(strategy,
+                       lambda i: [tf.constant(a) + float(i) for a in arrays])
+  if strategy is None:
+    @tf.function
+    def fn(replica_lists):
+      with tf.device(DEVICES[0]):
+        return [tf.add_n(list(ts)) for ts in zip(*replica_lists)]
+  else:
+    def replica_fn(values):
+      return module.get_replica_context().all_reduce(module.ReduceOp.SUM,
+                                                     values)
+
+    @tf.function
+    def fn(values):
+      return strategy.run(replica_fn, args=(values,))
+  ms = median_ms(lambda: fn(inputs), budget)
+  outputs = replica_values(strategy, fn(inputs))
+  return ms, agreed("sum", [checksum(o) for o in outputs])
+
+
+# --- 4. Eager strategy.reduce.
+
+
+def _reduce(module, budget, op, axis):
+  rng = np.random.default_rng(0)
+  arrays = [rng.random((64, 128), np.float32) for _ in DEVICES]
+  strategy = make_strategy(module)
+  values = per_replica(strategy, lambda i: tf.constant(arrays[i]))
+  if strategy is not None:
+    reduce_op = getattr(module.ReduceOp, op)
+    fn = lambda: strategy.reduce(reduce_op, values, axis=axis)
+  elif axis is None:
+    def fn():
+      with tf.device(DEVICES[0]):
+        return tf.add_n(values)
+  else:
+    def fn():
+      with tf.device(DEVICES[0]):
+        return tf.reduce_mean(tf.concat(values, axis=0), axis=0)
+  ms = median_ms(fn, budget)
+  return ms, {"sum": checksum(fn())}
+
+
+def reduce_none(module, budget):
+  return _reduce(module, budget, "SUM", None)
+
+
+def reduce_axis0(module, budget):
+  return _reduce(module, budget, "MEAN", 0)
+
+
+# --- 5. Strategy construction and variable creation.
+
+
+def build_20_layer_mlp(module, budget):
+  del budget
+
+  def build():
+    strategy = make_strategy(module)
+    variables = []
+    with scope(strategy):
+      for i in range(20):
+        variables.append(tf.Variable(
+            lambda i=i: tf.random.stateless_normal([128, 128], seed=[i, 0]),
+            name=f"dense_{i}/kernel"))
+        variables.append(tf.Variable(lambda: tf.zeros([128]),
+                                     name=f"dense_{i}/bias"))
+    return strategy, variables
+
+  ms, (strategy, variables) = time_once_ms(build)
+  sums = [checksum(vs, np.square) for vs in replica_values(strategy, variables)]
+  return ms, agreed("sum_of_squares", sums)
+
+
+SCENARIOS = {f.__name__: f for f in (
+    eager_run_1, eager_run_4, mlp_step, mlp_first_call, mlp_retrace,
+    allreduce_16mb, reduce_none, reduce_axis0, build_20_layer_mlp)}
