@@ -22,6 +22,8 @@ from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
 
 _VARIABLE_VALUE = "VARIABLE_VALUE"  # the checkpoint key plain variables use
+_OWN_ATTRIBUTES = frozenset(
+    ["_values", "_distribute_strategy", "_aggregation", "_common_name"])
 
 
 class DistributedVariable(values_lib.DistributedValues, tf.Variable,
@@ -42,6 +44,13 @@ class DistributedVariable(values_lib.DistributedValues, tf.Variable,
     for component in components:
       # Keras and `regroup` find the container of a component through this.
       component.handle._distributed_container = weakref.ref(self)  # pylint: disable=protected-access
+
+  def __getattr__(self, name):
+    # What this class does not define comes from the component a read here
+    # would use, as in TensorFlow (e.g. `_save_slice_info`, `sparse_read`).
+    if name.startswith("__") or name in _OWN_ATTRIBUTES:
+      raise AttributeError(name)
+    return getattr(self._get_on_device_or_primary(), name)
 
   def __deepcopy__(self, memo):
     components = []

@@ -123,14 +123,14 @@ class ReplicaRunner:
     return len(self._inputs)
 
   def run(self):
-    try:
-      with _tf_bridge.TraceMapperGuard():
+    with _tf_bridge.TraceMapperGuard():
+      try:
         first = self.call_replica(0)
-    except BaseException:
-      self._abort()
-      raise
-    if self._threads is None:
-      return [first] + [self.call_replica(i) for i in range(1, self.num_replicas)]
+      except BaseException:
+        self._abort()
+        raise
+      if self._threads is None:
+        return [first] + [self.call_replica(i) for i in range(1, self.num_replicas)]
     results = [first]
     for thread in self._threads:
       self._advance(thread)
