@@ -12,35 +12,9 @@ import tensorflow as tf
 
 import tf_distribute_lite as tfd
 
+from oracle import TF, TFD
+
 DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4))
-
-
-class Api:
-  """One implementation of the strategy API and its strategies, made once."""
-
-  def __init__(self, name, module):
-    self.name = name
-    self.mod = module
-    self._strategies = {}
-
-  def _strategy(self, key, make):
-    if key not in self._strategies:
-      self._strategies[key] = make()
-    return self._strategies[key]
-
-  @property
-  def mirrored(self):
-    """A MirroredStrategy on all 4 CPUs."""
-    return self._strategy("mirrored", self.mod.MirroredStrategy)
-
-  @property
-  def other(self):
-    """A second strategy, to mix with `mirrored`."""
-    return self._strategy("other", lambda: self.mod.OneDeviceStrategy("CPU:0"))
-
-
-TF = Api("tf", tf.distribute)
-TFD = Api("tfd", tfd)
 
 
 @pytest.fixture(params=[TF, TFD], ids=lambda a: a.name)
@@ -125,7 +99,7 @@ def test_nested_scopes_of_one_strategy(api):
 def test_scope_of_another_strategy_inside_a_scope_raises(api):
   with api.mirrored.scope():
     with pytest.raises(RuntimeError, match="Mixing different tf.distribute.Strategy objects"):
-      with api.other.scope():
+      with api.one_device("CPU:0").scope():
         pass
     assert api.mod.get_strategy() is api.mirrored
   assert not api.mod.has_strategy()
@@ -196,7 +170,7 @@ def test_replica_context_devices_outside_its_replica_raises(api):
     ("other", "Mixing different tf.distribute.Strategy objects"),
 ])
 def test_scope_inside_run_raises(api, run_mode, which, message):
-  target = api.mirrored if which == "same" else api.other
+  target = api.mirrored if which == "same" else api.one_device("CPU:0")
 
   def replica_fn():
     with target.scope():
@@ -235,7 +209,7 @@ def test_merge_fn_runs_once_in_cross_replica_context(api, run_mode):
 # --- experimental_set_strategy.
 
 def test_experimental_set_strategy_sets_switches_and_resets(api, run_mode):
-  strategy, other = api.mirrored, api.other
+  strategy, other = api.mirrored, api.one_device("CPU:0")
   try:
     api.mod.experimental_set_strategy(strategy)
     assert _state(api.mod) == (strategy, True, True, None)
@@ -265,7 +239,7 @@ def test_experimental_set_strategy_none_without_a_strategy_is_a_no_op(api):
 def test_experimental_set_strategy_inside_a_scope_raises(api):
   with api.mirrored.scope():
     with pytest.raises(RuntimeError, match="Must not be called inside a `tf.distribute.Strategy`"):
-      api.mod.experimental_set_strategy(api.other)
+      api.mod.experimental_set_strategy(api.one_device("CPU:0"))
     assert api.mod.get_strategy() is api.mirrored
   assert not api.mod.has_strategy()
 

@@ -11,6 +11,7 @@ from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import values as values_lib
 
 from conftest import DEVICES
+import oracle
 
 CommunicationOptions = tfd.experimental.CommunicationOptions
 CommunicationImplementation = tfd.experimental.CommunicationImplementation
@@ -714,9 +715,9 @@ STRATEGY_ALGORITHMS = {
                      tf.distribute.HierarchicalCopyAllReduce),
     "hierarchical_0": (lambda: tfd.HierarchicalCopyAllReduce(num_packs=0),
                        lambda: tf.distribute.HierarchicalCopyAllReduce(num_packs=0)),
-    # TF's default is collective all-reduce, but two TF 2.21 strategies with
-    # collectives in one process reuse instance keys and abort each other.
-    "collective": (_collective, tf.distribute.ReductionToOneDevice),
+    # None: TF's default collective all-reduce, in the one shared strategy
+    # that may use it (see oracle.py).
+    "collective": (_collective, None),
 }
 
 
@@ -736,9 +737,11 @@ _TF_STRATEGIES = {}
 
 def _tf_strategy(algorithm):
   """TF's MirroredStrategy on all 4 devices with the same algorithm."""
+  make_ops = STRATEGY_ALGORITHMS[algorithm][1]
+  if make_ops is None:
+    return oracle.tf_mirrored(DEVICES)
   if algorithm not in _TF_STRATEGIES:
-    _TF_STRATEGIES[algorithm] = tf.distribute.MirroredStrategy(
-        list(DEVICES), cross_device_ops=STRATEGY_ALGORITHMS[algorithm][1]())
+    _TF_STRATEGIES[algorithm] = oracle.new_tf_mirrored(list(DEVICES), make_ops())
   return _TF_STRATEGIES[algorithm]
 
 
@@ -791,8 +794,7 @@ def test_strategy_all_reduce_gradient_with_each_algorithm(algorithm, run_mode):
 
 def test_strategy_with_nccl_on_cpus_raises_invalid_argument(run_mode):
   strategy = tfd.MirroredStrategy(DEVICES, cross_device_ops=tfd.NcclAllReduce())
-  tf_strategy = tf.distribute.MirroredStrategy(
-      list(DEVICES), cross_device_ops=tf.distribute.NcclAllReduce())
+  tf_strategy = oracle.new_tf_mirrored(list(DEVICES), tf.distribute.NcclAllReduce())
   with pytest.raises(tf.errors.InvalidArgumentError):
     run_mode(lambda: tf_strategy.run(_all_reduce_fn(tf.distribute.ReduceOp.SUM)))
   with pytest.raises(tf.errors.InvalidArgumentError) as error:

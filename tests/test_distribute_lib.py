@@ -11,61 +11,11 @@ import tensorflow as tf
 
 import tf_distribute_lite as tfd
 
+from oracle import TF, TFD, new_mirrored
+
 DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4))
 
 Pair = collections.namedtuple("Pair", ["first", "second"])
-
-
-class Api:
-  """One implementation of the strategy API and its strategies, made once."""
-
-  def __init__(self, name, module, v1):
-    self.name = name
-    self.mod = module
-    self.v1 = v1
-    self._strategies = {}
-
-  def _strategy(self, key, make):
-    if key not in self._strategies:
-      self._strategies[key] = make()
-    return self._strategies[key]
-
-  @property
-  def mirrored(self):
-    """A MirroredStrategy on all 4 CPUs."""
-    return self._strategy("mirrored", self.mod.MirroredStrategy)
-
-  @property
-  def pair(self):
-    """A MirroredStrategy on CPU:0 and CPU:1."""
-    if self.mod is tf.distribute:  # TF 2.21 collectives of several group sizes collide.
-      make = lambda: tf.distribute.MirroredStrategy(
-          ["CPU:0", "CPU:1"], cross_device_ops=tf.distribute.ReductionToOneDevice())
-    else:
-      make = lambda: tfd.MirroredStrategy(["CPU:0", "CPU:1"])
-    return self._strategy("pair", make)
-
-  @property
-  def one_device(self):
-    return self._strategy("one_device", lambda: self.mod.OneDeviceStrategy("CPU:1"))
-
-  @property
-  def v1_mirrored(self):
-    return self._strategy("v1_mirrored", self.v1.MirroredStrategy)
-
-  def replica_ids(self, strategy=None, dtype=tf.float32):
-    """A PerReplica holding each replica's id."""
-    strategy = strategy or self.mirrored
-    return strategy.experimental_distribute_values_from_function(
-        lambda ctx: tf.constant(ctx.replica_id_in_sync_group, dtype))
-
-  def replica_id(self):
-    """Inside `run`: this replica's id as a float32 tensor."""
-    return tf.cast(self.mod.get_replica_context().replica_id_in_sync_group, tf.float32)
-
-
-TF = Api("tf", tf.distribute, tf.compat.v1.distribute)
-TFD = Api("tfd", tfd, tfd.compat.v1)
 
 
 def _outcome(fn):
@@ -158,7 +108,7 @@ def test_run_returns_a_captured_tensor_unwrapped(run_mode):
 
 def test_run_with_one_replica_returns_plain_values(run_mode):
   def snippet(a):
-    return (a.one_device.run(lambda x: {"y": x + 1.0}, args=(tf.constant(1.0),)),
+    return (a.one_device().run(lambda x: {"y": x + 1.0}, args=(tf.constant(1.0),)),
             a.mod.get_strategy().run(lambda: tf.constant(2.0)))
   on_device, default = both(snippet, run_mode)
   assert float(on_device["y"]) == 2.0
@@ -167,7 +117,7 @@ def test_run_with_one_replica_returns_plain_values(run_mode):
 
 def test_run_with_one_device_mirrored_strategy_returns_plain_values():
   def snippet(a):
-    strategy = a.mod.MirroredStrategy(["CPU:0"], cross_device_ops=a.mod.ReductionToOneDevice())
+    strategy = new_mirrored(a.mod, ["CPU:0"], cross_device_ops=a.mod.ReductionToOneDevice())
     return strategy.run(lambda: tf.constant(1.0))
   assert float(both(snippet)) == 1.0
 

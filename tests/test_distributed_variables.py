@@ -16,6 +16,9 @@ import tensorflow as tf
 
 import tf_distribute_lite as tfd
 
+import oracle
+from oracle import Raised
+
 NUM_DEVICES = len(tf.config.list_logical_devices("CPU"))
 DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}"
                 for i in range(NUM_DEVICES))
@@ -26,41 +29,9 @@ SYNC = tf.VariableSynchronization
 ALL_AGGREGATIONS = (AGG.SUM, AGG.MEAN, AGG.ONLY_FIRST_REPLICA, AGG.NONE)
 
 
-@functools.lru_cache(maxsize=None)
 def _strategy(dist, num_devices):
-  """One strategy per implementation and size, shared by the tests.
-
-  A TF oracle on fewer than all devices uses ReductionToOneDevice: TF 2.21
-  strategies of different sizes collide on collective group keys.
-  """
-  if num_devices == NUM_DEVICES:
-    return dist.MirroredStrategy()
-  devices = list(DEVICES[:num_devices])
-  if dist is tf.distribute:
-    return tf.distribute.MirroredStrategy(
-        devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
-  return tfd.MirroredStrategy(devices)
-
-
-class Raised:
-  """An exception a snippet raised; equal to another of the same class."""
-
-  def __init__(self, error):
-    self.type = type(error)
-    self.message = str(error)
-
-  def __eq__(self, other):
-    return isinstance(other, Raised) and other.type is self.type
-
-  def __repr__(self):
-    return f"Raised({self.type.__name__}: {self.message[:300]})"
-
-
-def _outcome(snippet, dist, strategy):
-  try:
-    return snippet(dist, strategy)
-  except Exception as e:  # pylint: disable=broad-except
-    return Raised(e)
+  """The shared strategy of `dist` on the first `num_devices` devices."""
+  return oracle.mirrored(dist, DEVICES[:num_devices])
 
 
 def compare(snippet, num_devices=NUM_DEVICES):
@@ -68,12 +39,7 @@ def compare(snippet, num_devices=NUM_DEVICES):
 
   Returns the outcome, so a test can also check it against known values.
   """
-  results = [_outcome(snippet, dist, _strategy(dist, num_devices))
-             for dist in IMPLS]
-  assert results[1] == results[0], (
-      f"\ntf.distribute gave: {results[0]!r}\n"
-      f"tf_distribute_lite gave: {results[1]!r}")
-  return results[0]
+  return oracle.compare(snippet, *[(dist, _strategy(dist, num_devices)) for dist in IMPLS])
 
 
 def _numpy(structure):

@@ -9,6 +9,7 @@ import tensorflow as tf
 import tf_distribute_lite as tfd
 
 from conftest import DEVICES
+import oracle
 
 GLOBAL_BATCH = 16
 NUM_FEATURES = 5
@@ -124,13 +125,8 @@ def _reference_losses_and_weights(optimizer_name, num_steps):
 
 @pytest.fixture(scope="module")
 def tf_strategy():
-  """TF's MirroredStrategy on the 4 devices, reducing on one device.
-
-  Two TF 2.21 strategies with collective all-reduce in one process reuse
-  instance keys; a shape mismatch then aborts every later collective.
-  """
-  return tf.distribute.MirroredStrategy(
-      list(DEVICES), cross_device_ops=tf.distribute.ReductionToOneDevice())
+  """TF's MirroredStrategy on the 4 devices, reducing on one device."""
+  return oracle.new_tf_mirrored(list(DEVICES))
 
 
 def _assert_weights_close(actual, expected):

@@ -9,19 +9,10 @@ import tensorflow as tf
 import tf_distribute_lite as tfd
 from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 
+from oracle import new_mirrored, tf_default_cross_device_ops
+
 DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4))
 MODULES = pytest.mark.parametrize("mod", [tf.distribute, tfd], ids=["tf", "tfd"])
-
-
-def _mirrored(mod, devices):
-  """A MirroredStrategy on `devices`; TF's on fewer than 4 CPUs avoids collectives.
-
-  TF 2.21's collective group keys collide between strategies of different sizes.
-  """
-  if mod is tf.distribute and devices is not None and len(devices) != 4:
-    return tf.distribute.MirroredStrategy(
-        devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
-  return mod.MirroredStrategy(devices)
 
 
 def _cross_device_ops(strategy):
@@ -42,7 +33,7 @@ def _replica_ids_all_reduced(mod, strategy, run_mode):
 @MODULES
 @pytest.mark.parametrize("devices", [None, []], ids=["None", "empty"])
 def test_no_devices_means_every_cpu(mod, devices):
-  strategy = mod.MirroredStrategy(devices)
+  strategy = new_mirrored(mod, devices)
   assert strategy.extended.worker_devices == DEVICES
   assert strategy.extended.parameter_devices == DEVICES
   assert strategy.num_replicas_in_sync == 4
@@ -58,14 +49,14 @@ def test_no_devices_means_every_cpu(mod, devices):
     ("/job:localhost/device:CPU:0", "/job:localhost/device:CPU:1"),
 ], ids=str)
 def test_device_spellings_canonicalise_alike(mod, devices):
-  strategy = _mirrored(mod, devices)
+  strategy = new_mirrored(mod, devices)
   assert strategy.extended.worker_devices == DEVICES[:2]
   assert strategy.num_replicas_in_sync == 2
 
 
 @MODULES
 def test_devices_keep_their_order(mod):
-  strategy = _mirrored(mod, ["CPU:2", "CPU:0"])
+  strategy = new_mirrored(mod, ["CPU:2", "CPU:0"])
   assert strategy.extended.worker_devices == (DEVICES[2], DEVICES[0])
   result = strategy.run(lambda: tf.identity(
       tf.cast(mod.get_replica_context().replica_id_in_sync_group, tf.float32)))
@@ -75,7 +66,7 @@ def test_devices_keep_their_order(mod):
 @pytest.mark.parametrize("devices", [None, ["CPU:0", "CPU:1"], ["CPU:1", "CPU:2", "CPU:3"]],
                          ids=["all", "two", "three"])
 def test_default_cross_device_ops_match_tensorflows_choice(devices):
-  theirs = _cross_device_ops(tf.distribute.MirroredStrategy(devices))
+  theirs = tf_default_cross_device_ops(devices)
   ours = _cross_device_ops(tfd.MirroredStrategy(devices))
   assert type(theirs).__name__ == "CollectiveAllReduce"
   assert isinstance(ours, cross_device_ops_lib.CollectiveAllReduce)
@@ -86,7 +77,7 @@ def test_default_cross_device_ops_match_tensorflows_choice(devices):
 @pytest.mark.parametrize("ops", ["ReductionToOneDevice", "HierarchicalCopyAllReduce"])
 def test_given_cross_device_ops_are_used(mod, ops, run_mode):
   cross_device_ops = getattr(mod, ops)()
-  strategy = mod.MirroredStrategy(cross_device_ops=cross_device_ops)
+  strategy = new_mirrored(mod, cross_device_ops=cross_device_ops)
   assert _cross_device_ops(strategy) is cross_device_ops
   assert _replica_ids_all_reduced(mod, strategy, run_mode) == [10.0] * 4
 
@@ -103,7 +94,7 @@ def test_strategies_of_different_sizes_all_reduce_in_one_process(run_mode):
 
 @MODULES
 def test_variables_are_mirrored_on_every_device(mod):
-  strategy = mod.MirroredStrategy()
+  strategy = new_mirrored(mod)
   with strategy.scope():
     v = tf.Variable(2.0)
   assert [c.device for c in v.values] == list(DEVICES)
@@ -118,7 +109,7 @@ def test_variables_are_mirrored_on_every_device(mod):
 
 @MODULES
 def test_each_replica_runs_on_its_device(mod, run_mode):
-  strategy = mod.MirroredStrategy()
+  strategy = new_mirrored(mod)
   seen = {}
 
   def replica_fn():
@@ -132,7 +123,7 @@ def test_each_replica_runs_on_its_device(mod, run_mode):
 
 @MODULES
 def test_ops_in_scope_are_not_placed(mod):
-  strategy = mod.MirroredStrategy()
+  strategy = new_mirrored(mod)
   with strategy.scope():
     assert tf.identity(1.0).device == DEVICES[0]
     with tf.device("CPU:3"):
@@ -141,7 +132,7 @@ def test_ops_in_scope_are_not_placed(mod):
 
 @MODULES
 def test_reduce_and_all_reduce_on_a_subset_of_devices(mod, run_mode):
-  strategy = _mirrored(mod, ["CPU:1", "CPU:3"])
+  strategy = new_mirrored(mod, ["CPU:1", "CPU:3"])
   assert _replica_ids_all_reduced(mod, strategy, run_mode) == [3.0, 3.0]
   ids = strategy.experimental_distribute_values_from_function(
       lambda ctx: tf.constant(float(ctx.replica_id_in_sync_group) + 1.0))
@@ -153,7 +144,7 @@ def test_reduce_and_all_reduce_on_a_subset_of_devices(mod, run_mode):
 @pytest.mark.parametrize("bad", ["foo:bar:baz", "CPU:x", "/job:localhost/xyz:0"])
 def test_malformed_device_strings_raise(bad):
   with pytest.raises(ValueError):
-    _mirrored(tf.distribute, ["CPU:0", bad])
+    new_mirrored(tf.distribute, ["CPU:0", bad])
   with pytest.raises(ValueError, match=f"Malformed device string '{bad}'"):
     tfd.MirroredStrategy(["CPU:0", bad])
 
@@ -161,7 +152,7 @@ def test_malformed_device_strings_raise(bad):
 @MODULES
 def test_a_single_string_instead_of_a_list_raises(mod):
   with pytest.raises(ValueError):
-    mod.MirroredStrategy("CPU:0")
+    new_mirrored(mod, "CPU:0")
 
 
 def test_a_single_string_error_suggests_a_list():
@@ -173,7 +164,7 @@ def test_a_single_string_error_suggests_a_list():
     ["CPU:0", "CPU:0"], ["CPU:0", "/cpu:0"], ["cpu:1", "/device:CPU:1"]], ids=str)
 def test_duplicated_devices_raise_value_error_naming_them(devices):
   with pytest.raises(AssertionError):
-    _mirrored(tf.distribute, devices)
+    new_mirrored(tf.distribute, devices)
   with pytest.raises(ValueError, match="No duplicates allowed") as raised:
     tfd.MirroredStrategy(devices)
   assert repr(devices[0]) in str(raised.value)

@@ -6,17 +6,15 @@ import tensorflow as tf
 
 import tf_distribute_lite as tfd
 
+import oracle
+
 DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4))
 MODULES = pytest.mark.parametrize("mod", [tf.distribute, tfd], ids=["tf", "tfd"])
-
-_strategies = {}
 
 
 def _strategy(mod):
   """The OneDeviceStrategy on CPU:1 of `mod`, made once."""
-  if mod not in _strategies:
-    _strategies[mod] = mod.OneDeviceStrategy("/cpu:1")
-  return _strategies[mod]
+  return oracle.api(mod).one_device("/cpu:1")
 
 
 def _both(snippet, run_mode=lambda fn: fn()):

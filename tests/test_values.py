@@ -6,7 +6,6 @@ where the answer is known it is also spelled out.
 """
 
 import collections
-import functools
 
 import numpy as np
 import pytest
@@ -16,6 +15,8 @@ from tensorflow.python.distribute import values as tf_values
 
 import tf_distribute_lite as tfd
 from tf_distribute_lite import values as tfd_values
+
+import oracle
 
 NUM_DEVICES = len(tf.config.list_logical_devices("CPU"))
 DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}"
@@ -34,59 +35,13 @@ IMPLS = (
 Pair = collections.namedtuple("Pair", "a b")
 
 
-@functools.lru_cache(maxsize=None)
-def _strategy(impl_name, num_devices):
-  """One strategy per implementation and size, shared by the tests.
-
-  A TF oracle on fewer than all devices uses ReductionToOneDevice: TF 2.21
-  strategies of different sizes collide on collective group keys.
-  """
-  impl = _impl(impl_name)
-  if num_devices == NUM_DEVICES:
-    return impl.dist.MirroredStrategy()
-  devices = list(DEVICES[:num_devices])
-  if impl.dist is tf.distribute:
-    return tf.distribute.MirroredStrategy(
-        devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
-  return tfd.MirroredStrategy(devices)
-
-
-def _impl(name):
-  return next(impl for impl in IMPLS if impl.name == name)
-
-
-class Raised:
-  """An exception a snippet raised; equal to another of the same class."""
-
-  def __init__(self, error):
-    self.type = type(error)
-    self.message = str(error)
-
-  def __eq__(self, other):
-    return isinstance(other, Raised) and other.type is self.type
-
-  def __repr__(self):
-    return f"Raised({self.type.__name__}: {self.message[:300]})"
-
-
-def _outcome(snippet, impl, strategy):
-  try:
-    return snippet(impl, strategy)
-  except Exception as e:  # pylint: disable=broad-except
-    return Raised(e)
-
-
 def compare(snippet, num_devices=NUM_DEVICES):
   """Runs `snippet(impl, strategy)` under both; asserts equal outcomes.
 
   Returns the outcome, so a test can also check it against known values.
   """
-  results = [_outcome(snippet, impl, _strategy(impl.name, num_devices))
-             for impl in IMPLS]
-  assert results[1] == results[0], (
-      f"\ntf.distribute gave: {results[0]!r}\n"
-      f"tf_distribute_lite gave: {results[1]!r}")
-  return results[0]
+  devices = DEVICES[:num_devices]
+  return oracle.compare(snippet, *[(impl, oracle.mirrored(impl.dist, devices)) for impl in IMPLS])
 
 
 def _numpy(structure):

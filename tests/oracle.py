@@ -1,0 +1,172 @@
+"""TensorFlow's strategies as test oracles, and the tf/tfd API pair.
+
+TF 2.21 gives every MirroredStrategy that all-reduces with its default
+collective ops the same collective group and instance keys. Two of them in
+one process collide: tensors of different shapes fail with "Shape mismatch
+in the collective instance", groups of different sizes with "joining a group
+with size 2, but that group has size 4", and after either every collective
+in the process fails. pytest runs many test files in one process, so tests
+get TF's MirroredStrategy only from here, by two rules:
+
+* `tf_mirrored()` is the only TF strategy with TF's default collective
+  all-reduce: on all 4 CPUs, made once and shared.
+* Every other TF MirroredStrategy reduces with `ReductionToOneDevice`, or
+  with other non-collective cross-device ops a test names.
+
+Our own strategies each get their own collective group, so they need no rule.
+"""
+
+import tensorflow as tf
+from tensorflow.python.distribute import cross_device_ops as tf_cross_device_ops
+
+import tf_distribute_lite as tfd
+
+from conftest import DEVICES
+
+_shared = {}
+
+
+def _key(devices):
+  """`None` for all 4 CPUs, else the device list as a tuple."""
+  if devices is None or tuple(devices) == DEVICES:
+    return None
+  return tuple(devices)
+
+
+def _once(key, make):
+  if key not in _shared:
+    _shared[key] = make()
+  return _shared[key]
+
+
+def new_tf_mirrored(devices=None, cross_device_ops=None, module=tf.distribute):
+  """A new TF MirroredStrategy that never runs TF's collective ops.
+
+  It reduces with `cross_device_ops`, by default `ReductionToOneDevice`.
+  `module` may be `tf.compat.v1.distribute`.
+  """
+  if isinstance(cross_device_ops, tf_cross_device_ops.CollectiveAllReduce):
+    raise ValueError("only tf_mirrored() may use TF's collective all-reduce")
+  return module.MirroredStrategy(
+      devices, cross_device_ops=cross_device_ops or tf.distribute.ReductionToOneDevice())
+
+
+def tf_mirrored(devices=None):
+  """TF's MirroredStrategy on `devices` (all 4 CPUs by default), made once.
+
+  On all 4 CPUs it is the one strategy with TF's default collective
+  all-reduce; on any other device list it reduces with ReductionToOneDevice.
+  """
+  key = _key(devices)
+  if key is None:
+    return _once(("tf", None), tf.distribute.MirroredStrategy)
+  return _once(("tf", key), lambda: new_tf_mirrored(list(key)))
+
+
+def tf_default_cross_device_ops(devices=None):
+  """The cross-device ops TF's MirroredStrategy picks on `devices` by itself.
+
+  TF builds them in every MirroredStrategy and uses them when given none; on
+  other devices than all 4 CPUs they are read from a strategy that reduces
+  with ReductionToOneDevice, so they are never run.
+  """
+  if _key(devices) is None:
+    return tf_mirrored().extended._cross_device_ops  # pylint: disable=protected-access
+  return new_tf_mirrored(devices).extended._collective_ops  # pylint: disable=protected-access
+
+
+def mirrored(module, devices=None):
+  """The shared MirroredStrategy of `module` (`tf.distribute` or `tfd`)."""
+  if module is tf.distribute:
+    return tf_mirrored(devices)
+  key = _key(devices)
+  return _once((module, key), lambda: module.MirroredStrategy(None if key is None else list(key)))
+
+
+def new_mirrored(module, devices=None, cross_device_ops=None):
+  """A new MirroredStrategy of `module`; TF's never runs its collectives."""
+  if module is tf.distribute:
+    return new_tf_mirrored(devices, cross_device_ops)
+  return module.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
+
+
+class Api:
+  """One implementation of the strategy API and its shared strategies."""
+
+  def __init__(self, name, module, v1):
+    self.name = name
+    self.mod = module
+    self.v1 = v1
+
+  @property
+  def mirrored(self):
+    """A MirroredStrategy on all 4 CPUs."""
+    return mirrored(self.mod)
+
+  @property
+  def pair(self):
+    """A MirroredStrategy on CPU:0 and CPU:1."""
+    return mirrored(self.mod, ("CPU:0", "CPU:1"))
+
+  def one_device(self, device="CPU:1"):
+    """A OneDeviceStrategy on `device`."""
+    return _once((self.name, "one_device", device), lambda: self.mod.OneDeviceStrategy(device))
+
+  @property
+  def v1_mirrored(self):
+    """A compat.v1 MirroredStrategy on all 4 CPUs (TF's reduces on one device)."""
+    if self.mod is tf.distribute:
+      return _once(("tf", "v1"), lambda: new_tf_mirrored(module=self.v1))
+    return _once(("tfd", "v1"), self.v1.MirroredStrategy)
+
+  def replica_ids(self, strategy=None, dtype=tf.float32):
+    """A PerReplica holding each replica's id."""
+    strategy = strategy or self.mirrored
+    return strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(ctx.replica_id_in_sync_group, dtype))
+
+  def replica_id(self):
+    """Inside `run`: this replica's id as a float32 tensor."""
+    return tf.cast(self.mod.get_replica_context().replica_id_in_sync_group, tf.float32)
+
+
+TF = Api("tf", tf.distribute, tf.compat.v1.distribute)
+TFD = Api("tfd", tfd, tfd.compat.v1)
+
+
+def api(module):
+  """`TF` for `tf.distribute`, `TFD` for `tfd`."""
+  return TF if module is tf.distribute else TFD
+
+
+class Raised:
+  """An exception a snippet raised; equal to another of the same class."""
+
+  def __init__(self, error):
+    self.type = type(error)
+    self.message = str(error)
+
+  def __eq__(self, other):
+    return isinstance(other, Raised) and other.type is self.type
+
+  def __repr__(self):
+    return f"Raised({self.type.__name__}: {self.message[:300]})"
+
+
+def _outcome(snippet, args):
+  try:
+    return snippet(*args)
+  except Exception as e:  # pylint: disable=broad-except
+    return Raised(e)
+
+
+def compare(snippet, tf_args, tfd_args):
+  """Runs `snippet(*tf_args)` and `snippet(*tfd_args)`; asserts equal outcomes.
+
+  An outcome is the value returned or the `Raised`; returns TF's.
+  """
+  expected, actual = _outcome(snippet, tf_args), _outcome(snippet, tfd_args)
+  assert actual == expected, (
+      f"\ntf.distribute gave: {expected!r}\n"
+      f"tf_distribute_lite gave: {actual!r}")
+  return expected
