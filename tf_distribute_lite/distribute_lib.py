@@ -503,8 +503,8 @@ class StrategyExtended:
     >>> with strategy.scope():
     ...   v = tf.Variable(1.0)
     >>> _ = strategy.extended.update(v, lambda c, x: c.assign_add(x), args=(2.0,))
-    >>> v.values[1].numpy()
-    np.float32(3.0)
+    >>> v.values[1].numpy().item()
+    3.0
     """
     kwargs = {} if kwargs is None else kwargs
     strategy = self._container_strategy()

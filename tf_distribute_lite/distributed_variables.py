@@ -351,8 +351,8 @@ class MirroredVariable(DistributedVariable, tf.types.experimental.distributed.Mi
     1: <tf.Variable 'Variable/replica_1:0' shape=() dtype=float32, numpy=1.0>
   }
   >>> _ = v.assign_add(2.0)
-  >>> v.numpy()
-  np.float32(3.0)
+  >>> v.numpy().item()
+  3.0
   """
 
   def _get_cross_replica(self):
@@ -400,8 +400,8 @@ class SyncOnReadVariable(DistributedVariable):
   ...   v = tf.Variable(0.0, synchronization=tf.VariableSynchronization.ON_READ,
   ...                   aggregation=tf.VariableAggregation.SUM)
   >>> _ = strategy.run(lambda: v.assign_add(1.0))
-  >>> v.numpy()
-  np.float32(2.0)
+  >>> v.numpy().item()
+  2.0
   """
 
   def _get_cross_replica(self):

@@ -113,7 +113,7 @@ class MirroredExtended(distribute_lib.StrategyExtended):
   # --- Running replicas.
 
   def _call_for_each_replica(self, fn, args, kwargs):
-    if isinstance(fn, tf.types.experimental.PolymorphicFunction):
+    if isinstance(fn, _TF_FUNCTION):
       return self._as_one_function(fn)(*args, **kwargs)
     if not tf.executing_eagerly():
       fn = tf.__internal__.autograph.tf_convert(
@@ -267,6 +267,11 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     updated.CopyFrom(config_proto)
     updated.isolate_session_state = True
     return updated
+
+
+# The type of `tf.function` objects (named GenericFunction before TF 2.15).
+_TF_FUNCTION = getattr(tf.types.experimental, "PolymorphicFunction", None) or (
+    tf.types.experimental.GenericFunction)
 
 
 def _regroup_updates(results, group, local_results):
