@@ -1,0 +1,63 @@
+"""The public namespaces mirror TensorFlow's: same names, where TF has them."""
+
+import inspect
+
+import pytest
+import tensorflow as tf
+
+import tf_distribute_lite as tfd
+
+TOP_LEVEL = [
+    "Strategy", "StrategyExtended", "MirroredStrategy", "OneDeviceStrategy",
+    "ReduceOp", "ReplicaContext", "RunOptions", "InputReplicationMode",
+    "DistributedValues", "CrossDeviceOps", "ReductionToOneDevice",
+    "HierarchicalCopyAllReduce", "NcclAllReduce", "get_strategy",
+    "has_strategy", "get_replica_context", "in_cross_replica_context",
+    "experimental_set_strategy"]
+EXPERIMENTAL = ["ValueContext", "CommunicationOptions",
+                "CommunicationImplementation", "CollectiveCommunication"]
+COMPAT_V1 = [
+    "MirroredStrategy", "OneDeviceStrategy", "Strategy", "StrategyExtended",
+    "ReplicaContext", "ReduceOp", "RunOptions", "InputReplicationMode",
+    "CrossDeviceOps", "ReductionToOneDevice", "HierarchicalCopyAllReduce",
+    "NcclAllReduce", "get_strategy", "has_strategy", "get_replica_context",
+    "in_cross_replica_context", "experimental_set_strategy"]
+
+NAMESPACES = [
+    (tfd, tf.distribute, TOP_LEVEL),
+    (tfd.experimental, tf.distribute.experimental, EXPERIMENTAL),
+    (tfd.compat.v1, tf.compat.v1.distribute, COMPAT_V1),
+]
+
+
+@pytest.mark.parametrize("ours, theirs, name", [
+    (ours, theirs, name) for ours, theirs, names in NAMESPACES for name in names])
+def test_name_exists_like_tensorflows(ours, theirs, name):
+  assert hasattr(theirs, name), f"TensorFlow has no {theirs.__name__}.{name}"
+  ours_obj, theirs_obj = getattr(ours, name), getattr(theirs, name)
+  assert inspect.isclass(ours_obj) == inspect.isclass(theirs_obj)
+  assert callable(ours_obj)
+
+
+@pytest.mark.parametrize("name", ["run", "reduce", "scope", "gather",
+                                  "experimental_local_results",
+                                  "experimental_distribute_values_from_function"])
+def test_strategy_method_signatures_match(name):
+  ours = inspect.signature(getattr(tfd.Strategy, name))
+  theirs = inspect.signature(getattr(tf.distribute.Strategy, name))
+  assert list(ours.parameters) == list(theirs.parameters)
+  assert [p.default for p in ours.parameters.values()] == [
+      p.default for p in theirs.parameters.values()]
+
+
+def test_v1_reduce_defaults_axis_to_none():
+  signature = inspect.signature(tfd.compat.v1.Strategy.reduce)
+  assert signature.parameters["axis"].default is None
+
+
+def test_enum_values_match():
+  assert [m.value for m in tfd.ReduceOp] == [m.value for m in tf.distribute.ReduceOp]
+  assert [m.value for m in tfd.InputReplicationMode] == [
+      m.value for m in tf.distribute.InputReplicationMode]
+  assert [m.value for m in tfd.experimental.CommunicationImplementation] == [
+      m.value for m in tf.distribute.experimental.CommunicationImplementation]
