@@ -1,6 +1,5 @@
 """Options for cross-device communication (all-reduce, all-gather)."""
 
-import copy
 import enum
 
 
@@ -58,17 +57,14 @@ class CommunicationOptions:
     self.implementation = implementation
 
   def merge(self, options):
-    """A copy of these options overridden by the non-default fields of `options`."""
-    merged = copy.copy(self)
+    """These options, where the fields `options` sets (not default) win."""
+    fields = ("bytes_per_pack", "timeout_seconds", "implementation")
     if options is None:
-      return merged
-    if options.bytes_per_pack != 0:
-      merged.bytes_per_pack = options.bytes_per_pack
-    if options.timeout_seconds is not None:
-      merged.timeout_seconds = options.timeout_seconds
-    if options.implementation != CommunicationImplementation.AUTO:
-      merged.implementation = options.implementation
-    return merged
+      return CommunicationOptions(**{f: getattr(self, f) for f in fields})
+    unset = CommunicationOptions()
+    return CommunicationOptions(**{
+        f: getattr(self if getattr(options, f) == getattr(unset, f) else options, f)
+        for f in fields})
 
   def __str__(self):
     return (f"Options(bytes_per_pack={self.bytes_per_pack},"

@@ -42,21 +42,15 @@ class ValueContext:
   0.5
   """
 
-  __slots__ = ("_replica_id_in_sync_group", "_num_replicas_in_sync")
+  __slots__ = ("_replica", "_replicas")
 
   def __init__(self, replica_id_in_sync_group=0, num_replicas_in_sync=1):
-    self._replica_id_in_sync_group = replica_id_in_sync_group
-    self._num_replicas_in_sync = num_replicas_in_sync
+    self._replica, self._replicas = replica_id_in_sync_group, num_replicas_in_sync
 
-  @property
-  def num_replicas_in_sync(self):
-    """The number of replicas in sync."""
-    return self._num_replicas_in_sync
-
-  @property
-  def replica_id_in_sync_group(self):
-    """The replica this value is for."""
-    return self._replica_id_in_sync_group
+  replica_id_in_sync_group = property(lambda self: self._replica,
+                                      doc="The replica this value is for.")
+  num_replicas_in_sync = property(lambda self: self._replicas,
+                                  doc="How many replicas are in sync.")
 
   def __str__(self):
     return (f"tf.distribute.ValueContext(replica id "
@@ -342,25 +336,10 @@ class StrategyExtended:
   def _in_multi_worker_mode(self):
     return False
 
-  @property
-  def experimental_require_static_shapes(self):
-    return False
-
-  @property
-  def experimental_between_graph(self):
-    return False
-
-  @property
-  def experimental_should_init(self):
-    return True
-
-  @property
-  def should_checkpoint(self):
-    return True
-
-  @property
-  def should_save_summary(self):
-    return True
+  # What multi-worker code asks of a strategy; one worker answers alike.
+  experimental_require_static_shapes = False
+  experimental_between_graph = False
+  experimental_should_init = should_checkpoint = should_save_summary = True
 
   # --- Variables.
 

@@ -126,25 +126,27 @@ class PerReplicaSpec(tf.TypeSpec):
   PerReplicaSpec(TensorSpec(shape=(), dtype=tf.float32, name=None), TensorSpec(shape=(), dtype=tf.float32, name=None))
   """
 
-  __slots__ = ("_value_specs",)
+  __slots__ = ("_specs",)
 
-  value_type = property(lambda self: PerReplica)
+  def __init__(self, *component_specs):
+    self._specs = component_specs
 
-  def __init__(self, *value_specs):
-    self._value_specs = tuple(value_specs)
-
-  def _serialize(self):
-    return self._value_specs
+  @property
+  def value_type(self):
+    return PerReplica
 
   @property
   def _component_specs(self):
-    return self._value_specs
+    return self._specs
 
-  def _to_components(self, value):
-    return value._values  # pylint: disable=protected-access
+  def _serialize(self):
+    return self._specs
 
   def _from_components(self, components):
     return PerReplica(components)
+
+  def _to_components(self, value):
+    return value.values
 
 
 class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored):
