@@ -24,7 +24,6 @@ import tensorflow as tf
 from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import device_util
 from tf_distribute_lite import values as values_lib
-from tf_distribute_lite.collective_util import CommunicationImplementation
 from tf_distribute_lite.collective_util import CommunicationOptions
 from tf_distribute_lite.reduce_util import ReduceOp
 
@@ -249,12 +248,13 @@ class _AllReduce(CrossDeviceOps):
           reduce_op, value_destination_pairs, options)
     values = [v for v, _ in value_destination_pairs]
     results = [None] * len(values)
-    dense = [i for i, v in enumerate(values)
-             if not isinstance(v.values[0], tf.IndexedSlices)]
-    for i in range(len(values)):
-      if i not in dense:
+    dense = []
+    for i, value in enumerate(values):
+      if isinstance(value.values[0], tf.IndexedSlices):
         results[i] = _FALLBACK.reduce_implementation(
-            reduce_op, values[i], values[i], options)
+            reduce_op, value, value, options)
+      else:
+        dense.append(i)
     if dense:
       reduced = self._batch_all_reduce([values[i] for i in dense], options)
       for i, per_device in zip(dense, reduced):

@@ -7,6 +7,7 @@ are all-reduced so the copies stay equal.
 
 import weakref
 
+import numpy as np
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
@@ -308,7 +309,6 @@ def _is_mirrored(value):
 
 def _is_all_zero(value):
   try:
-    import numpy as np  # pylint: disable=g-import-not-at-top
     return bool(np.all(np.asarray(value) == 0))
   except (TypeError, ValueError):
     return False

@@ -13,6 +13,7 @@ nest of distributed values; `select_replica` does the reverse for the inputs.
 import tensorflow as tf
 
 from tf_distribute_lite import contexts
+from tf_distribute_lite import device_util
 
 
 class DistributedValues(tf.distribute.DistributedValues):
@@ -60,7 +61,6 @@ class DistributedValues(tf.distribute.DistributedValues):
     replica_id = self._current_replica_id()
     if replica_id is not None:
       return self._values[replica_id]
-    from tf_distribute_lite import device_util  # pylint: disable=g-import-not-at-top
     device = device_util.current()
     if device:
       device = device_util.canonicalize(device)
