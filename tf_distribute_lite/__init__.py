@@ -22,11 +22,15 @@ from tf_distribute_lite.cross_device_ops import HierarchicalCopyAllReduce
 from tf_distribute_lite.cross_device_ops import NcclAllReduce
 from tf_distribute_lite.cross_device_ops import ReductionToOneDevice
 from tf_distribute_lite.distribute_lib import experimental_set_strategy
-from tf_distribute_lite.distribute_lib import InputReplicationMode
 from tf_distribute_lite.distribute_lib import ReplicaContext
 from tf_distribute_lite.distribute_lib import RunOptions
 from tf_distribute_lite.distribute_lib import Strategy
 from tf_distribute_lite.distribute_lib import StrategyExtended
+from tf_distribute_lite.input_context import InputContext
+from tf_distribute_lite.input_context import InputOptions
+from tf_distribute_lite.input_context import InputReplicationMode
+from tf_distribute_lite.input_lib import DistributedDataset
+from tf_distribute_lite.input_lib import DistributedIterator
 from tf_distribute_lite.mirrored_strategy import MirroredStrategy
 from tf_distribute_lite.one_device_strategy import OneDeviceStrategy
 from tf_distribute_lite.reduce_util import ReduceOp

@@ -134,3 +134,9 @@ class TraceMapperGuard:
       for stack, depth in zip(self._stacks, self._depths):
         del stack[depth:]
     return False
+
+
+def flat_tensor_specs(element_spec):
+  """The tensor-level specs a dataset op's `output_types`/`output_shapes` take."""
+  return [flat for spec in tf.nest.flatten(element_spec)
+          for flat in spec._flat_tensor_specs]  # pylint: disable=protected-access

@@ -9,7 +9,6 @@ Concrete strategies subclass `StrategyExtended` and fill in its hooks:
 """
 
 import collections
-import enum
 import threading
 import weakref
 
@@ -17,21 +16,11 @@ import tensorflow as tf
 
 from tf_distribute_lite import contexts
 from tf_distribute_lite import device_util
+from tf_distribute_lite import input_context as input_context_lib
+from tf_distribute_lite import input_lib
 from tf_distribute_lite import values as values_lib
+from tf_distribute_lite.input_context import InputReplicationMode  # pylint: disable=unused-import
 from tf_distribute_lite.reduce_util import ReduceOp
-
-
-class InputReplicationMode(enum.Enum):
-  """How many input pipelines an input function makes.
-
-  * `PER_WORKER`: one per worker, shared by that worker's replicas.
-  * `PER_REPLICA`: one per replica.
-
-  >>> InputReplicationMode.PER_WORKER.value
-  'PER_WORKER'
-  """
-  PER_WORKER = "PER_WORKER"
-  PER_REPLICA = "PER_REPLICA"
 
 
 class ValueContext:
@@ -261,10 +250,70 @@ class Strategy:
     """
     return self._extended._distribute_values_from_function(value_fn)  # pylint: disable=protected-access
 
+  def experimental_distribute_dataset(self, dataset, options=None):
+    """A `tf.distribute.DistributedDataset` splitting each global batch of
+    `dataset` across the replicas.
+
+    A global batch of `b` gives each replica in turn `ceil(b / replicas)`
+    elements, or what is left, so replicas at the end of a partial batch get
+    empty batches. Across several input workers the dataset is first
+    auto-sharded by its `options().experimental_distribute.auto_shard_policy`.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> dataset = tf.data.Dataset.range(6).batch(4)
+    >>> for batch in strategy.experimental_distribute_dataset(dataset):
+    ...   print([t.numpy().tolist() for t in batch.values])
+    [[0, 1], [2, 3]]
+    [[4], [5]]
+    """
+    return self._extended._experimental_distribute_dataset(dataset, options)  # pylint: disable=protected-access
+
+  def distribute_datasets_from_function(self, dataset_fn, options=None):
+    """A `tf.distribute.DistributedDataset` of the datasets `dataset_fn`
+    makes, one per input pipeline; each replica dequeues its own batch.
+
+    `dataset_fn` gets a `tf.distribute.InputContext` and returns a dataset
+    batched per replica.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> def dataset_fn(context):
+    ...   batch_size = context.get_per_replica_batch_size(4)
+    ...   return tf.data.Dataset.range(4).batch(batch_size)
+    >>> for batch in strategy.distribute_datasets_from_function(dataset_fn):
+    ...   print([t.numpy().tolist() for t in batch.values])
+    [[0, 1], [2, 3]]
+    """
+    input_context_lib.check_function_options(options)
+    return self._extended._distribute_datasets_from_function(dataset_fn, options)  # pylint: disable=protected-access
+
+  def experimental_distribute_datasets_from_function(self, dataset_fn,
+                                                     options=None):
+    """The former name of `distribute_datasets_from_function`.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> dist = strategy.experimental_distribute_datasets_from_function(
+    ...     lambda context: tf.data.Dataset.range(2).batch(1))
+    >>> int(dist.cardinality)
+    2
+    """
+    return self.distribute_datasets_from_function(dataset_fn, options)
+
+  def experimental_make_numpy_dataset(self, numpy_input):
+    """A `tf.data.Dataset` of the slices of `numpy_input` (a nest of arrays),
+    held on the input host rather than as constants of a graph.
+
+    >>> import numpy as np
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> dataset = strategy.experimental_make_numpy_dataset(np.ones([4], np.float32))
+    >>> dataset.element_spec
+    TensorSpec(shape=(), dtype=tf.float32, name=None)
+    """
+    return input_lib.numpy_dataset(numpy_input, self._extended._input_host)  # pylint: disable=protected-access
+
 
 def _check_replica_counts(strategy, structure, argument):
   expected = strategy.num_replicas_in_sync
-  for path, value in _flatten_with_paths(structure):
+  for path, value in values_lib.flatten_with_paths(structure):
     if (isinstance(value, tf.distribute.DistributedValues) and
         not values_lib.is_distributed_variable(value) and
         len(value.values) != expected):
@@ -273,18 +322,6 @@ def _check_replica_counts(strategy, structure, argument):
           f"{len(value.values)} per-replica values, but the strategy has "
           f"{expected} replicas: distributed values passed to run must come "
           f"from the same strategy.")
-
-
-def _flatten_with_paths(structure, path=""):
-  """The leaves of a nest of dicts, lists and tuples, with their paths."""
-  if isinstance(structure, dict):
-    for key, item in structure.items():
-      yield from _flatten_with_paths(item, f"{path}[{key!r}]")
-  elif isinstance(structure, (list, tuple)):
-    for index, item in enumerate(structure):
-      yield from _flatten_with_paths(item, f"{path}[{index}]")
-  else:
-    yield path, structure
 
 
 def _checked_axes(axis, tensor):
@@ -515,6 +552,23 @@ class StrategyExtended:
   def update_config_proto(self, config_proto):
     return config_proto
 
+  @property
+  def _input_host(self):
+    """The device input pipelines run on."""
+    return device_util.canonicalize("/device:CPU:0")
+
+  def _experimental_distribute_dataset(self, dataset, options):
+    if input_context_lib.is_per_replica(options):
+      raise NotImplementedError(
+          "InputReplicationMode.PER_REPLICA is only supported in "
+          "`distribute_datasets_from_function`.")
+    return input_lib.distribute_dataset(
+        dataset, self.worker_devices, self._input_host, options)
+
+  def _distribute_datasets_from_function(self, dataset_fn, options):
+    return input_lib.distribute_datasets_from_function(
+        dataset_fn, self.worker_devices, self._input_host, options)
+
 
 class ReplicaContext:
   """What code inside `strategy.run` sees: its replica and the collectives.
@@ -647,6 +701,12 @@ class _DefaultReplicaContext(ReplicaContext):
 class _DefaultExtended(StrategyExtended):
   """The default strategy: one replica on whatever device is current."""
 
+  def _experimental_distribute_dataset(self, dataset, options):
+    return dataset
+
+  def _distribute_datasets_from_function(self, dataset_fn, options):
+    return dataset_fn(input_context_lib.InputContext())
+
 
 class _DefaultStrategy(Strategy):
   """The strategy in effect outside any `scope()`."""
@@ -717,6 +777,11 @@ class StrategyV1(Strategy):
 
   def reduce(self, reduce_op, value, axis=None):
     return super().reduce(reduce_op, value, axis)
+
+  def experimental_make_numpy_dataset(self, numpy_input, session=None):  # pylint: disable=arguments-differ,unused-argument
+    """As `Strategy.experimental_make_numpy_dataset`; `session` (TF 1.x) is
+    accepted and unused: the arrays become eager tensors on the input host."""
+    return super().experimental_make_numpy_dataset(numpy_input)
 
   def update_config_proto(self, config_proto):
     """Returns a copy of `config_proto` adjusted for this strategy."""

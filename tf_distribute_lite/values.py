@@ -295,3 +295,19 @@ def local_results(value, num_replicas):
   if tf.nest.is_nested(value):
     return tuple(select_replica(i, value) for i in range(num_replicas))
   return (value,)
+
+
+def flatten_with_paths(structure, path=""):
+  """The leaves of a nest of dicts, lists and tuples, with their paths.
+
+  >>> list(flatten_with_paths({"a": [1, 2]}))
+  [("['a'][0]", 1), ("['a'][1]", 2)]
+  """
+  if isinstance(structure, dict):
+    for key, item in structure.items():
+      yield from flatten_with_paths(item, f"{path}[{key!r}]")
+  elif isinstance(structure, (list, tuple)):
+    for index, item in enumerate(structure):
+      yield from flatten_with_paths(item, f"{path}[{index}]")
+  else:
+    yield path, structure

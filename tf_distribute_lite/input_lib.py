@@ -1,0 +1,481 @@
+"""Distributed datasets and iterators: every step, one batch per replica.
+
+A `DistributedDataset` is one or more host-side `tf.data` pipelines plus a
+`_Layout` saying which replicas each dequeued element feeds:
+
+* `distribute_dataset` (behind `strategy.experimental_distribute_dataset`)
+  makes one pipeline whose every element is a global batch already cut into
+  one part per replica, by a `map` of slices that alias the batch rather
+  than copy it. One dequeue feeds every replica.
+* `distribute_datasets_from_function` makes one pipeline per worker or per
+  replica; each replica dequeues its own batch.
+
+The iterator copies each replica's part onto the replica's device and
+regroups the parts into `PerReplica` values. Datasets and iterators are
+composite tensors, so both can be passed into a `tf.function`, and
+`for x in dist_dataset` inside one loops in the graph.
+"""
+
+import collections
+
+import tensorflow as tf
+
+from tf_distribute_lite import auto_shard
+from tf_distribute_lite import input_context as input_context_lib
+from tf_distribute_lite import values as values_lib
+
+Optional = tf.experimental.Optional
+
+# devices: each replica's device; homes: the device each pipeline lives on;
+# split: one element holds every replica's part (else one element per
+# replica); fetch_to_device: copy each part onto its replica's device.
+_Layout = collections.namedtuple(
+    "_Layout", ["devices", "homes", "split", "fetch_to_device"])
+
+
+def distribute_dataset(dataset, devices, host, options=None,
+                       input_context=None):
+  """A `DistributedDataset` cutting each global batch of `dataset` across
+  `devices`: a batch of `b` gives each replica in turn `ceil(b / replicas)`
+  elements (or what is left), as TensorFlow does.
+
+  `input_context` with several input pipelines makes this the share of
+  pipeline `input_pipeline_id`, auto-sharded by the dataset's
+  `auto_shard_policy`.
+
+  >>> dataset = tf.data.Dataset.range(10).batch(10)
+  >>> dist = distribute_dataset(dataset, ["CPU:0", "CPU:1", "CPU:2", "CPU:3"],
+  ...                           host="CPU:0")
+  >>> [part.numpy().tolist() for part in next(iter(dist)).values]
+  [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+  """
+  if not isinstance(dataset, tf.data.Dataset):
+    raise TypeError(
+        f"`dataset` must be a tf.data.Dataset; got {dataset!r} of type "
+        f"{type(dataset).__name__}. To distribute values that are not a "
+        f"dataset, use `experimental_distribute_values_from_function`.")
+  if input_context is not None:
+    dataset = auto_shard.auto_shard(
+        dataset, input_context.num_input_pipelines,
+        input_context.input_pipeline_id, input_context.num_replicas_in_sync)
+  devices = tuple(devices)
+  split = len(devices) > 1
+  if split:
+    dataset = _split_into_replicas(dataset, len(devices))
+  dataset = dataset.prefetch(_buffer_size(options))
+  return DistributedDataset(_Layout(devices, (host,), split, True), (dataset,))
+
+
+def distribute_datasets_from_function(dataset_fn, devices, host, options=None):
+  """A `DistributedDatasetsFromFunction` of the datasets `dataset_fn` makes.
+
+  `dataset_fn` gets an `InputContext` and returns a dataset batched per
+  replica; it is called once (`PER_WORKER`) or once per replica
+  (`PER_REPLICA`).
+
+  >>> def dataset_fn(context):
+  ...   batch = context.get_per_replica_batch_size(4)
+  ...   return tf.data.Dataset.range(8).batch(batch)
+  >>> dist = distribute_datasets_from_function(
+  ...     dataset_fn, ["CPU:0", "CPU:1"], host="CPU:0")
+  >>> [part.numpy().tolist() for part in next(iter(dist)).values]
+  [[0, 1], [2, 3]]
+  """
+  devices = tuple(devices)
+  per_replica = input_context_lib.is_per_replica(options)
+  if not per_replica:
+    homes = (host,)
+  elif options.experimental_place_dataset_on_device:
+    homes = devices
+  else:
+    homes = (host,) * len(devices)
+  datasets = []
+  for index, home in enumerate(homes):
+    context = input_context_lib.InputContext(len(homes), index, len(devices))
+    with tf.device(home):
+      dataset = dataset_fn(context)
+    if not isinstance(dataset, tf.data.Dataset):
+      raise TypeError(
+          f"`dataset_fn` must return a tf.data.Dataset; for {context} it "
+          f"returned {dataset!r} of type {type(dataset).__name__}.")
+    replicas_fed = len(devices) // len(homes)
+    datasets.append(dataset.prefetch(_buffer_size(options) * replicas_fed))
+  fetch = True if options is None else options.experimental_fetch_to_device
+  return DistributedDatasetsFromFunction(
+      _Layout(devices, homes, False, bool(fetch)), tuple(datasets))
+
+
+def _buffer_size(options):
+  return 1 if options is None else options.experimental_per_replica_buffer_size
+
+
+class DistributedDataset(tf.distribute.DistributedDataset,
+                         tf.__internal__.CompositeTensor):
+  """Batches for every replica, one step at a time; made by
+  `strategy.experimental_distribute_dataset`.
+
+  It cannot be transformed further: apply `tf.data` transformations before
+  distributing, or use `strategy.distribute_datasets_from_function`.
+
+  >>> dist = distribute_dataset(tf.data.Dataset.range(4).batch(2),
+  ...                           ["CPU:0", "CPU:1"], host="CPU:0")
+  >>> [[int(t) for part in step.values for t in part] for step in dist]
+  [[0, 1], [2, 3]]
+  """
+
+  def __init__(self, layout, datasets):
+    self._layout = layout
+    self._datasets = tuple(datasets)
+
+  def __iter__(self):
+    iterators = []
+    for home, dataset in zip(self._layout.homes, self._datasets):
+      with tf.device(home):
+        iterators.append(iter(dataset))
+    return DistributedIterator(self._layout, iterators)
+
+  @property
+  def element_spec(self):
+    """The type spec of each step's value: `PerReplicaSpec`s in a nest."""
+    return _distributed_spec(
+        self._layout, _part_spec(self._layout, self._datasets[0].element_spec))
+
+  @property
+  def cardinality(self):
+    """How many steps the first pipeline yields, or `tf.data.INFINITE_CARDINALITY`
+    (-1) or `tf.data.UNKNOWN_CARDINALITY` (-2)."""
+    cardinality = self._datasets[0].cardinality()
+    return cardinality.numpy() if tf.executing_eagerly() else cardinality
+
+  def reduce(self, initial_state, reduce_fn):
+    """`reduce_fn(state, step_value)` folded over every step, from
+    `initial_state`; runs as a `tf.while_loop` inside a `tf.function`."""
+    iterator = iter(self)
+
+    def body(unused_has_value, state):
+      has_value, value_fn = iterator._next_if_any()  # pylint: disable=protected-access
+      state = tf.cond(has_value, lambda: reduce_fn(state, value_fn()),
+                      lambda: state)
+      return has_value, state
+
+    _, state = tf.while_loop(lambda has_value, _: has_value, body,
+                             (tf.constant(True), initial_state))
+    return state
+
+  @property
+  def _type_spec(self):
+    return DistributedDatasetSpec(
+        isinstance(self, DistributedDatasetsFromFunction), self._layout,
+        tuple(tf.data.DatasetSpec(d.element_spec) for d in self._datasets))
+
+  def __getattr__(self, name):
+    if not name.startswith("_") and hasattr(tf.data.Dataset, name):
+      raise AttributeError(
+          f"'{type(self).__name__}' object has no attribute '{name}': a "
+          f"distributed dataset cannot be transformed further. Call `{name}` "
+          f"on the tf.data.Dataset before distributing it, or build each "
+          f"input pipeline yourself with "
+          f"`strategy.distribute_datasets_from_function`.")
+    raise AttributeError(
+        f"'{type(self).__name__}' object has no attribute '{name}'")
+
+
+class DistributedDatasetsFromFunction(DistributedDataset):
+  """The datasets of `strategy.distribute_datasets_from_function`, one batch
+  per replica each step.
+
+  >>> dist = distribute_datasets_from_function(
+  ...     lambda context: tf.data.Dataset.range(4).batch(1), ["CPU:0", "CPU:1"],
+  ...     host="CPU:0")
+  >>> int(dist.cardinality)
+  4
+  """
+
+
+class DistributedDatasetSpec(tf.TypeSpec):
+  """Type spec of a distributed dataset: its layout and pipelines' specs."""
+
+  __slots__ = ("_from_function", "_layout", "_dataset_specs")
+
+  def __init__(self, from_function, layout, dataset_specs):
+    self._from_function = from_function
+    self._layout = layout
+    self._dataset_specs = dataset_specs
+
+  @property
+  def value_type(self):
+    return (DistributedDatasetsFromFunction if self._from_function
+            else DistributedDataset)
+
+  @property
+  def _component_specs(self):
+    return self._dataset_specs
+
+  def _serialize(self):
+    return (self._from_function, self._layout, self._dataset_specs)
+
+  def _to_components(self, value):
+    return value._datasets  # pylint: disable=protected-access
+
+  def _from_components(self, components):
+    return self.value_type(self._layout, components)
+
+
+class DistributedIterator(tf.distribute.DistributedIterator,
+                          tf.__internal__.CompositeTensor):
+  """Iterator over a distributed dataset: each step a nest of `PerReplica`
+  values (plain values with one replica), each on its replica's device.
+
+  >>> dist = distribute_dataset(tf.data.Dataset.range(3).batch(3),
+  ...                           ["CPU:0", "CPU:1"], host="CPU:0")
+  >>> iterator = iter(dist)
+  >>> iterator.get_next()
+  PerReplica:{
+    0: <tf.Tensor: shape=(2,), dtype=int64, numpy=array([0, 1])>,
+    1: <tf.Tensor: shape=(1,), dtype=int64, numpy=array([2])>
+  }
+  >>> bool(iterator.get_next_as_optional().has_value())
+  False
+  """
+
+  def __init__(self, layout, iterators):
+    self._layout = layout
+    self._iterators = tuple(iterators)
+    self._copy_to = tuple(
+        device if layout.fetch_to_device and device != self._home_of(r) else None
+        for r, device in enumerate(layout.devices))
+    self._part_spec = _part_spec(layout, self._iterators[0].element_spec)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    try:
+      return self.get_next()
+    except tf.errors.OutOfRangeError:
+      raise StopIteration from None
+
+  def next(self):
+    """The next step's value; raises `StopIteration` at the end."""
+    return self.__next__()
+
+  @property
+  def element_spec(self):
+    """The type spec of each step's value."""
+    return _distributed_spec(self._layout, self._part_spec)
+
+  def get_next(self):
+    """The next step's value; raises `tf.errors.OutOfRangeError` at the end.
+
+    A last, partial step gives the replicas without data empty batches.
+    """
+    if self._layout.split:
+      return self._distribute(self._iterators[0].get_next())
+    parts = [self._iterator_of(0).get_next()]
+    parts += [self._value_or_empty(self._iterator_of(r))
+              for r in range(1, len(self._layout.devices))]
+    return self._distribute(parts)
+
+  def get_next_as_optional(self):
+    """The next step's value as a `tf.experimental.Optional`, empty at the end
+    (so a loop can stop cleanly, also inside a `tf.function`)."""
+    has_value, value_fn = self._next_if_any()
+    if tf.executing_eagerly():
+      return (Optional.from_value(value_fn()) if has_value
+              else Optional.empty(self.element_spec))
+    if self._layout.split:
+      spec = self.element_spec
+      present = lambda: Optional.from_value(value_fn())
+    else:  # parts with an empty stand-in are safe to build outside the cond
+      value = value_fn()
+      spec = tf.nest.map_structure(tf.type_spec_from_value, value)
+      present = lambda: Optional.from_value(value)
+    return tf.cond(has_value, present, lambda: Optional.empty(spec))
+
+  def _next_if_any(self):
+    """Dequeues one step: `(has_value, value_fn)`; call `value_fn` only where
+    `has_value` holds (it reads an optional's value)."""
+    if self._layout.split:
+      optional = self._iterators[0].get_next_as_optional()
+      return optional.has_value(), lambda: self._distribute(optional.get_value())
+    first = self._iterator_of(0).get_next_as_optional()
+    parts = [self._optional_or_empty(first)]
+    parts += [self._value_or_empty(self._iterator_of(r))
+              for r in range(1, len(self._layout.devices))]
+    return first.has_value(), lambda: self._distribute(parts)
+
+  def _iterator_of(self, replica):
+    return self._iterators[self._pipeline_of(replica)]
+
+  def _home_of(self, replica):
+    return self._layout.homes[self._pipeline_of(replica)]
+
+  def _pipeline_of(self, replica):
+    return replica * len(self._layout.homes) // len(self._layout.devices)
+
+  def _value_or_empty(self, iterator):
+    if tf.executing_eagerly():
+      try:
+        return iterator.get_next()
+      except tf.errors.OutOfRangeError:
+        return _empty_like(self._part_spec)
+    return self._optional_or_empty(iterator.get_next_as_optional())
+
+  def _optional_or_empty(self, optional):
+    if tf.executing_eagerly():
+      return (optional.get_value() if optional.has_value()
+              else _empty_like(self._part_spec))
+    return tf.cond(optional.has_value(), optional.get_value,
+                   lambda: _empty_like(self._part_spec))
+
+  def _distribute(self, parts):
+    """Replica parts -> one nest of `PerReplica`, each part on its device."""
+    flat_parts = []
+    for part, device in zip(parts, self._copy_to):
+      flat = tf.nest.flatten(part)
+      if device is not None:
+        with tf.device(device):
+          flat = [tf.identity(t) for t in flat]
+      flat_parts.append(flat)
+    if len(flat_parts) == 1:
+      return tf.nest.pack_sequence_as(parts[0], flat_parts[0])
+    return tf.nest.pack_sequence_as(
+        parts[0], [values_lib.PerReplica(c) for c in zip(*flat_parts)])
+
+  @property
+  def _type_spec(self):
+    return DistributedIteratorSpec(
+        self._layout, tuple(it._type_spec for it in self._iterators))  # pylint: disable=protected-access
+
+
+class DistributedIteratorSpec(tf.TypeSpec):
+  """Type spec of a `DistributedIterator`: layout and host iterators' specs.
+
+  It lets an iterator be a `tf.function` argument without retracing.
+  """
+
+  __slots__ = ("_layout", "_iterator_specs")
+
+  def __init__(self, layout, iterator_specs):
+    self._layout = layout
+    self._iterator_specs = iterator_specs
+
+  value_type = property(lambda self: DistributedIterator)
+
+  @property
+  def _component_specs(self):
+    return self._iterator_specs
+
+  def _serialize(self):
+    return (self._layout, self._iterator_specs)
+
+  def _to_components(self, value):
+    return value._iterators  # pylint: disable=protected-access
+
+  def _from_components(self, components):
+    return DistributedIterator(self._layout, components)
+
+
+def _part_spec(layout, pipeline_spec):
+  """The spec of one replica's batch, from the spec of a pipeline's element."""
+  return pipeline_spec[0] if layout.split else pipeline_spec
+
+
+def _distributed_spec(layout, part_spec):
+  replicas = len(layout.devices)
+  if replicas == 1:
+    return part_spec
+  return tf.nest.map_structure(
+      lambda spec: values_lib.PerReplicaSpec(*[spec] * replicas), part_spec)
+
+
+def _split_into_replicas(dataset, replicas):
+  """`dataset` with each element cut into a tuple of `replicas` parts."""
+  spec = dataset.element_spec
+  for path, leaf in values_lib.flatten_with_paths(spec):
+    if leaf.shape.rank == 0:
+      raise ValueError(
+          f"Cannot split the elements of `dataset` across {replicas} replicas: "
+          f"component {path or 'element'} has shape {leaf.shape}, with no "
+          f"batch dimension. Batch the dataset by the global batch size "
+          f"first, e.g. `dataset.batch(global_batch_size)`.")
+
+  def split(element):
+    pieces = [_split_leaf(leaf, replicas) for leaf in tf.nest.flatten(element)]
+    return tuple(tf.nest.pack_sequence_as(element, [p[i] for p in pieces])
+                 for i in range(replicas))
+
+  if type(spec) is tuple:  # pylint: disable=unidiomatic-typecheck
+    return dataset.map(lambda *element: split(element))  # map unpacks tuples
+  return dataset.map(split)
+
+
+def _split_leaf(value, replicas):
+  """`replicas` consecutive chunks of `value` of `ceil(batch / replicas)` rows.
+
+  A static batch that divides evenly keeps static chunk shapes; otherwise
+  the chunk size is computed at run time, so every chunk's batch dimension
+  is unknown, as in TensorFlow.
+  """
+  batch = value.shape[0] if value.shape.rank else None
+  if batch is not None and batch % replicas == 0:
+    size = batch // replicas
+  else:
+    size = -(-_batch_size(value) // replicas)
+  if isinstance(value, tf.SparseTensor):
+    return [tf.sparse.slice(value, _sparse_start(value, i * size),
+                            _sparse_size(value, size)) for i in range(replicas)]
+  return [value[i * size:(i + 1) * size] for i in range(replicas)]
+
+
+def _batch_size(value):
+  if isinstance(value, tf.RaggedTensor):
+    return value.nrows(out_type=tf.int32)
+  if isinstance(value, tf.SparseTensor):
+    return tf.cast(value.dense_shape[0], tf.int32)
+  # Read at run time: a static but uneven batch must still give unknown shapes.
+  return tf.compat.v1.placeholder_with_default(tf.shape(value)[0], shape=())
+
+
+def _sparse_start(value, row):
+  rank = tf.size(value.dense_shape)
+  return tf.concat([[tf.cast(row, tf.int64)], tf.zeros([rank - 1], tf.int64)], 0)
+
+
+def _sparse_size(value, rows):
+  return tf.concat([[tf.cast(rows, tf.int64)], value.dense_shape[1:]], 0)
+
+
+def _empty_like(spec):
+  """Empty stand-ins for a replica that gets no data on the last step: the
+  batch dimension (and any unknown one) is 0, as in TensorFlow."""
+  def empty(leaf):
+    if isinstance(leaf, tf.RaggedTensorSpec):
+      shape = leaf.shape[:1].concatenate(leaf.shape[1 + leaf.ragged_rank:])
+    else:
+      shape = leaf.shape
+    dims = [0 if d is None else d for d in shape.as_list()] if shape.rank else []
+    if dims and (isinstance(leaf, tf.RaggedTensorSpec) or shape.is_fully_defined()):
+      dims[0] = 0
+    if isinstance(leaf, tf.SparseTensorSpec):
+      return tf.SparseTensor(tf.zeros((0, len(dims)), tf.int64),
+                             tf.zeros([0], leaf.dtype), dims)
+    dense = tf.zeros(dims, leaf.dtype)
+    if isinstance(leaf, tf.RaggedTensorSpec):
+      splits = (tf.zeros([1], leaf.row_splits_dtype),) * leaf.ragged_rank
+      return tf.RaggedTensor.from_nested_row_splits(dense, splits, validate=False)
+    return dense
+  return tf.nest.map_structure(empty, spec)
+
+
+def numpy_dataset(numpy_input, device):
+  """A dataset of the slices of `numpy_input` (a nest of arrays), held as
+  tensors on `device` rather than as constants of a graph.
+
+  >>> import numpy as np
+  >>> [int(x) for x in numpy_dataset(np.arange(3), "CPU:0")]
+  [0, 1, 2]
+  """
+  with tf.init_scope(), tf.device(device):  # eager tensors: captured, not Const
+    tensors = tf.nest.map_structure(tf.convert_to_tensor, numpy_input)
+  return tf.data.Dataset.from_tensor_slices(tensors)
