@@ -12,9 +12,9 @@ What it shows:
   Each replica scales its loss by the *global* batch size
   (`tf.nn.compute_average_loss`), so the summed gradients equal those of one
   big batch.
-* Per-replica input made with
-  `strategy.experimental_distribute_values_from_function`, which hands each
-  replica its slice of the global batch (see `distribute_batch`).
+* Input from `strategy.experimental_distribute_dataset`: a shuffled
+  `tf.data.Dataset` batched by the *global* batch size, each batch split
+  into one slice per replica and placed on that replica's device.
 
 The data is a fixed-seed synthetic classification problem (labels from a
 random linear teacher plus noise), so the loss must fall; the script exits
@@ -60,20 +60,6 @@ def make_data():
   noise = rng.normal(scale=0.5, size=(NUM_EXAMPLES, NUM_CLASSES))
   labels = np.argmax(features @ teacher + noise, axis=1).astype(np.int32)
   return features, labels
-
-
-def distribute_batch(strategy, features, labels):
-  """Splits one global batch into per-replica slices (`PerReplica` values).
-
-  The only place that feeds data: swap it for
-  `strategy.experimental_distribute_dataset` when that lands.
-  """
-  def value_fn(ctx):
-    size = len(features) // ctx.num_replicas_in_sync
-    start = ctx.replica_id_in_sync_group * size
-    return (tf.constant(features[start:start + size]),
-            tf.constant(labels[start:start + size]))
-  return strategy.experimental_distribute_values_from_function(value_fn)
 
 
 def main(argv=None):
@@ -133,17 +119,19 @@ def main(argv=None):
     per_replica_loss = strategy.run(step_fn, args=per_replica_batch)
     return strategy.reduce(tfd.ReduceOp.SUM, per_replica_loss, axis=None)
 
-  rng = np.random.default_rng(SEED)
+  dataset = (tf.data.Dataset.from_tensor_slices((features, labels))
+             .shuffle(NUM_EXAMPLES, seed=SEED)
+             .batch(global_batch, drop_remainder=True)
+             .prefetch(tf.data.AUTOTUNE))
+  dist_dataset = strategy.experimental_distribute_dataset(dataset)
+
   epoch_losses = []
   for epoch in range(1, args.epochs + 1):
-    order = rng.permutation(NUM_EXAMPLES)
     accuracy.reset_state()
     total_loss = 0.0
     start = time.perf_counter()
-    for step in range(steps_per_epoch):
-      batch = order[step * global_batch:(step + 1) * global_batch]
-      total_loss += float(train_step(
-          distribute_batch(strategy, features[batch], labels[batch])))
+    for per_replica_batch in dist_dataset:
+      total_loss += float(train_step(per_replica_batch))
     seconds = time.perf_counter() - start
     epoch_losses.append(total_loss / steps_per_epoch)
     print(f"epoch {epoch}: steps {steps_per_epoch}  loss {epoch_losses[-1]:.4f}  "

@@ -13,7 +13,8 @@ TOP_LEVEL = [
     "DistributedValues", "CrossDeviceOps", "ReductionToOneDevice",
     "HierarchicalCopyAllReduce", "NcclAllReduce", "get_strategy",
     "has_strategy", "get_replica_context", "in_cross_replica_context",
-    "experimental_set_strategy"]
+    "experimental_set_strategy", "InputContext", "InputOptions",
+    "DistributedDataset", "DistributedIterator"]
 EXPERIMENTAL = ["ValueContext", "CommunicationOptions",
                 "CommunicationImplementation", "CollectiveCommunication"]
 COMPAT_V1 = [
@@ -21,7 +22,7 @@ COMPAT_V1 = [
     "ReplicaContext", "ReduceOp", "RunOptions", "InputReplicationMode",
     "CrossDeviceOps", "ReductionToOneDevice", "HierarchicalCopyAllReduce",
     "NcclAllReduce", "get_strategy", "has_strategy", "get_replica_context",
-    "in_cross_replica_context", "experimental_set_strategy"]
+    "in_cross_replica_context", "experimental_set_strategy", "InputContext"]
 
 NAMESPACES = [
     (tfd, tf.distribute, TOP_LEVEL),
@@ -41,7 +42,10 @@ def test_name_exists_like_tensorflows(ours, theirs, name):
 
 @pytest.mark.parametrize("name", ["run", "reduce", "scope", "gather",
                                   "experimental_local_results",
-                                  "experimental_distribute_values_from_function"])
+                                  "experimental_distribute_values_from_function",
+                                  "experimental_distribute_dataset",
+                                  "distribute_datasets_from_function",
+                                  "experimental_distribute_datasets_from_function"])
 def test_strategy_method_signatures_match(name):
   ours = inspect.signature(getattr(tfd.Strategy, name))
   theirs = inspect.signature(getattr(tf.distribute.Strategy, name))
@@ -61,3 +65,17 @@ def test_enum_values_match():
       m.value for m in tf.distribute.InputReplicationMode]
   assert [m.value for m in tfd.experimental.CommunicationImplementation] == [
       m.value for m in tf.distribute.experimental.CommunicationImplementation]
+
+
+def test_v1_make_numpy_dataset_signature_matches():
+  ours = inspect.signature(tfd.compat.v1.Strategy.experimental_make_numpy_dataset)
+  theirs = inspect.signature(
+      tf.compat.v1.distribute.Strategy.experimental_make_numpy_dataset)
+  assert list(ours.parameters) == list(theirs.parameters)
+
+
+@pytest.mark.parametrize("ours, theirs", [
+    (tfd.DistributedDataset, tf.distribute.DistributedDataset),
+    (tfd.DistributedIterator, tf.distribute.DistributedIterator)])
+def test_input_classes_subclass_tensorflow_interfaces(ours, theirs):
+  assert issubclass(ours, theirs)

@@ -18,13 +18,15 @@ import tensorflow as tf
 import tf_distribute_lite as tfd
 
 MODULES = ["distribute_lib", "mirrored_strategy", "one_device_strategy",
-           "values", "cross_device_ops", "collective_util", "reduce_util"]
+           "values", "cross_device_ops", "collective_util", "reduce_util",
+           "input_lib", "input_util", "../types/distribute"]
 
 # Examples of APIs other issues implement, or not part of the public API.
 OUT_OF_SCOPE = ("TPU", "MultiWorker", "ParameterServer", "Coordinator",
-                "experimental_distribute_dataset", "InputOptions",
-                "distribute_datasets_from_function", "InputContext",
-                "DistributedDataset", "_update(")
+                "_update(")
+# Examples whose expected text is wrong under any strategy: a loop body that
+# is an expression (`strategy.run(...)`) prints its result in a doctest.
+PRINTS_UNEXPECTEDLY = {"types.distribute.DistributedIteratorInterface.get_next"}
 # Examples whose expected text predates numpy 2's scalar repr.
 NUMPY_1_REPR = {"distribute_lib.Strategy.experimental_distribute_values_from_function"}
 
@@ -33,7 +35,9 @@ def _examples():
   finder = doctest.DocTestFinder()
   found = []
   for name in MODULES:
-    module = importlib.import_module(f"tensorflow.python.distribute.{name}")
+    module = importlib.import_module(
+        "tensorflow.python." + (name[3:].replace("/", ".") if name.startswith("../")
+                                else f"distribute.{name}"))
     for test in finder.find(module):
       source = "".join(example.source for example in test.examples)
       if "distribute" in source and not any(k in source for k in OUT_OF_SCOPE):
@@ -49,9 +53,11 @@ def _tf_with_our_distribute():
 
 
 @pytest.mark.parametrize(
-    "test", _examples(), ids=lambda t: t.name.replace("tensorflow.python.distribute.", ""))
+    "test", _examples(), ids=lambda t: t.name.replace("tensorflow.python.", ""))
 def test_tensorflow_docstring_example(test):
   short_name = test.name.replace("tensorflow.python.distribute.", "")
+  if test.name.replace("tensorflow.python.", "") in PRINTS_UNEXPECTEDLY:
+    pytest.skip("TensorFlow's expected output omits what the loop prints")
   test.globs = dict(test.globs, tf=_tf_with_our_distribute(), np=np)
   flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
   runner = doctest.DocTestRunner(optionflags=flags)

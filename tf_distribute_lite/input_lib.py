@@ -245,6 +245,8 @@ class DistributedIterator(tf.distribute.DistributedIterator,
         device if layout.fetch_to_device and device != self._home_of(r) else None
         for r, device in enumerate(layout.devices))
     self._part_spec = _part_spec(layout, self._iterators[0].element_spec)
+    # One dequeue gives the whole step: a split global batch, or one replica.
+    self._one_dequeue = layout.split or len(layout.devices) == 1
 
   def __iter__(self):
     return self
@@ -269,8 +271,8 @@ class DistributedIterator(tf.distribute.DistributedIterator,
 
     A last, partial step gives the replicas without data empty batches.
     """
-    if self._layout.split:
-      return self._distribute(self._iterators[0].get_next())
+    if self._one_dequeue:
+      return self._distribute(self._as_parts(self._iterators[0].get_next()))
     parts = [self._iterator_of(0).get_next()]
     parts += [self._value_or_empty(self._iterator_of(r))
               for r in range(1, len(self._layout.devices))]
@@ -283,7 +285,7 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     if tf.executing_eagerly():
       return (Optional.from_value(value_fn()) if has_value
               else Optional.empty(self.element_spec))
-    if self._layout.split:
+    if self._one_dequeue:
       spec = self.element_spec
       present = lambda: Optional.from_value(value_fn())
     else:  # parts with an empty stand-in are safe to build outside the cond
@@ -295,14 +297,18 @@ class DistributedIterator(tf.distribute.DistributedIterator,
   def _next_if_any(self):
     """Dequeues one step: `(has_value, value_fn)`; call `value_fn` only where
     `has_value` holds (it reads an optional's value)."""
-    if self._layout.split:
+    if self._one_dequeue:
       optional = self._iterators[0].get_next_as_optional()
-      return optional.has_value(), lambda: self._distribute(optional.get_value())
+      return optional.has_value(), lambda: self._distribute(
+          self._as_parts(optional.get_value()))
     first = self._iterator_of(0).get_next_as_optional()
     parts = [self._optional_or_empty(first)]
     parts += [self._value_or_empty(self._iterator_of(r))
               for r in range(1, len(self._layout.devices))]
     return first.has_value(), lambda: self._distribute(parts)
+
+  def _as_parts(self, element):
+    return element if self._layout.split else (element,)
 
   def _iterator_of(self, replica):
     return self._iterators[self._pipeline_of(replica)]
