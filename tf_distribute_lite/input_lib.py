@@ -429,8 +429,7 @@ def _split_leaf(value, replicas):
   else:
     size = -(-_batch_size(value) // replicas)
   if isinstance(value, tf.SparseTensor):
-    return [tf.sparse.slice(value, _sparse_start(value, i * size),
-                            _sparse_size(value, size)) for i in range(replicas)]
+    return [_sparse_rows(value, i * size, size) for i in range(replicas)]
   return [value[i * size:(i + 1) * size] for i in range(replicas)]
 
 
@@ -443,13 +442,15 @@ def _batch_size(value):
   return tf.compat.v1.placeholder_with_default(tf.shape(value)[0], shape=())
 
 
-def _sparse_start(value, row):
+def _sparse_rows(value, start, rows):
+  """Rows `[start, start + rows)` of a sparse `value`, keeping static dims."""
   rank = tf.size(value.dense_shape)
-  return tf.concat([[tf.cast(row, tf.int64)], tf.zeros([rank - 1], tf.int64)], 0)
-
-
-def _sparse_size(value, rows):
-  return tf.concat([[tf.cast(rows, tf.int64)], value.dense_shape[1:]], 0)
+  begin = tf.concat([[tf.cast(start, tf.int64)], tf.zeros([rank - 1], tf.int64)], 0)
+  size = tf.concat([[tf.cast(rows, tf.int64)], value.dense_shape[1:]], 0)
+  piece = tf.sparse.slice(value, begin, size)
+  batch = rows if isinstance(rows, int) else None
+  piece.set_shape(tf.TensorShape([batch]).concatenate(value.shape[1:]))
+  return piece
 
 
 def _empty_like(spec):
