@@ -12,8 +12,10 @@ configures the `NUM_DEVICES` logical CPU devices after importing it.
 
 import contextlib
 import dataclasses
+import gc
 import statistics
 import time
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -36,16 +38,24 @@ QUICK = Budget(warmup=2, min_iters=3, min_seconds=0.05, max_iters=50)
 
 def median_ms(fn, budget):
   """Median time of one `fn()` call in ms, after `budget.warmup` calls."""
-  for _ in range(budget.warmup):
+  def measure():
+    t0 = time.perf_counter()
     fn()
+    return time.perf_counter() - t0
+  return median_of_ms(measure, budget)
+
+
+def median_of_ms(measure, budget):
+  """Median in ms of `measure()`, which times something itself and returns
+  seconds, after `budget.warmup` calls."""
+  for _ in range(budget.warmup):
+    measure()
   times = []
   start = time.perf_counter()
   while len(times) < budget.max_iters and (
       len(times) < budget.min_iters or
       time.perf_counter() - start < budget.min_seconds):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
+    times.append(measure())
   return statistics.median(times) * 1e3
 
 
@@ -327,6 +337,144 @@ def build_20_layer_mlp(module, budget):
   return ms, agreed("sum_of_squares", sums)
 
 
+# --- 6. Distributed input: iterating over, creating and dropping iterators.
+
+INPUT_ROWS = 4096
+INPUT_STEPS = 200
+
+
+class _Input:
+  """Global batches of 256x784 float32 from a fixed array of `INPUT_ROWS`
+  rows, repeated: the plain dataset, or distributed over the replicas."""
+
+  def __init__(self, module):
+    x = np.random.default_rng(0).random((INPUT_ROWS, 784), np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices(x).batch(
+        GLOBAL_BATCH, drop_remainder=True).repeat()
+    self.strategy = strategy = make_strategy(module)
+    self.dataset = (dataset if strategy is None
+                    else strategy.experimental_distribute_dataset(dataset))
+
+  def global_batch(self, value):
+    """One step's value as a numpy global batch, replica parts in order."""
+    parts = ([value] if self.strategy is None
+             else self.strategy.experimental_local_results(value))
+    return np.concatenate([np.asarray(part) for part in parts])
+
+  def first_batch_sums(self):
+    """Fingerprint of the first step of a new iterator."""
+    return batch_sums([self.global_batch(next(iter(self.dataset)))])
+
+
+def batch_sums(batches):
+  """Fingerprint of global batches: column 0 summed, plain and weighted by
+  the row's position in its batch (so the replicas' order counts)."""
+  column = np.stack([b[:, 0] for b in batches]).astype(np.float64)
+  position = np.arange(column.shape[1])
+  return {"column_sum": float(column.sum()),
+          "row_weighted_sum": float((column * position).sum()),
+          "rows": float(column.size)}
+
+
+def dataset_iter_python(module, budget):
+  data = _Input(module)
+  iterator = iter(data.dataset)
+  fingerprint = batch_sums(
+      [data.global_batch(next(iterator)) for _ in range(INPUT_STEPS)])
+
+  def steps():
+    for _ in range(INPUT_STEPS):
+      next(iterator)
+  return median_ms(steps, budget), fingerprint
+
+
+def dataset_iter_function(module, budget):
+  data = _Input(module)
+  strategy = data.strategy
+
+  def column_sum(x):
+    return tf.reduce_sum(x[:, 0])
+
+  if strategy is None:
+    step_sum = column_sum
+  else:
+    def step_sum(x):
+      return strategy.reduce(module.ReduceOp.SUM,
+                             strategy.run(column_sum, args=(x,)), axis=None)
+
+  @tf.function
+  def steps(iterator):
+    total = tf.constant(0.0)
+    for _ in tf.range(INPUT_STEPS):
+      total += step_sum(next(iterator))
+    return total
+
+  iterator = iter(data.dataset)
+  total = float(steps(iterator))  # Traces; the first INPUT_STEPS batches.
+  ms = median_ms(lambda: steps(iterator), budget)
+  if steps.experimental_get_tracing_count() != 1:
+    raise RuntimeError("passing the same iterator again retraced")
+  return ms, {"column_sum": total}
+
+
+def _timed_without_gc(fn):
+  """Seconds `fn()` takes with the cycle collector off, as in `timeit`, so
+  collecting earlier garbage does not land in the measurement."""
+  gc.disable()
+  try:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+  finally:
+    gc.enable()
+
+
+def iterator_create(module, budget):
+  data = _Input(module)
+  fingerprint = data.first_batch_sums()
+
+  def measure():
+    iterators = []
+    seconds = _timed_without_gc(lambda: iterators.append(iter(data.dataset)))
+    iterators.clear()  # Untimed; see iterator_teardown.
+    return seconds
+  return median_of_ms(measure, budget), fingerprint
+
+
+def iterator_teardown(module, budget):
+  """Dropping the last reference to an iterator that has yielded one step.
+
+  An iterator's components are its resource handles (tf.data's owned
+  anonymous iterators, and tf.distribute's multi-device iterator), which
+  delete the resource, stopping its prefetch threads, when they are freed.
+  The measurement ends only once all of them are gone: a `gc.collect()` is
+  timed too if dropping the reference does not free them.
+  """
+  data = _Input(module)
+  fingerprint = data.first_batch_sums()
+
+  def measure():
+    iterators = [iter(data.dataset)]
+    next(iterators[0])
+    handles = [weakref.ref(t) for t in tf.nest.flatten(
+        iterators[0], expand_composites=True)]
+    if not handles:
+      raise RuntimeError("the iterator has no resource handles to watch")
+    alive = lambda: any(h() is not None for h in handles)
+
+    def teardown():
+      iterators.clear()
+      if alive():
+        gc.collect()
+    seconds = _timed_without_gc(teardown)
+    if alive():
+      raise RuntimeError("the iterator's resources outlive it")
+    return seconds
+  return median_of_ms(measure, budget), fingerprint
+
+
 SCENARIOS = {f.__name__: f for f in (
     eager_run_1, eager_run_4, mlp_step, mlp_first_call, mlp_retrace,
-    allreduce_16mb, reduce_none, reduce_axis0, build_20_layer_mlp)}
+    allreduce_16mb, reduce_none, reduce_axis0, build_20_layer_mlp,
+    dataset_iter_python, dataset_iter_function, iterator_create,
+    iterator_teardown)}

@@ -10,12 +10,13 @@ import tf_distribute_lite as tfd
 
 from conftest import DEVICES
 import oracle
+from keras_models import initial_weights
+from keras_models import NUM_CLASSES
+from keras_models import NUM_FEATURES
+from keras_models import TOLERANCE
 
 GLOBAL_BATCH = 16
-NUM_FEATURES = 5
-NUM_CLASSES = 3
 NUM_STEPS = 5
-TOLERANCE = 1e-5
 
 
 def _data(num_steps):
@@ -26,22 +27,13 @@ def _data(num_steps):
   return x, y
 
 
-def _initial_weights():
-  """Weights of Dense(8) -> Dense(3), the same for every run."""
-  rng = np.random.RandomState(3)
-  return [rng.normal(scale=0.5, size=(NUM_FEATURES, 8)).astype(np.float32),
-          rng.normal(scale=0.1, size=(8,)).astype(np.float32),
-          rng.normal(scale=0.5, size=(8, NUM_CLASSES)).astype(np.float32),
-          rng.normal(scale=0.1, size=(NUM_CLASSES,)).astype(np.float32)]
-
-
 def _make_model():
   """Dense(8, relu) -> Dense(3) with the fixed initial weights."""
   model = keras.Sequential([
       keras.Input(shape=(NUM_FEATURES,)),
       keras.layers.Dense(8, activation="relu"),
       keras.layers.Dense(NUM_CLASSES)])
-  model.set_weights(_initial_weights())
+  model.set_weights(initial_weights())
   return model
 
 
@@ -195,7 +187,7 @@ def test_gradients_are_all_reduced_across_replicas(tf_strategy):
   ours.train(1)
   theirs.train(1)
 
-  initial = _initial_weights()
+  initial = initial_weights()
   their_weights = [w.numpy() for w in theirs.model.trainable_variables]
   for components, expected, start in zip(ours.component_weights(),
                                          their_weights, initial):

@@ -57,3 +57,19 @@ def test_autograph_leaves_the_package_alone():
   assert conversion.is_allowlisted(tfd.MirroredStrategy.run)
   assert conversion.is_allowlisted(tfd.ReplicaContext.all_reduce)
   assert not conversion.is_allowlisted(test_autograph_leaves_the_package_alone)
+
+
+def test_flat_tensor_specs_of_composite_elements():
+  spec = (tf.TensorSpec([None, 3], tf.float32),
+          tf.RaggedTensorSpec([None, None], tf.int32))
+  flat = _tf_bridge.flat_tensor_specs(spec)
+  assert [s.dtype for s in flat] == [tf.float32, tf.variant]
+  assert flat[0].shape.as_list() == [None, 3]
+
+
+def test_copy_to_device_moves_an_eager_tensor():
+  with tf.device("CPU:0"):
+    value = tf.constant([1.0, 2.0])
+  copy = _tf_bridge.copy_to_device(value, "/job:localhost/replica:0/task:0/device:CPU:2")
+  assert copy.device.endswith("CPU:2")
+  assert copy.numpy().tolist() == [1.0, 2.0]

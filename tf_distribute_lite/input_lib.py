@@ -4,9 +4,9 @@ A `DistributedDataset` is one or more host-side `tf.data` pipelines plus a
 `_Layout` saying which replicas each dequeued element feeds:
 
 * `distribute_dataset` (behind `strategy.experimental_distribute_dataset`)
-  makes one pipeline whose every element is a global batch already cut into
-  one part per replica, by a `map` of slices that alias the batch rather
-  than copy it. One dequeue feeds every replica.
+  keeps the user's pipeline whole: each dequeued global batch is cut into
+  one part per replica (`tf.split`, which aliases rather than copies), so
+  one dequeue feeds every replica.
 * `distribute_datasets_from_function` makes one pipeline per worker or per
   replica; each replica dequeues its own batch.
 
@@ -20,15 +20,18 @@ import collections
 
 import tensorflow as tf
 
+from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import auto_shard
+from tf_distribute_lite import device_util
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import values as values_lib
 
 Optional = tf.experimental.Optional
 
 # devices: each replica's device; homes: the device each pipeline lives on;
-# split: one element holds every replica's part (else one element per
-# replica); fetch_to_device: copy each part onto its replica's device.
+# split: an element is a global batch to cut across the replicas (else one
+# element per replica); fetch_to_device: copy each part onto its replica's
+# device.
 _Layout = collections.namedtuple(
     "_Layout", ["devices", "homes", "split", "fetch_to_device"])
 
@@ -61,9 +64,10 @@ def distribute_dataset(dataset, devices, host, options=None,
   devices = tuple(devices)
   split = len(devices) > 1
   if split:
-    dataset = _split_into_replicas(dataset, len(devices))
+    _check_batched(dataset.element_spec, len(devices))
   dataset = dataset.prefetch(_buffer_size(options))
-  return DistributedDataset(_Layout(devices, (host,), split, True), (dataset,))
+  return DistributedDataset(
+      _Layout(devices, (host,), split, _fetch_to_device(options)), (dataset,))
 
 
 def distribute_datasets_from_function(dataset_fn, devices, host, options=None):
@@ -100,9 +104,12 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None):
           f"returned {dataset!r} of type {type(dataset).__name__}.")
     replicas_fed = len(devices) // len(homes)
     datasets.append(dataset.prefetch(_buffer_size(options) * replicas_fed))
-  fetch = True if options is None else options.experimental_fetch_to_device
   return DistributedDatasetsFromFunction(
-      _Layout(devices, homes, False, bool(fetch)), tuple(datasets))
+      _Layout(devices, homes, False, _fetch_to_device(options)), tuple(datasets))
+
+
+def _fetch_to_device(options):
+  return True if options is None else bool(options.experimental_fetch_to_device)
 
 
 def _buffer_size(options):
@@ -126,6 +133,9 @@ class DistributedDataset(tf.distribute.DistributedDataset,
   def __init__(self, layout, datasets):
     self._layout = layout
     self._datasets = tuple(datasets)
+    # As in TensorFlow: known for a dataset made eagerly, else unknown.
+    self._cardinality = (self._datasets[0].cardinality().numpy()
+                         if tf.executing_eagerly() else tf.data.UNKNOWN_CARDINALITY)
 
   def __iter__(self):
     iterators = []
@@ -142,10 +152,10 @@ class DistributedDataset(tf.distribute.DistributedDataset,
 
   @property
   def cardinality(self):
-    """How many steps the first pipeline yields, or `tf.data.INFINITE_CARDINALITY`
-    (-1) or `tf.data.UNKNOWN_CARDINALITY` (-2)."""
-    cardinality = self._datasets[0].cardinality()
-    return cardinality.numpy() if tf.executing_eagerly() else cardinality
+    """How many elements the first pipeline yields, or
+    `tf.data.INFINITE_CARDINALITY` (-1) or `tf.data.UNKNOWN_CARDINALITY` (-2);
+    unknown for a distributed dataset made inside a `tf.function`."""
+    return self._cardinality
 
   def reduce(self, initial_state, reduce_fn):
     """`reduce_fn(state, step_value)` folded over every step, from
@@ -272,11 +282,11 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     A last, partial step gives the replicas without data empty batches.
     """
     if self._one_dequeue:
-      return self._distribute(self._as_parts(self._iterators[0].get_next()))
+      return self._distribute_element(self._iterators[0].get_next())
     parts = [self._iterator_of(0).get_next()]
-    parts += [self._value_or_empty(self._iterator_of(r))
+    parts += [self._value_or_empty(r)
               for r in range(1, len(self._layout.devices))]
-    return self._distribute(parts)
+    return self._distribute_parts(parts)
 
   def get_next_as_optional(self):
     """The next step's value as a `tf.experimental.Optional`, empty at the end
@@ -299,16 +309,13 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     `has_value` holds (it reads an optional's value)."""
     if self._one_dequeue:
       optional = self._iterators[0].get_next_as_optional()
-      return optional.has_value(), lambda: self._distribute(
-          self._as_parts(optional.get_value()))
+      return optional.has_value(), lambda: self._distribute_element(
+          optional.get_value())
     first = self._iterator_of(0).get_next_as_optional()
-    parts = [self._optional_or_empty(first)]
-    parts += [self._value_or_empty(self._iterator_of(r))
+    parts = [self._optional_or_empty(first, 0)]
+    parts += [self._value_or_empty(r)
               for r in range(1, len(self._layout.devices))]
-    return first.has_value(), lambda: self._distribute(parts)
-
-  def _as_parts(self, element):
-    return element if self._layout.split else (element,)
+    return first.has_value(), lambda: self._distribute_parts(parts)
 
   def _iterator_of(self, replica):
     return self._iterators[self._pipeline_of(replica)]
@@ -319,34 +326,56 @@ class DistributedIterator(tf.distribute.DistributedIterator,
   def _pipeline_of(self, replica):
     return replica * len(self._layout.homes) // len(self._layout.devices)
 
-  def _value_or_empty(self, iterator):
+  def _value_or_empty(self, replica):
+    iterator = self._iterator_of(replica)
     if tf.executing_eagerly():
       try:
         return iterator.get_next()
       except tf.errors.OutOfRangeError:
-        return _empty_like(self._part_spec)
-    return self._optional_or_empty(iterator.get_next_as_optional())
+        return self._empty(replica)
+    return self._optional_or_empty(iterator.get_next_as_optional(), replica)
 
-  def _optional_or_empty(self, optional):
+  def _optional_or_empty(self, optional, replica):
     if tf.executing_eagerly():
-      return (optional.get_value() if optional.has_value()
-              else _empty_like(self._part_spec))
+      return optional.get_value() if optional.has_value() else self._empty(replica)
     return tf.cond(optional.has_value(), optional.get_value,
-                   lambda: _empty_like(self._part_spec))
+                   lambda: self._empty(replica))
 
-  def _distribute(self, parts):
-    """Replica parts -> one nest of `PerReplica`, each part on its device."""
-    flat_parts = []
-    for part, device in zip(parts, self._copy_to):
-      flat = tf.nest.flatten(part)
-      if device is not None:
-        with tf.device(device):
-          flat = [tf.identity(t) for t in flat]
-      flat_parts.append(flat)
-    if len(flat_parts) == 1:
-      return tf.nest.pack_sequence_as(parts[0], flat_parts[0])
-    return tf.nest.pack_sequence_as(
-        parts[0], [values_lib.PerReplica(c) for c in zip(*flat_parts)])
+  def _empty(self, replica):
+    """The batch of a replica that gets none on the last step, where
+    TensorFlow puts it: on the replica's device unless one pipeline feeds
+    several replicas without fetching to their devices."""
+    layout = self._layout
+    shared_on_host = (not layout.fetch_to_device and
+                      len(layout.homes) < len(layout.devices))
+    with tf.device(self._home_of(replica) if shared_on_host
+                   else layout.devices[replica]):
+      return _empty_like(self._part_spec)
+
+  def _distribute_element(self, element):
+    """A global batch (or one replica's batch) -> the step's value."""
+    flat = tf.nest.flatten(element)
+    if self._layout.split:
+      columns = [_split_leaf(leaf, len(self._copy_to)) for leaf in flat]
+    else:
+      columns = [[leaf] for leaf in flat]
+    return self._regroup(element, columns)
+
+  def _distribute_parts(self, parts):
+    """One batch per replica -> the step's value."""
+    columns = zip(*[tf.nest.flatten(part) for part in parts])
+    return self._regroup(parts[0], columns)
+
+  def _regroup(self, structure, columns):
+    """`columns[leaf][replica]`, each moved to its replica's device, as a nest
+    like `structure` of `PerReplica` values (plain values for one replica)."""
+    leaves = []
+    for column in columns:
+      placed = [value if device is None else _copy_to_device(value, device)
+                for value, device in zip(column, self._copy_to)]
+      leaves.append(placed[0] if len(placed) == 1
+                    else values_lib.PerReplica(tuple(placed)))
+    return tf.nest.pack_sequence_as(structure, leaves)
 
   @property
   def _type_spec(self):
@@ -384,7 +413,22 @@ class DistributedIteratorSpec(tf.TypeSpec):
 
 def _part_spec(layout, pipeline_spec):
   """The spec of one replica's batch, from the spec of a pipeline's element."""
-  return pipeline_spec[0] if layout.split else pipeline_spec
+  if not layout.split:
+    return pipeline_spec
+  replicas = len(layout.devices)
+
+  def part(spec):
+    batch = spec.shape[0]
+    size = batch // replicas if batch is not None and batch % replicas == 0 else None
+    shape = tf.TensorShape([size]).concatenate(spec.shape[1:])
+    if isinstance(spec, tf.RaggedTensorSpec):
+      return tf.RaggedTensorSpec(shape, spec.dtype, spec.ragged_rank,
+                                 spec.row_splits_dtype,
+                                 flat_values_spec=spec.flat_values_spec)
+    if isinstance(spec, tf.SparseTensorSpec):
+      return tf.SparseTensorSpec(shape, spec.dtype)
+    return tf.TensorSpec(shape, spec.dtype)
+  return tf.nest.map_structure(part, pipeline_spec)
 
 
 def _distributed_spec(layout, part_spec):
@@ -395,42 +439,52 @@ def _distributed_spec(layout, part_spec):
       lambda spec: values_lib.PerReplicaSpec(*[spec] * replicas), part_spec)
 
 
-def _split_into_replicas(dataset, replicas):
-  """`dataset` with each element cut into a tuple of `replicas` parts."""
-  spec = dataset.element_spec
-  for path, leaf in values_lib.flatten_with_paths(spec):
+def _check_batched(element_spec, replicas):
+  """Raises unless every component of `element_spec` can be cut by rows."""
+  supported = (tf.TensorSpec, tf.RaggedTensorSpec, tf.SparseTensorSpec)
+  for path, leaf in values_lib.flatten_with_paths(element_spec):
+    where = f"component {path}" if path else "the element"
+    if not isinstance(leaf, supported):
+      raise ValueError(
+          f"Cannot split the elements of `dataset` across {replicas} replicas: "
+          f"{where} is a {type(leaf).__name__}, not a batch of tensors, ragged "
+          f"or sparse tensors. Use `distribute_datasets_from_function` instead.")
     if leaf.shape.rank == 0:
       raise ValueError(
           f"Cannot split the elements of `dataset` across {replicas} replicas: "
-          f"component {path or 'element'} has shape {leaf.shape}, with no "
-          f"batch dimension. Batch the dataset by the global batch size "
-          f"first, e.g. `dataset.batch(global_batch_size)`.")
-
-  def split(element):
-    pieces = [_split_leaf(leaf, replicas) for leaf in tf.nest.flatten(element)]
-    return tuple(tf.nest.pack_sequence_as(element, [p[i] for p in pieces])
-                 for i in range(replicas))
-
-  if type(spec) is tuple:  # pylint: disable=unidiomatic-typecheck
-    return dataset.map(lambda *element: split(element))  # map unpacks tuples
-  return dataset.map(split)
+          f"{where} has shape {leaf.shape}, with no batch dimension. Batch the "
+          f"dataset by the global batch size first, e.g. "
+          f"`dataset.batch(global_batch_size)`.")
 
 
 def _split_leaf(value, replicas):
-  """`replicas` consecutive chunks of `value` of `ceil(batch / replicas)` rows.
+  """`replicas` consecutive chunks of `value` of `ceil(batch / replicas)` rows
+  each, or what is left, as in TensorFlow.
 
-  A static batch that divides evenly keeps static chunk shapes; otherwise
-  the chunk size is computed at run time, so every chunk's batch dimension
-  is unknown, as in TensorFlow.
+  The chunks alias `value`. Eagerly the batch size is known; in a graph a
+  static batch that divides evenly keeps static chunk shapes, and otherwise
+  the sizes are computed at run time, so every chunk's batch dimension is
+  unknown, as in TensorFlow.
   """
-  batch = value.shape[0] if value.shape.rank else None
-  if batch is not None and batch % replicas == 0:
-    size = batch // replicas
+  batch = value.shape[0]
+  if tf.executing_eagerly() or (batch is not None and batch % replicas == 0):
+    size = -(-batch // replicas)
   else:
     size = -(-_batch_size(value) // replicas)
   if isinstance(value, tf.SparseTensor):
     return [_sparse_rows(value, i * size, size) for i in range(replicas)]
+  if isinstance(value, tf.Tensor) and isinstance(size, int):
+    return tf.split(value, [max(0, min(size, batch - i * size))
+                            for i in range(replicas)])
   return [value[i * size:(i + 1) * size] for i in range(replicas)]
+
+
+def _copy_to_device(value, device):
+  if (isinstance(value, tf.__internal__.EagerTensor) and
+      device_util.is_present(device)):  # else tf.device soft-places the copy
+    return _tf_bridge.copy_to_device(value, device)
+  with tf.device(device):
+    return tf.identity(value)
 
 
 def _batch_size(value):
@@ -448,8 +502,9 @@ def _sparse_rows(value, start, rows):
   begin = tf.concat([[tf.cast(start, tf.int64)], tf.zeros([rank - 1], tf.int64)], 0)
   size = tf.concat([[tf.cast(rows, tf.int64)], value.dense_shape[1:]], 0)
   piece = tf.sparse.slice(value, begin, size)
-  batch = rows if isinstance(rows, int) else None
-  piece.set_shape(tf.TensorShape([batch]).concatenate(value.shape[1:]))
+  if not tf.executing_eagerly():  # in a graph, int `rows` divide the batch evenly
+    batch = rows if isinstance(rows, int) else None
+    piece.set_shape(tf.TensorShape([batch]).concatenate(value.shape[1:]))
   return piece
 
 
