@@ -17,6 +17,7 @@ composite tensors, so both can be passed into a `tf.function`, and
 """
 
 import collections
+import functools
 
 import tensorflow as tf
 
@@ -474,9 +475,19 @@ def _split_leaf(value, replicas):
   if isinstance(value, tf.SparseTensor):
     return [_sparse_rows(value, i * size, size) for i in range(replicas)]
   if isinstance(value, tf.Tensor) and isinstance(size, int):
-    return tf.split(value, [max(0, min(size, batch - i * size))
-                            for i in range(replicas)])
+    if batch % replicas == 0:
+      return tf.split(value, replicas)
+    return tf.split(value, _uneven_sizes(batch, replicas))
   return [value[i * size:(i + 1) * size] for i in range(replicas)]
+
+
+@functools.lru_cache(maxsize=64)
+def _uneven_sizes(batch, replicas):
+  """Eager chunk sizes of an uneven batch, as a tensor made once."""
+  size = -(-batch // replicas)
+  with tf.init_scope(), tf.device("/device:CPU:0"):
+    return tf.constant([max(0, min(size, batch - i * size))
+                        for i in range(replicas)], tf.int64)
 
 
 def _copy_to_device(value, device):
