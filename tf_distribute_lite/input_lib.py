@@ -45,7 +45,8 @@ def distribute_dataset(dataset, devices, host, options=None,
 
   `input_context` with several input pipelines makes this the share of
   pipeline `input_pipeline_id`, auto-sharded by the dataset's
-  `auto_shard_policy`.
+  `auto_shard_policy`. Sparse components are split too, also when a replica's
+  share is empty (where TensorFlow 2.21 fails in `DeserializeSparse`).
 
   >>> dataset = tf.data.Dataset.range(10).batch(10)
   >>> dist = distribute_dataset(dataset, ["CPU:0", "CPU:1", "CPU:2", "CPU:3"],
@@ -76,7 +77,8 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None):
 
   `dataset_fn` gets an `InputContext` and returns a dataset batched per
   replica; it is called once (`PER_WORKER`) or once per replica
-  (`PER_REPLICA`).
+  (`PER_REPLICA`), as `options` say for this call only (a TensorFlow 2.21
+  strategy keeps using `PER_REPLICA` in later calls once it has been asked).
 
   >>> def dataset_fn(context):
   ...   batch = context.get_per_replica_batch_size(4)
@@ -291,7 +293,12 @@ class DistributedIterator(tf.distribute.DistributedIterator,
 
   def get_next_as_optional(self):
     """The next step's value as a `tf.experimental.Optional`, empty at the end
-    (so a loop can stop cleanly, also inside a `tf.function`)."""
+    (so a loop can stop cleanly, also inside a `tf.function`).
+
+    Keras runs `steps_per_execution > 1` on it in a `tf.while_loop`; that
+    works here, where TensorFlow 2.21's `MirroredStrategy` fails with "You
+    must feed a value for placeholder tensor".
+    """
     has_value, value_fn = self._next_if_any()
     if tf.executing_eagerly():
       return (Optional.from_value(value_fn()) if has_value
