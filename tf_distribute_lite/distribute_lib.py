@@ -19,7 +19,6 @@ from tf_distribute_lite import device_util
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import values as values_lib
-from tf_distribute_lite.input_context import InputReplicationMode  # pylint: disable=unused-import
 from tf_distribute_lite.reduce_util import ReduceOp
 
 
