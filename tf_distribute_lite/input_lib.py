@@ -286,9 +286,7 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     """
     if self._one_dequeue:
       return self._distribute_element(self._iterators[0].get_next())
-    parts = [self._iterator_of(0).get_next()]
-    parts += [self._value_or_empty(r)
-              for r in range(1, len(self._layout.devices))]
+    parts = [self._iterator_of(0).get_next()] + self._other_parts()
     return self._distribute_parts(parts)
 
   def get_next_as_optional(self):
@@ -320,10 +318,12 @@ class DistributedIterator(tf.distribute.DistributedIterator,
       return optional.has_value(), lambda: self._distribute_element(
           optional.get_value())
     first = self._iterator_of(0).get_next_as_optional()
-    parts = [self._optional_or_empty(first, 0)]
-    parts += [self._value_or_empty(r)
-              for r in range(1, len(self._layout.devices))]
+    parts = [self._optional_or_empty(first, 0)] + self._other_parts()
     return first.has_value(), lambda: self._distribute_parts(parts)
+
+  def _other_parts(self):
+    """The batches of replicas 1.., each empty once its pipeline has ended."""
+    return [self._value_or_empty(r) for r in range(1, len(self._layout.devices))]
 
   def _iterator_of(self, replica):
     return self._iterators[self._pipeline_of(replica)]
