@@ -316,3 +316,43 @@ def test_compute_average_loss_matches_tensorflows_strategy():
   results = [a.mirrored.run(lambda: tf.nn.compute_average_loss(tf.constant([1.0, 3.0])))
              for a in (TF, TFD)]
   assert repr(results[1]) == repr(results[0])
+
+
+# --- The default strategy's scope.
+
+def test_default_scope_stays_in_the_default_replica_context(api, run_mode):
+  default = api.mod.get_strategy()
+
+  def observe():
+    with default.scope() as entered:
+      assert entered is default
+      return (api.mod.in_cross_replica_context(), api.mod.has_strategy(),
+              type(api.mod.get_replica_context()).__name__,
+              api.mod.get_strategy() is default)
+  assert _observe(run_mode, observe) == (False, False, "_DefaultReplicaContext", True)
+
+
+def test_default_scope_nests_in_itself(api):
+  default = api.mod.get_strategy()
+  with default.scope():
+    with default.scope():
+      assert not api.mod.in_cross_replica_context()
+      assert type(tf.Variable(1.0)).__name__ == "ResourceVariable"
+
+
+def test_default_scope_inside_another_strategys_scope_raises(api):
+  default = api.mod.get_strategy()
+  with api.mirrored.scope():
+    with pytest.raises(RuntimeError, match="Must not nest tf.distribute.Strategy scopes"):
+      with default.scope():
+        pass
+
+
+def test_a_strategys_scope_inside_the_default_scope_makes_its_variables():
+  # TF 2.21 allows entering the scope but then refuses every variable
+  # ("Mixing different tf.distribute.Strategy objects").
+  strategy = TFD.pair
+  with tfd.get_strategy().scope():
+    with strategy.scope():
+      v = tf.Variable(1.0)
+  assert type(v).__name__ == "MirroredVariable"

@@ -650,3 +650,77 @@ def test_v1_update_config_proto():
 
 def test_v1_strategy_is_a_v1_strategy():
   assert both(lambda a: isinstance(a.v1_mirrored, a.v1.Strategy)) is True
+
+
+# --- Deprecated and private names TF's own examples use; argument checks.
+
+def test_unwrap_is_experimental_local_results(run_mode):
+  result = both(lambda api: api.pair.unwrap(api.pair.run(lambda: tf.constant(2.0))),
+                run_mode)
+  assert [float(t) for t in result] == [2.0, 2.0]
+  assert both(lambda api: api.mod.get_strategy().unwrap(tf.constant(1.0))) is not None
+
+
+@pytest.mark.parametrize("args", [tf.constant([1.0, 2.0]), {"x": 1}, None, "ab", 3])
+def test_run_args_must_be_a_list_or_tuple(args):
+  for strategy in (TF.pair, TFD.pair, TF.mod.get_strategy(), TFD.mod.get_strategy()):
+    with pytest.raises(ValueError, match="positional args must be a list or tuple"):
+      strategy.run(lambda x: x, args=args)
+
+
+def test_run_args_error_tells_how_to_pass_one_argument():
+  with pytest.raises(ValueError, match=r"args=\(x,\)"):
+    TFD.pair.run(lambda x: x, args=tf.constant(1.0))
+
+
+@pytest.mark.parametrize("kwargs", [[1], (("x", 1),), "x"])
+def test_run_kwargs_must_be_a_mapping(kwargs):
+  for api in (TF, TFD):
+    with pytest.raises(TypeError):
+      api.pair.run(lambda x: x, kwargs=kwargs)
+  with pytest.raises(TypeError, match="`kwargs` of strategy.run must be a dict"):
+    TFD.pair.run(lambda x: x, kwargs=kwargs)
+
+
+def test_run_accepts_a_list_of_args():
+  assert local(TFD.pair, TFD.pair.run(lambda x: x + 1.0, args=[tf.constant(1.0)])) == [2.0, 2.0]
+
+
+def test_replica_context_update(run_mode):
+  def snippet(api):
+    strategy = new_mirrored(api.mod, ["CPU:0", "CPU:1"])
+    with strategy.scope():
+      v = tf.Variable(5.0)
+
+    def replica_fn():
+      context = api.mod.get_replica_context()
+      update = lambda var, value: var.assign(value)
+      context._update(v, update, args=(api.replica_id() + 1.0,))  # pylint: disable=protected-access
+    run_mode(lambda: strategy.run(replica_fn))
+    return [float(c) for c in v.values]
+  # Each component takes its own replica's argument, as in TF.
+  assert both(snippet) == [1.0, 2.0]
+
+
+def test_replica_context_update_outside_run_raises():
+  context = TFD.pair.extended._make_replica_context(0, None)  # pylint: disable=protected-access
+  with TFD.pair.scope():
+    v = tf.Variable(1.0)
+  with pytest.raises(RuntimeError, match="Mismatching tf.distribute.Strategy objects"):
+    context._update(v, lambda var: var.assign(2.0))  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("reduce_op, expected", [("SUM", 1.0), ("MEAN", 0.5)])
+def test_reduce_to_the_devices_of_a_distributed_value(reduce_op, expected):
+  # TF 2.21 puts every component of the MEAN on CPU:0.
+  strategy = TFD.pair
+  ids = TFD.replica_ids(strategy)
+  traced_devices = []
+
+  def reduce():
+    result = strategy.extended.reduce_to(reduce_op, ids, destinations=ids)
+    traced_devices.append([c.device for c in result.values])
+    return [tf.identity(c) for c in result.values]
+  assert [float(v) for v in reduce()] == [expected, expected]
+  assert [float(v) for v in tf.function(reduce)()] == [expected, expected]
+  assert traced_devices == [list(DEVICES[:2])] * 2

@@ -1173,3 +1173,21 @@ def test_sum_replica_update_of_shared_python_value_raises(method, run_mode):
     return error, _components(v)
 
   assert compare(snippet) == (ValueError, [1.0] * NUM_DEVICES)
+
+
+@pytest.mark.parametrize("synchronization", [SYNC.ON_WRITE, SYNC.ON_READ])
+def test_device_is_the_current_replicas_component(synchronization):
+  def snippet(dist, strategy):
+    with strategy.scope():
+      v = tf.Variable(1.0, synchronization=synchronization,
+                      aggregation=AGG.SUM)
+    in_run = strategy.experimental_local_results(
+        strategy.run(lambda: tf.constant(v.device)))
+    with tf.device("CPU:1"):
+      outside = v.device
+    with strategy.scope(), tf.device("CPU:1"):
+      cross_replica = v.device
+    return [t.numpy().decode() for t in in_run], outside, cross_replica, v.device
+  in_run, outside, cross_replica, plain = compare(snippet)
+  assert in_run == list(DEVICES)
+  assert (outside, cross_replica, plain) == (DEVICES[0], DEVICES[1], DEVICES[0])

@@ -2,6 +2,7 @@
 bad device lists, compared with `tf.distribute.MirroredStrategy`."""
 
 import logging
+import threading
 
 import pytest
 import tensorflow as tf
@@ -9,6 +10,7 @@ import tensorflow as tf
 import tf_distribute_lite as tfd
 from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 
+import oracle
 from oracle import new_mirrored, tf_default_cross_device_ops
 
 DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4))
@@ -223,3 +225,154 @@ def test_absent_devices_run_and_all_reduce(absent_gpus, run_mode):
 def test_present_devices_give_no_warning(tf_warnings):
   tfd.MirroredStrategy(["CPU:0", "CPU:1"])
   assert not [m for m in tf_warnings if "not present" in m]
+
+
+# --- Values every replica shares.
+#
+# A value that is the same object in every replica is already in sync: batch
+# reduction (all_reduce, batch_reduce_to) returns it unchanged for SUM and
+# MEAN alike. `reduce` and `reduce_to` of one with SUM stay an error, as in TF.
+
+def _shared_all_reduce(mod, reduce_op, run_mode):
+  strategy = oracle.mirrored(mod)
+  shared = tf.constant([1.0, 2.0, 3.0])
+  result = run_mode(lambda: strategy.run(
+      lambda x: mod.get_replica_context().all_reduce(reduce_op, x), args=(shared,)))
+  return [t.numpy().tolist() for t in strategy.experimental_local_results(result)]
+
+
+@pytest.mark.parametrize("reduce_op", ["SUM", "MEAN"])
+def test_all_reduce_of_a_shared_value_returns_it_like_tf(reduce_op, run_mode):
+  expected = _shared_all_reduce(tf.distribute, reduce_op, run_mode)
+  assert expected == [[1.0, 2.0, 3.0]] * 4
+  assert _shared_all_reduce(tfd, reduce_op, run_mode) == expected
+
+
+def test_all_reduce_of_shared_and_per_replica_values_together(run_mode):
+  strategy = oracle.mirrored(tfd)
+  shared = tf.constant(5.0)
+
+  def replica_fn():
+    context = tfd.get_replica_context()
+    own = tf.cast(context.replica_id_in_sync_group, tf.float32)
+    return context.all_reduce("SUM", {"shared": shared, "own": own})
+  result = run_mode(lambda: strategy.run(replica_fn))
+  assert [float(t) for t in strategy.experimental_local_results(result["own"])] == [6.0] * 4
+  assert [float(t) for t in strategy.experimental_local_results(result["shared"])] == [5.0] * 4
+
+
+def test_all_reduce_of_a_python_number_returns_it():
+  # TF 2.21 raises AttributeError ('float' object has no attribute 'dtype').
+  strategy = oracle.mirrored(tfd)
+  result = strategy.run(lambda: tfd.get_replica_context().all_reduce("SUM", 2.0))
+  assert [float(t) for t in strategy.experimental_local_results(result)] == [2.0] * 4
+
+
+@MODULES
+@pytest.mark.parametrize("destinations", ["value", "CPU:0"])
+def test_batch_reduce_to_of_a_shared_value_returns_it(mod, destinations):
+  strategy = oracle.mirrored(mod)
+  with tf.device("CPU:0"):
+    shared = tf.constant([1.0, 2.0])
+  destinations = shared if destinations == "value" else destinations
+  (result,) = strategy.extended.batch_reduce_to("SUM", [(shared, destinations)])
+  assert result.numpy().tolist() == [1.0, 2.0]
+
+
+def test_batch_reduce_to_copies_a_shared_value_onto_other_devices():
+  # TF 2.21 raises IndexError here.
+  strategy = oracle.mirrored(tfd)
+  with tf.device("CPU:0"):
+    shared = tf.constant([1.0, 2.0])
+  (one,) = strategy.extended.batch_reduce_to("SUM", [(shared, "CPU:1")])
+  assert one.device == DEVICES[1] and one.numpy().tolist() == [1.0, 2.0]
+  (both,) = strategy.extended.batch_reduce_to("SUM", [(shared, ["CPU:2", "CPU:3"])])
+  assert [c.device for c in both.values] == list(DEVICES[2:])
+  assert [c.numpy().tolist() for c in both.values] == [[1.0, 2.0]] * 2
+
+
+@pytest.mark.parametrize("shared_first", [True, False])
+def test_batch_reduce_to_of_shared_next_to_per_replica_values(shared_first):
+  # TF 2.21 returns the per-replica values unreduced when the shared value
+  # comes first, and raises IndexError when it comes second.
+  strategy = oracle.mirrored(tfd)
+  shared = tf.constant(7.0)
+  own = oracle.TFD.replica_ids()
+  pairs = [(shared, shared), (own, own)]
+  results = strategy.extended.batch_reduce_to("SUM", pairs if shared_first else pairs[::-1])
+  shared_result, own_result = results if shared_first else results[::-1]
+  assert float(shared_result) == 7.0
+  assert [float(t) for t in own_result.values] == [6.0] * 4
+
+
+@MODULES
+def test_reduce_of_a_shared_value(mod):
+  strategy = oracle.mirrored(mod)
+  shared = tf.constant([1.0, 2.0])
+  assert strategy.reduce("MEAN", shared, axis=None).numpy().tolist() == [1.0, 2.0]
+  assert float(strategy.reduce("SUM", shared, axis=0)) == 12.0
+  with pytest.raises(ValueError, match="cannot be reduced with the given reduce op"):
+    strategy.reduce("SUM", shared, axis=None)
+  with pytest.raises(ValueError, match="cannot be reduced with the given reduce op"):
+    strategy.extended.reduce_to("SUM", shared, "CPU:0")
+
+
+# --- Concurrent steps.
+
+def _run_in_threads(work, num_threads=3):
+  errors = []
+
+  def guarded():
+    try:
+      work()
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(e)
+  threads = [threading.Thread(target=guarded) for _ in range(num_threads)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(timeout=120)
+  assert not any(t.is_alive() for t in threads), "a thread did not finish"
+  assert not errors, errors
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "nested_function"])
+def test_threads_running_one_step_at_once(mode):
+  strategy = tfd.MirroredStrategy()
+  with strategy.scope():
+    offset = tf.Variable(1.0)
+  ids = oracle.TFD.replica_ids(strategy)
+
+  def replica_fn(x):
+    return tfd.get_replica_context().all_reduce("SUM", x) + offset
+
+  step = lambda x: strategy.run(replica_fn, args=(x,))
+  if mode == "function":
+    step = tf.function(step)
+  elif mode == "nested_function":
+    step = tf.function(tf.function(step))
+
+  def work():
+    for _ in range(20):
+      result = strategy.experimental_local_results(step(ids))
+      assert [float(t) for t in result] == [7.0] * 4
+  _run_in_threads(work)
+  # The strategy's collectives keep working afterwards.
+  work()
+
+
+def test_step_called_from_another_functions_loop_and_branch(run_mode):
+  # Keras runs its step function in a loop (steps_per_execution); TF 2.21's
+  # collectives fail there ("You must feed a value for placeholder").
+  strategy = tfd.MirroredStrategy()
+  ids = oracle.TFD.replica_ids(strategy)
+  step = tf.function(lambda x: strategy.run(
+      lambda x: tfd.get_replica_context().all_reduce("SUM", x), args=(x,)))
+
+  def loop_and_branch():
+    total = tf.constant(0.0)
+    for _ in tf.range(3):
+      result = tf.cond(tf.constant(True), lambda: step(ids), lambda: step(ids))
+      total += strategy.experimental_local_results(result)[0]
+    return total
+  assert float(run_mode(loop_and_branch)) == 18.0

@@ -44,12 +44,13 @@ def test_saving_context_is_seen(tmp_path):
   assert tf.saved_model.load(str(tmp_path)).f().numpy() == 4.0
 
 
-def test_resource_on_ignores_variable_creators():
+def test_plain_variable_ignores_variable_creators():
   strategy = tfd.MirroredStrategy(["CPU:0", "CPU:1"])
   with strategy.scope():
-    token = _tf_bridge.resource_on("/cpu:1")
+    token = _tf_bridge.plain_variable(3, "/cpu:1", "counter")
   assert type(token).__name__ == "ResourceVariable"
   assert token.device.endswith("CPU:1")
+  assert token.dtype == tf.int32 and int(token) == 3
 
 
 def test_autograph_leaves_the_package_alone():
@@ -73,3 +74,4 @@ def test_copy_to_device_moves_an_eager_tensor():
   copy = _tf_bridge.copy_to_device(value, "/job:localhost/replica:0/task:0/device:CPU:2")
   assert copy.device.endswith("CPU:2")
   assert copy.numpy().tolist() == [1.0, 2.0]
+

@@ -87,18 +87,19 @@ def eager_device_name():
   return context.context().device_name or ""
 
 
-def resource_on(device):
+def plain_variable(initial_value, device, name):
   """A plain variable on `device`, created past any variable creator.
 
-  Collective ops order themselves on a resource of their device; it must not
-  become a distributed variable when created inside a strategy's scope.
+  The collective ops' ordering tokens and key counters are variables of
+  their own; they must not become distributed variables when created inside
+  a strategy's scope.
   """
   graph = tf.compat.v1.get_default_graph()
   creators = variable_creator_stack(graph)
   set_variable_creator_stack(graph, [])
   try:
     with tf.device(device):
-      return tf.Variable(0.0, trainable=False, name="ordering_token")
+      return tf.Variable(initial_value, trainable=False, name=name)
   finally:
     set_variable_creator_stack(graph, creators)
 

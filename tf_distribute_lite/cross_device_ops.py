@@ -428,18 +428,19 @@ class NcclAllReduce(_PackedByCount):
     return result
 
 
-# Group and instance keys of collective ops are process-wide; every
-# CollectiveAllReduce takes its own group, so that strategies of different
-# sizes can live in one process. The base stays clear of TensorFlow's keys.
+# Group keys of collective ops are process-wide; every CollectiveAllReduce
+# takes its own group, so that strategies of different sizes can live in one
+# process. Instance keys are counted per group. The base stays clear of
+# TensorFlow's own keys.
 _KEY_BASE = 7_000_000
+_KEY_LIMIT = 2**31 - 1
 _group_keys = itertools.count(_KEY_BASE)
-_instance_keys = itertools.count(_KEY_BASE)
-_key_lock = threading.Lock()
+_group_key_lock = threading.Lock()
 
 
-def _next_key(counter):
-  with _key_lock:
-    return next(counter)
+def _next_group_key():
+  with _group_key_lock:
+    return next(_group_keys)
 
 
 class CollectiveAllReduce(_AllReduce):
@@ -476,8 +477,9 @@ class CollectiveAllReduce(_AllReduce):
     self._devices = tuple(device_util.canonicalize(d) for d in devices)
     self._group_size = group_size or len(self._devices)
     self._options = options or CommunicationOptions()
-    self._group_key = _next_key(_group_keys)
+    self._group_key = _next_group_key()
     self._ordering_tokens = None
+    self._instance_counter = None
     self._eager_launch = tf.function(self._launch, autograph=False)
 
   def _packs(self, values, options):
@@ -516,7 +518,7 @@ class CollectiveAllReduce(_AllReduce):
 
   def _launch(self, per_device, implementation, timeout):
     tokens = self._tokens()
-    instance_key = _next_key(_instance_keys)
+    instance_key = self._next_instance_key()
     result = []
     for tensor, device, token in zip(per_device, self._devices, tokens):
       with tf.device(device):
@@ -531,5 +533,24 @@ class CollectiveAllReduce(_AllReduce):
   def _tokens(self):
     if self._ordering_tokens is None:
       with tf.init_scope():
-        self._ordering_tokens = [_tf_bridge.resource_on(d) for d in self._devices]
+        self._ordering_tokens = [_tf_bridge.plain_variable(0.0, d, "ordering_token")
+                                 for d in self._devices]
     return [token.handle for token in self._ordering_tokens]
+
+  def _next_instance_key(self):
+    """A tensor that takes a fresh instance key each time it is computed.
+
+    Keys are drawn when the collectives run, not when they are traced, from
+    a counter that `ResourceCountUpTo` reads and increments atomically. So
+    concurrent calls of one function, a step inside a loop and a function
+    called from another function's control flow never share a key.
+    """
+    if self._instance_counter is None:
+      host = tf.DeviceSpec.from_string(self._devices[0]).replace(
+          device_type="CPU", device_index=0)
+      with tf.init_scope():
+        self._instance_counter = _tf_bridge.plain_variable(
+            _KEY_BASE, host, "instance_key_counter")
+    with tf.device(self._instance_counter.device):
+      return tf.raw_ops.ResourceCountUpTo(
+          resource=self._instance_counter.handle, limit=_KEY_LIMIT, T=tf.int32)

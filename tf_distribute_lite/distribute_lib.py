@@ -9,12 +9,14 @@ Concrete strategies subclass `StrategyExtended` and fill in its hooks:
 """
 
 import collections
+import collections.abc
 import threading
 import weakref
 
 import tensorflow as tf
 
 from tf_distribute_lite import contexts
+from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
@@ -150,6 +152,7 @@ class Strategy:
     """
     del options  # Only TPU strategies have run options.
     kwargs = {} if kwargs is None else kwargs
+    _check_run_arguments(args, kwargs)
     _check_replica_counts(self, args, "args")
     _check_replica_counts(self, kwargs, "kwargs")
     with self.scope():
@@ -236,6 +239,17 @@ class Strategy:
     """
     return self._extended._local_results(value)  # pylint: disable=protected-access
 
+  def unwrap(self, value):
+    """Deprecated: use `experimental_local_results`.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> len(strategy.unwrap(strategy.run(lambda: tf.constant(1.0))))
+    2
+    """
+    deprecation.warn_once("Strategy.unwrap",
+                          "use `experimental_local_results` instead.")
+    return self.experimental_local_results(value)
+
   def experimental_distribute_values_from_function(self, value_fn):
     """Distributed values made by `value_fn(ValueContext)` for each replica.
 
@@ -308,6 +322,19 @@ class Strategy:
     TensorSpec(shape=(), dtype=tf.float32, name=None)
     """
     return input_lib.numpy_dataset(numpy_input, self._extended._input_host)  # pylint: disable=protected-access
+
+
+def _check_run_arguments(args, kwargs):
+  """TF's checks of `run`'s `args` and `kwargs`, with clearer messages."""
+  if not isinstance(args, (list, tuple)):
+    raise ValueError(
+        f"positional args must be a list or tuple, got {type(args)}: the "
+        f"`args` of strategy.run are the positional arguments of `fn`; for "
+        f"one argument x pass args=(x,).")
+  if not isinstance(kwargs, collections.abc.Mapping):
+    raise TypeError(
+        f"`kwargs` of strategy.run must be a dict of keyword arguments for "
+        f"`fn`, got {type(kwargs)}.")
 
 
 def _check_replica_counts(strategy, structure, argument):
@@ -463,6 +490,11 @@ class StrategyExtended:
   def reduce_to(self, reduce_op, value, destinations, options=None):
     """Reduces `value` across replicas onto `destinations`.
 
+    The result is a tensor on the destination device, or a `Mirrored` value
+    with one component on each destination device. (Onto the devices of a
+    distributed value, TensorFlow 2.21 puts every component of a MEAN on the
+    first device.)
+
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> per_replica = strategy.run(lambda: tf.constant(1.0))
     >>> strategy.extended.reduce_to("SUM", per_replica, destinations="CPU:0")
@@ -476,7 +508,20 @@ class StrategyExtended:
                            options)
 
   def batch_reduce_to(self, reduce_op, value_destination_pairs, options=None):
-    """`reduce_to` for a list of `(value, destinations)` pairs at once."""
+    """`reduce_to` for a list of `(value, destinations)` pairs at once.
+
+    Each result is a tensor where its destinations are one device (even when
+    TensorFlow 2.21 would wrap it in a one-component `Mirrored`), else a
+    `Mirrored` value. A value that is not distributed is the same on every
+    replica, so it is already reduced: it comes back unchanged, copied onto
+    its destinations if they are elsewhere.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> per_replica = strategy.run(lambda: tf.constant(1.0))
+    >>> strategy.extended.batch_reduce_to("SUM", [(per_replica, "CPU:1"),
+    ...                                           (tf.constant(3.0), "CPU:1")])
+    [<tf.Tensor: shape=(), dtype=float32, numpy=2.0>, <tf.Tensor: shape=(), dtype=float32, numpy=3.0>]
+    """
     contexts.require_cross_replica_or_default(self._container_strategy())
     return self._batch_reduce_to(ReduceOp.from_any(reduce_op),
                                  list(value_destination_pairs), options)
@@ -649,8 +694,17 @@ class ReplicaContext:
   def all_reduce(self, reduce_op, value, options=None):
     """Reduces `value` (a nest of tensors) across replicas; each gets the result.
 
-    The gradient of a SUM (MEAN) all-reduce is the SUM (MEAN) all-reduce of
-    the gradients.
+    A value that is the very same object in every replica (a tensor made
+    outside `strategy.run`, say) is already in sync: SUM and MEAN both return
+    it unchanged, not SUM times the number of replicas. Keras optimizers rely
+    on this. The gradient of a SUM (MEAN) all-reduce is the SUM (MEAN)
+    all-reduce of the gradients.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> shared = tf.constant(5.0)
+    >>> strategy.run(lambda: tf_distribute_lite.get_replica_context().all_reduce(
+    ...     "SUM", shared)).values[1]
+    <tf.Tensor: shape=(), dtype=float32, numpy=5.0>
     """
     reduce_op = ReduceOp.from_any(reduce_op)
     flat = tf.nest.flatten(value)
@@ -672,6 +726,24 @@ class ReplicaContext:
       ys = self.merge_call(batch_all_reduce, args=xs)
       return ys, lambda *dys: self.all_reduce(reduce_op, list(dys), options)
     return tf.nest.pack_sequence_as(value, all_reduce_with_gradient(*flat))
+
+  def _update(self, var, fn, args=(), kwargs=None, group=True):
+    """Runs `fn(component, *args, **kwargs)` on each component of `var`,
+    after every replica has arrived, with the replicas' arguments grouped
+    (`strategy.extended.update` from a replica context).
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> with strategy.scope():
+    ...   v = tf.Variable(5.0)
+    >>> def replica_fn():
+    ...   context = tf_distribute_lite.get_replica_context()
+    ...   context._update(v, lambda var, x: var.assign(x), args=(tf.identity(1.0),))
+    >>> _ = strategy.run(replica_fn)
+    >>> [c.numpy().item() for c in v.values]
+    [1.0, 1.0]
+    """
+    self._require_current()
+    return self._strategy.extended.update(var, fn, args, kwargs, group)
 
   def all_gather(self, value, axis, options=None):
     """Concatenates every replica's `value` (a nest of tensors) along `axis`."""
@@ -712,6 +784,29 @@ class _DefaultStrategy(Strategy):
 
   def __init__(self):
     super().__init__(_DefaultExtended(self))
+
+  def scope(self):
+    """A no-op scope: the default strategy is already current, in its
+    default replica context (as in TensorFlow, nothing becomes
+    cross-replica). It must not be entered inside another strategy's."""
+    return _DefaultScope(self)
+
+
+class _DefaultScope:
+  """`scope()` of the default strategy."""
+
+  __slots__ = ("_strategy",)
+
+  def __init__(self, strategy):
+    self._strategy = strategy
+
+  def __enter__(self):
+    if contexts.has_strategy():
+      raise RuntimeError("Must not nest tf.distribute.Strategy scopes.")
+    return self._strategy
+
+  def __exit__(self, *exc_info):
+    pass
 
 
 _defaults = {}

@@ -80,7 +80,17 @@ class DistributedVariable(values_lib.DistributedValues, tf.Variable,
   name = property(lambda self: self._primary.name)
   dtype = property(lambda self: self._primary.dtype)
   shape = property(lambda self: self._primary.shape)
-  device = property(lambda self: self._primary.device)
+
+  @property
+  def device(self):
+    """The device of the current replica's component, as in TensorFlow:
+    outside any strategy that is the first; in a cross-replica context the
+    one on the current device."""
+    replica_id = contexts.current_replica_id()
+    if replica_id is None or replica_id >= len(self._values):
+      return self._on_current_device().device
+    return self._values[replica_id].device
+
   trainable = property(lambda self: self._primary.trainable)
   constraint = property(lambda self: self._primary.constraint)
   graph = property(lambda self: self._primary.graph)

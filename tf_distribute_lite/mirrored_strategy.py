@@ -210,7 +210,7 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     pairs = []
     for i, (value, destinations) in enumerate(value_destination_pairs):
       if not isinstance(value, tf.distribute.DistributedValues):
-        results[i] = self._reduce_plain_value(reduce_op, value, destinations)
+        results[i] = _shared_value_on(value, destinations)
         pairs.append(None)
         continue
       placed = self._placed(value)
@@ -294,6 +294,22 @@ def _regroup_updates(results, group, local_results):
         joined.append(tf.identity(part))
     return values_lib.Mirrored(joined)
   return tf.nest.map_structure(join, grouped)
+
+
+def _shared_value_on(value, destinations):
+  """What batch reduction makes of a value that is not distributed.
+
+  Such a value is the same on every replica, so it is already in sync: SUM
+  and MEAN both give the value itself (not SUM times the replica count), as
+  in TensorFlow. It is copied only if `destinations` lie elsewhere.
+  """
+  if destinations is value or not (tf.is_tensor(value) or
+                                    isinstance(value, tf.Variable)):
+    return value
+  if value.device and cross_device_ops_lib.devices_of(destinations) == (
+      device_util.canonicalize(value.device),):
+    return value
+  return cross_device_ops_lib.simple_broadcast(value, destinations)
 
 
 def _copy_of(primary):

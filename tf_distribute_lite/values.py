@@ -61,6 +61,10 @@ class DistributedValues(tf.distribute.DistributedValues):
     replica_id = self._current_replica_id()
     if replica_id is not None:
       return self._values[replica_id]
+    return self._on_current_device()
+
+  def _on_current_device(self):
+    """The component on the current device, else the first."""
     device = device_util.current()
     if device:
       device = device_util.canonicalize(device)

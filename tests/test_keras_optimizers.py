@@ -1,0 +1,89 @@
+"""Keras optimizers with weight decay or a moving average (EMA) under
+`tfd.MirroredStrategy`: equal to `tf.distribute` eagerly, and to training
+without a strategy inside a `tf.function`.
+
+Both features make Keras all-reduce or update values that every replica
+shares, which relies on batch reduction treating such a value as already in
+sync.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_distribute_lite as tfd
+
+import oracle
+
+OPTIMIZERS = ["SGD", "Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad",
+              "Adadelta", "Ftrl", "Lion", "Lamb", "Adafactor"]
+FEATURES = {
+    "weight_decay": dict(weight_decay=0.1),
+    "ema": dict(use_ema=True, ema_momentum=0.9, ema_overwrite_frequency=2),
+    "both": dict(weight_decay=0.05, use_ema=True, ema_overwrite_frequency=3),
+}
+INITIAL = [[3.0, 4.0], [5.0, 6.0]]
+STEPS = 3
+
+
+def _train(strategy, optimizer_name, feature, gradient, use_function):
+  with strategy.scope():
+    variable = keras.Variable(INITIAL)
+    optimizer = getattr(keras.optimizers, optimizer_name)(
+        learning_rate=0.5, **FEATURES[feature])
+    optimizer.build([variable])
+
+  def step(g):
+    strategy.run(lambda g: optimizer.apply_gradients([(g, variable)]), args=(g,))
+  step = tf.function(step) if use_function else step
+  for _ in range(STEPS):
+    step(gradient)
+  return variable.numpy()
+
+
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+@pytest.mark.parametrize("optimizer_name", OPTIMIZERS)
+def test_shared_gradient_matches_tf_eagerly(optimizer_name, feature):
+  gradient = tf.constant([[1.0, -2.0], [0.5, 3.0]])
+  expected = _train(oracle.new_tf_mirrored(["CPU:0", "CPU:1"]), optimizer_name,
+                    feature, gradient, use_function=False)
+  actual = _train(tfd.MirroredStrategy(["CPU:0", "CPU:1"]), optimizer_name,
+                  feature, gradient, use_function=False)
+  np.testing.assert_allclose(actual, expected, rtol=1e-5)
+  # The shared gradient counts once, as without a strategy.
+  plain = _train(tf.distribute.get_strategy(), optimizer_name, feature,
+                 gradient, use_function=False)
+  np.testing.assert_allclose(actual, plain, rtol=1e-5)
+
+
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+@pytest.mark.parametrize("optimizer_name", ["SGD", "AdamW", "RMSprop"])
+def test_split_gradient_in_a_function_matches_training_without_strategy(
+    optimizer_name, feature):
+  # TF 2.21 fails here with EMA overwriting ("merge_call called while
+  # defining a new graph"), so the reference is training without a strategy.
+  full = tf.constant([[1.0, -2.0], [0.5, 3.0]])
+  strategy = tfd.MirroredStrategy(["CPU:0", "CPU:1"])
+  halves = strategy.experimental_distribute_values_from_function(
+      lambda context: full / 2.0)
+  actual = _train(strategy, optimizer_name, feature, halves, use_function=True)
+  plain = _train(tf.distribute.get_strategy(), optimizer_name, feature, full,
+                 use_function=True)
+  np.testing.assert_allclose(actual, plain, rtol=1e-5)
+
+
+def test_issue_numbers_for_sgd():
+  """The values TF 2.21 gives for SGD(learning_rate=1) and a ones gradient."""
+  for kwargs, expected in [
+      (dict(use_ema=True, ema_momentum=0.9, ema_overwrite_frequency=3),
+       [[1.71, 2.71], [3.71, 4.71]]),
+      (dict(weight_decay=0.1), [[-0.523, 0.206], [0.935, 1.664]])]:
+    strategy = tfd.MirroredStrategy(["CPU:0", "CPU:1"])
+    with strategy.scope():
+      v = keras.Variable(INITIAL)
+      opt = keras.optimizers.SGD(learning_rate=1.0, **kwargs)
+    g = tf.ones([2, 2])
+    for _ in range(3):
+      strategy.run(lambda: opt.apply_gradients([(g, v)]))  # pylint: disable=cell-var-from-loop
+    np.testing.assert_allclose(v.numpy(), expected, atol=1e-3)
