@@ -26,6 +26,7 @@ def _modules():
 def _public_api():
   """(qualified name, object) for every name the public namespaces export."""
   namespaces = [tf_distribute_lite, tf_distribute_lite.experimental,
+                tf_distribute_lite.experimental.partitioners,
                 tf_distribute_lite.compat.v1,
                 tf_distribute_lite.compat.v1.experimental]
   seen = {}

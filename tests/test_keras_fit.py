@@ -60,18 +60,22 @@ def _make_model(strategy, steps_per_execution=1):
   return model
 
 
-def _initial_model(module, steps_per_execution):
-  """The strategy and model of `module` and `steps_per_execution`.
+def _initial_model(module, steps_per_execution, strategy_name="mirrored"):
+  """The strategy and model of `module` and `steps_per_execution`, under a
+  MirroredStrategy on 4 CPUs or a OneDeviceStrategy ("one_device").
 
   The model is in its initial state.
 
   Tracing `fit` is slow, TF's above all, so each model is made once, and
   every further run resets its weights and optimizer state.
   """
-  key = (module.__name__, steps_per_execution)
+  key = (module.__name__, steps_per_execution, strategy_name)
   if key not in _models:
-    strategy = (oracle.tf_mirrored() if module is tf.distribute
-                else tfd.MirroredStrategy())
+    if strategy_name == "one_device":
+      strategy = oracle.api(module).one_device()
+    else:
+      strategy = (oracle.tf_mirrored() if module is tf.distribute
+                  else tfd.MirroredStrategy())
     model = _make_model(strategy, steps_per_execution)
     _models[key] = (strategy, model,
                     [v.numpy() for v in model.optimizer.variables])
@@ -286,3 +290,201 @@ def test_keras_uses_our_strategy_and_variables():
     for component in components[1:]:
       np.testing.assert_allclose(component.numpy(), components[0].numpy(),
                                  atol=TOLERANCE)
+
+
+# --- Keras on the distributed datasets a strategy makes.
+#
+# Without `steps_per_epoch`, Keras takes a distributed dataset's cardinality
+# for its steps per epoch. A dataset from a function reports its pipeline's
+# cardinality, in TF as here: 18 batches of 4 examples, for 5 steps. Keras
+# then calls a sixth step, which ends the epoch when it finds no input. In
+# TF 2.21 that step races the end of input and may apply the optimizer's
+# data-independent updates (its iteration count) to some replicas' copies;
+# here it applies none (see `test_a_step_without_input_changes_nothing`).
+# So `fit` compared with TF reads datasets from a function as TF's tutorials
+# do: repeated, with `steps_per_epoch`.
+
+VALIDATION_EXAMPLES = 38  # 2 global batches of 16 and one of 6.
+
+# A run on distributed datasets: `fit` (with validation data) history,
+# weights and optimizer steps, how far the replicas' copies of the model's
+# and optimizer's variables differ after it, then `evaluate` and `predict` on
+# the 70 examples and `predict` on 3 examples, all on datasets of one kind.
+_DistributedResult = collections.namedtuple(
+    "_DistributedResult", ["history", "weights", "iterations", "replica_spread",
+                           "evaluation", "predictions", "few_predictions"])
+_distributed_results = {}
+
+
+def _distributed(strategy, kind, x, y=None, repeat=False):
+  """Examples `x` (and labels `y`) in global batches of 16, distributed by
+  `experimental_distribute_dataset` ("dataset") or by
+  `distribute_datasets_from_function` ("function", 16 / replicas a batch)."""
+  dataset = tf.data.Dataset.from_tensor_slices(x if y is None else (x, y))
+  if repeat:
+    dataset = dataset.repeat()
+  if kind == "dataset":
+    return strategy.experimental_distribute_dataset(dataset.batch(GLOBAL_BATCH))
+
+  def dataset_fn(context):
+    return dataset.shard(context.num_input_pipelines,
+                         context.input_pipeline_id).batch(
+                             context.get_per_replica_batch_size(GLOBAL_BATCH))
+  return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def _run_distributed(module, kind, steps_per_epoch=None,
+                     strategy_name="mirrored"):
+  """Fits on a distributed dataset of `kind`, validating on the first 38
+  examples reversed, then evaluates and predicts; once per set of arguments.
+
+  With `steps_per_epoch`, `fit` reads the examples repeated.
+  """
+  key = (module.__name__, kind, steps_per_epoch, strategy_name)
+  if key not in _distributed_results:
+    strategy, model = _initial_model(module, 1, strategy_name)
+    x, y = _data(PARTIAL_BATCH)
+    validation = _distributed(strategy, kind, x[:VALIDATION_EXAMPLES][::-1],
+                              y[:VALIDATION_EXAMPLES][::-1])
+    history = model.fit(
+        _distributed(strategy, kind, x, y, repeat=steps_per_epoch is not None),
+        epochs=NUM_EPOCHS, steps_per_epoch=steps_per_epoch,
+        validation_data=validation, verbose=0).history
+    _distributed_results[key] = _DistributedResult(
+        history, model.get_weights(), int(model.optimizer.iterations.numpy()),
+        _replica_spread(strategy, model.variables + model.optimizer.variables),
+        model.evaluate(_distributed(strategy, kind, x, y), verbose=0),
+        model.predict(_distributed(strategy, kind, x), verbose=0),
+        model.predict(_distributed(strategy, kind, x[:3]), verbose=0))
+  return _distributed_results[key]
+
+
+def _replica_spread(strategy, variables):
+  """The largest difference between two replicas' copies of a variable."""
+  spread = 0.0
+  for variable in variables:
+    copies = [c.numpy() for c in strategy.experimental_local_results(
+        variable.value)]
+    spread = max([spread] + [float(np.max(np.abs(c - copies[0])))
+                             for c in copies])
+  return spread
+
+
+def _plain_model_outputs(weights, x):
+  """The classifier with `weights`, made outside every strategy, on `x`."""
+  model = keras.Sequential([
+      keras.Input(shape=(NUM_FEATURES,)),
+      keras.layers.Dense(8, activation="relu"),
+      keras.layers.Dense(NUM_CLASSES)])
+  model.set_weights(weights)
+  return model(x).numpy()
+
+
+def _assert_distributed_run_matches(ours, theirs):
+  names = ["accuracy", "loss", "val_accuracy", "val_loss"]
+  assert sorted(ours.history) == sorted(theirs.history) == names
+  for name in names:
+    np.testing.assert_allclose(ours.history[name], theirs.history[name],
+                               atol=TOLERANCE, err_msg=name)
+  _assert_weights_close(ours.weights, theirs.weights)
+  assert ours.iterations == theirs.iterations
+  assert ours.replica_spread == theirs.replica_spread == 0.0
+  np.testing.assert_allclose(ours.evaluation, theirs.evaluation,
+                             atol=TOLERANCE)
+  for mine, tfs in [(ours.predictions, theirs.predictions),
+                    (ours.few_predictions, theirs.few_predictions)]:
+    assert mine.shape == tfs.shape
+    np.testing.assert_allclose(mine, tfs, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+# (kind, steps_per_epoch) of the runs on a MirroredStrategy.
+DISTRIBUTED_RUNS = pytest.mark.parametrize("kind, steps_per_epoch", [
+    ("dataset", None), ("dataset", 3), ("function", 5)])
+
+
+@DISTRIBUTED_RUNS
+def test_keras_on_distributed_datasets_matches_tf_distribute(kind,
+                                                             steps_per_epoch):
+  """`fit` with validation data, `evaluate` and `predict` on the distributed
+  datasets of a MirroredStrategy give TF's numbers.
+
+  The last global batch of the 70 (and of the 38 validation) examples holds
+  6, so some of the 4 replicas get none; `predict` on 3 examples leaves a
+  replica or three empty. With 3 steps per epoch of a repeated dataset the
+  second epoch goes on where the first stopped.
+  """
+  ours = _run_distributed(tfd, kind, steps_per_epoch)
+  theirs = _run_distributed(tf.distribute, kind, steps_per_epoch)
+  _assert_distributed_run_matches(ours, theirs)
+  assert ours.iterations == NUM_EPOCHS * (steps_per_epoch or 5)
+  assert not np.allclose(ours.history["val_loss"], ours.history["loss"])
+
+
+def test_fit_on_distributed_dataset_equals_fit_on_dataset():
+  """Keras distributes an undistributed dataset the same way: same batches,
+  same history and weights."""
+  ours = _run_distributed(tfd, "dataset")
+  on_dataset = _run(tfd, "dataset", PARTIAL_BATCH)
+  for name in ["accuracy", "loss"]:
+    np.testing.assert_allclose(ours.history[name], on_dataset.history[name],
+                               atol=TOLERANCE)
+  _assert_weights_close(ours.weights, on_dataset.weights)
+
+
+@DISTRIBUTED_RUNS
+def test_predict_on_distributed_datasets_keeps_example_order(kind,
+                                                             steps_per_epoch):
+  """Row i of `predict` is the fitted model, made without a strategy,
+  applied to example i."""
+  ours = _run_distributed(tfd, kind, steps_per_epoch)
+  x, _ = _data(PARTIAL_BATCH)
+  expected = _plain_model_outputs(ours.weights, x)
+  assert ours.predictions.shape == (PARTIAL_BATCH, NUM_CLASSES)
+  np.testing.assert_allclose(ours.predictions, expected, atol=TOLERANCE,
+                             rtol=TOLERANCE)
+  np.testing.assert_allclose(ours.few_predictions, expected[:3],
+                             atol=TOLERANCE, rtol=TOLERANCE)
+  # Accuracy is a whole number of the 70 examples.
+  correct = ours.evaluation[1] * PARTIAL_BATCH
+  assert abs(correct - round(correct)) < 1e-3
+
+
+def test_keras_on_one_device_strategy_datasets_matches_tf_distribute():
+  """The same under a OneDeviceStrategy, whose datasets give plain tensors."""
+  ours = _run_distributed(tfd, "dataset", strategy_name="one_device")
+  theirs = _run_distributed(tf.distribute, "dataset",
+                            strategy_name="one_device")
+  _assert_distributed_run_matches(ours, theirs)
+  assert ours.iterations == NUM_EPOCHS * 5
+  x, _ = _data(PARTIAL_BATCH)
+  np.testing.assert_allclose(ours.predictions,
+                             _plain_model_outputs(ours.weights, x),
+                             atol=TOLERANCE, rtol=TOLERANCE)
+
+
+@pytest.mark.parametrize("kind", ["dataset", "function"])
+def test_a_step_without_input_changes_nothing(kind):
+  """With a dataset of unknown length Keras runs one step per epoch more,
+  which finds no input: it updates no replica's copy of anything, so the
+  replicas stay equal and the optimizer counts the steps that ran."""
+  strategy = tfd.MirroredStrategy()
+  with strategy.scope():
+    model = keras.Sequential([keras.Input(shape=(NUM_FEATURES,)),
+                              keras.layers.Dense(NUM_CLASSES)])
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate=0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  x, y = _data(PARTIAL_BATCH)
+  unknown_length = tf.data.Dataset.from_tensor_slices((x, y)).filter(
+      lambda *unused: True)
+  if kind == "dataset":
+    data = unknown_length.batch(GLOBAL_BATCH)
+    steps = 5
+  else:
+    data = strategy.distribute_datasets_from_function(
+        lambda context: unknown_length.batch(4))
+    steps = 5  # 18 batches of 4 for 4 replicas, the last 2 with empty ones
+  model.fit(data, epochs=3, verbose=0)
+  iterations = [int(c) for c in strategy.experimental_local_results(
+      model.optimizer.iterations.value)]
+  assert iterations == [3 * steps] * 4
+  assert _replica_spread(strategy, model.variables + model.optimizer.variables) == 0.0

@@ -16,7 +16,12 @@ TOP_LEVEL = [
     "experimental_set_strategy", "InputContext", "InputOptions",
     "DistributedDataset", "DistributedIterator"]
 EXPERIMENTAL = ["ValueContext", "CommunicationOptions",
-                "CommunicationImplementation", "CollectiveCommunication"]
+                "CommunicationImplementation", "CollectiveCommunication",
+                "CollectiveHints"]
+PARTITIONERS = ["Partitioner", "FixedShardsPartitioner", "MinSizePartitioner",
+                "MaxSizePartitioner"]
+COMPAT_V1_EXPERIMENTAL = ["CommunicationOptions", "CommunicationImplementation",
+                          "CollectiveCommunication", "CollectiveHints"]
 COMPAT_V1 = [
     "MirroredStrategy", "OneDeviceStrategy", "Strategy", "StrategyExtended",
     "ReplicaContext", "ReduceOp", "RunOptions", "InputReplicationMode",
@@ -28,6 +33,10 @@ NAMESPACES = [
     (tfd, tf.distribute, TOP_LEVEL),
     (tfd.experimental, tf.distribute.experimental, EXPERIMENTAL),
     (tfd.compat.v1, tf.compat.v1.distribute, COMPAT_V1),
+    (tfd.experimental.partitioners, tf.distribute.experimental.partitioners,
+     PARTITIONERS),
+    (tfd.compat.v1.experimental, tf.compat.v1.distribute.experimental,
+     COMPAT_V1_EXPERIMENTAL),
 ]
 
 
@@ -79,3 +88,10 @@ def test_v1_make_numpy_dataset_signature_matches():
     (tfd.DistributedIterator, tf.distribute.DistributedIterator)])
 def test_input_classes_subclass_tensorflow_interfaces(ours, theirs):
   assert issubclass(ours, theirs)
+
+
+def test_partitioners_is_a_module_as_in_tensorflow():
+  assert inspect.ismodule(tf.distribute.experimental.partitioners)
+  assert inspect.ismodule(tfd.experimental.partitioners)
+  assert tfd.experimental.partitioners.__name__ == (
+      "tf_distribute_lite.experimental.partitioners")

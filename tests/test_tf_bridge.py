@@ -75,3 +75,33 @@ def test_copy_to_device_moves_an_eager_tensor():
   assert copy.device.endswith("CPU:2")
   assert copy.numpy().tolist() == [1.0, 2.0]
 
+
+
+def test_keras_3_takes_our_distributed_datasets_for_tensorflows():
+  """The check `KERAS_DATASET_BASES` answers: Keras 3 picks its dataset
+  adapter by base-class name and module, and accepts ours only with them."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from keras.src.trainers import data_adapters  # pylint: disable=g-import-not-at-top
+  assert _tf_bridge._keras_major_version() == int(keras.__version__.split(".")[0]) >= 3
+  strategy = tfd.MirroredStrategy(["CPU:0", "CPU:1"])
+  dataset = tf.data.Dataset.range(4).batch(2)
+  for distributed in [
+      strategy.experimental_distribute_dataset(dataset),
+      strategy.distribute_datasets_from_function(lambda _: dataset)]:
+    assert data_adapters.is_tf_dataset(distributed)
+    adapter = data_adapters.get_data_adapter(distributed)
+    assert type(adapter).__name__ == "TFDatasetAdapter"
+    assert adapter.get_tf_dataset() is distributed
+    assert adapter.num_batches == 2
+
+  class PublicInterfaceOnly(tf.distribute.DistributedDataset):
+    pass
+  assert not data_adapters.is_tf_dataset(PublicInterfaceOnly())
+
+
+def test_keras_2_and_no_keras_need_no_extra_base():
+  assert _tf_bridge._keras_dataset_bases(None) == ()
+  assert _tf_bridge._keras_dataset_bases(2) == ()
+  (base,) = _tf_bridge._keras_dataset_bases(3)
+  assert base.__name__ == "DistributedDataset"
+  assert "tensorflow.python." in base.__module__

@@ -13,8 +13,13 @@ variable-creator stack that replica threads inherit, and AutoGraph's list of
 libraries it leaves alone: like TensorFlow's own `tf.distribute` (and Keras),
 this package is library code that AutoGraph must not rewrite when a user's
 `tf.function` calls into it (rewriting it costs seconds per trace).
+
+One contact answers Keras rather than TensorFlow: Keras 3 recognises a
+distributed dataset by the name and module of a base class
+(`KERAS_DATASET_BASES`).
 """
 
+import importlib.metadata
 import threading
 
 import tensorflow as tf
@@ -147,3 +152,37 @@ def copy_to_device(eager_tensor, device):
   """`eager_tensor` copied onto `device`: one C call, where `tf.identity`
   under `tf.device` costs ten times as much per step of an input loop."""
   return eager_tensor._copy_to_device(device)  # pylint: disable=protected-access
+
+
+def _keras_major_version():
+  """The installed Keras' major version (None without Keras), read from its
+  package metadata: importing Keras here would cost every user seconds."""
+  try:
+    return int(importlib.metadata.version("keras").split(".")[0])
+  except (importlib.metadata.PackageNotFoundError, ValueError):
+    return None
+
+
+def _keras_dataset_bases(keras_major_version):
+  """Extra base classes of our distributed datasets, for Keras to accept them.
+
+  Keras 3's `fit`, `evaluate` and `predict` choose a data adapter with
+  `keras.src.trainers.data_adapters.is_tf_dataset`, which accepts an object
+  only if a class in its MRO is named `DistributedDataset` (or `DatasetV2`,
+  `DistributedDatasetsFromFunction`) and has a module under
+  `tensorflow.python.`; `isinstance(x, tf.distribute.DistributedDataset)`
+  is not enough. Past that check Keras uses only the public interface
+  (`isinstance` against `tf.distribute.DistributedDataset` and
+  `DistributedIterator`, iteration, `get_next_as_optional`, `cardinality`,
+  `element_spec`, `strategy.run`). An empty class named like TensorFlow's
+  own distributed dataset answers the check. Keras 2 checks with
+  `isinstance` and needs none.
+  """
+  if keras_major_version is None or keras_major_version < 3:
+    return ()
+  return (type("DistributedDataset", (), {
+      "__module__": "tensorflow.python.distribute.input_lib",
+      "__doc__": "Marks a distributed dataset for Keras 3's data adapters."}),)
+
+
+KERAS_DATASET_BASES = _keras_dataset_bases(_keras_major_version())

@@ -1,6 +1,9 @@
 """Options for cross-device communication (all-reduce, all-gather)."""
 
 import enum
+import numbers
+
+from tf_distribute_lite import deprecation
 
 
 class CommunicationImplementation(enum.Enum):
@@ -25,7 +28,7 @@ class CommunicationOptions:
   """Hints for cross-device communication such as all-reduce.
 
   Args:
-    bytes_per_pack: a non-negative integer. Collectives on many tensors are
+    bytes_per_pack: a non-negative number. Collectives on many tensors are
       batched into packs of about this many bytes; 0 lets the implementation
       choose.
     timeout_seconds: a float or None. A collective that takes longer raises
@@ -39,7 +42,11 @@ class CommunicationOptions:
 
   def __init__(self, bytes_per_pack=0, timeout_seconds=None,
                implementation=CommunicationImplementation.AUTO):
-    if not isinstance(bytes_per_pack, int) or bytes_per_pack < 0:
+    if not isinstance(bytes_per_pack, numbers.Real):
+      raise TypeError(
+          f"Argument `bytes_per_pack` must be a non-negative number, "
+          f"Received {bytes_per_pack!r} of type {type(bytes_per_pack).__name__}.")
+    if bytes_per_pack < 0:
       raise ValueError(
           f"Argument `bytes_per_pack` must be >=0, Received {bytes_per_pack}.")
     if isinstance(implementation, str):
@@ -70,3 +77,35 @@ class CommunicationOptions:
     return (f"Options(bytes_per_pack={self.bytes_per_pack},"
             f"timeout_seconds={self.timeout_seconds}, "
             f"implementation={self.implementation})")
+
+
+class CollectiveHints:
+  """Deprecated: use `CommunicationOptions`, which it makes.
+
+  The hints a collective took before `CommunicationOptions`; what it makes
+  is a `CommunicationOptions`, so it goes wherever options do, as in
+  TensorFlow.
+
+  >>> hints = CollectiveHints(bytes_per_pack=1024, timeout_seconds=30.0)
+  >>> print(hints)
+  Options(bytes_per_pack=1024,timeout_seconds=30.0, implementation=CommunicationImplementation.AUTO)
+  >>> def replica_fn():
+  ...   context = tf_distribute_lite.get_replica_context()
+  ...   value = tf.cast(context.replica_id_in_sync_group + 1, tf.float32)
+  ...   return context.all_reduce("SUM", value, options=hints)
+  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> result = strategy.run(replica_fn)
+  >>> [float(v) for v in strategy.experimental_local_results(result)]
+  [3.0, 3.0]
+
+  Args:
+    bytes_per_pack: a non-negative number, as for `CommunicationOptions`.
+    timeout_seconds: a float or None, as for `CommunicationOptions`.
+  """
+
+  def __new__(cls, bytes_per_pack=0, timeout_seconds=None):
+    deprecation.warn_once(
+        "CollectiveHints",
+        "use `tf_distribute_lite.experimental.CommunicationOptions` instead.")
+    return CommunicationOptions(bytes_per_pack=bytes_per_pack,
+                                timeout_seconds=timeout_seconds)

@@ -228,6 +228,12 @@ class ReductionToOneDevice(CrossDeviceOps):
 _FALLBACK = ReductionToOneDevice()
 
 
+def all_reduces_in_place(ops):
+  """Whether `ops` all-reduces between the devices the values live on
+  (so values must sit on their replicas' devices to take that path)."""
+  return isinstance(ops, _AllReduce)
+
+
 class _AllReduce(CrossDeviceOps):
   """Shared structure of the all-reduce algorithms.
 

@@ -143,6 +143,12 @@ class Strategy:
     values, `Mirrored` values, or plain values where every replica returned
     the same object (or there is one replica).
 
+    Inside a `tf.function`, no op of the step starts before every replica's
+    input is there, so a step whose input fails (a dataset that has run out)
+    applies none of its updates. TensorFlow 2.21 may apply some of them
+    (Keras' iteration count, say) to some replicas' copies of a variable and
+    not to others.
+
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> strategy.run(lambda x: x + 1, args=(tf.constant(1),))
     PerReplica:{
@@ -154,7 +160,8 @@ class Strategy:
     kwargs = {} if kwargs is None else kwargs
     _check_run_arguments(args, kwargs)
     _check_replica_counts(self, args, "args")
-    _check_replica_counts(self, kwargs, "kwargs")
+    if kwargs:
+      _check_replica_counts(self, kwargs, "kwargs")
     with self.scope():
       return self._extended._call_for_each_replica(fn, args, kwargs)  # pylint: disable=protected-access
 
@@ -339,15 +346,26 @@ def _check_run_arguments(args, kwargs):
 
 def _check_replica_counts(strategy, structure, argument):
   expected = strategy.num_replicas_in_sync
-  for path, value in values_lib.flatten_with_paths(structure):
-    if (isinstance(value, tf.distribute.DistributedValues) and
-        not values_lib.is_distributed_variable(value) and
-        len(value.values) != expected):
-      raise ValueError(
-          f"`{argument}`{path} of strategy.run holds "
-          f"{len(value.values)} per-replica values, but the strategy has "
-          f"{expected} replicas: distributed values passed to run must come "
-          f"from the same strategy.")
+  if all(_replica_count(leaf) in (None, expected)
+         for leaf in tf.nest.flatten(structure)):
+    return
+  count, path = next(
+      ((_replica_count(value), path) for path, value in
+       values_lib.flatten_with_paths(structure)
+       if _replica_count(value) not in (None, expected)),
+      (max(_replica_count(leaf) or 0 for leaf in tf.nest.flatten(structure)), ""))
+  raise ValueError(
+      f"`{argument}`{path} of strategy.run holds {count} "
+      f"per-replica values, but the strategy has {expected} replicas: "
+      f"distributed values passed to run must come from the same strategy.")
+
+
+def _replica_count(value):
+  """How many per-replica components `value` has, None if not distributed."""
+  if (isinstance(value, tf.distribute.DistributedValues) and
+      not values_lib.is_distributed_variable(value)):
+    return len(value.values)
+  return None
 
 
 def _checked_axes(axis, tensor):

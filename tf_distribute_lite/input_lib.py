@@ -120,12 +120,15 @@ def _buffer_size(options):
 
 
 class DistributedDataset(tf.distribute.DistributedDataset,
-                         tf.__internal__.CompositeTensor):
+                         tf.__internal__.CompositeTensor,
+                         *_tf_bridge.KERAS_DATASET_BASES):
   """Batches for every replica, one step at a time; made by
   `strategy.experimental_distribute_dataset`.
 
   It cannot be transformed further: apply `tf.data` transformations before
   distributing, or use `strategy.distribute_datasets_from_function`.
+  Keras 3's `fit`, `evaluate` and `predict` take it (and a
+  `DistributedDatasetsFromFunction`) as they take TensorFlow's.
 
   >>> dist = distribute_dataset(tf.data.Dataset.range(4).batch(2),
   ...                           ["CPU:0", "CPU:1"], host="CPU:0")

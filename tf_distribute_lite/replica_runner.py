@@ -94,6 +94,29 @@ class _ReplicaThread(threading.Thread):
     return self.merge_result
 
 
+def conversion_guard():
+  """Keeps AutoGraph's per-thread state intact if replica code fails on the
+  caller's thread; only tracing converts code, so eagerly it does nothing."""
+  if tf.executing_eagerly():
+    return contextlib.nullcontext()
+  return _tf_bridge.TraceMapperGuard()
+
+
+def _input_barrier(replica_inputs):
+  """In a graph, `[op]` where `op` waits for every replica's input tensors.
+
+  Every op of the step depends on it, so none starts before the whole step's
+  input is there, as with a function call. Otherwise a step whose input
+  fails at run time (the end of a dataset) could apply some of its updates:
+  some components of a variable updated and others not.
+  """
+  if tf.executing_eagerly():
+    return []
+  tensors = [t for t in tf.nest.flatten(replica_inputs, expand_composites=True)
+             if tf.is_tensor(t)]
+  return [tf.group(tensors, name="replica_inputs")] if tensors else []
+
+
 class ReplicaRunner:
   """Calls `fn` once per replica and returns the per-replica results.
 
@@ -111,10 +134,13 @@ class ReplicaRunner:
     self._inputs = replica_inputs
     self._devices = devices
     self._make_replica_context = make_replica_context
-    self._state = _ThreadState()
+    self._state = None
     self._threads = None
     self._main_thread = threading.current_thread()
     self._created_variables = []
+    self._taken_variables = [0] * len(replica_inputs)
+    self._running = threading.local()
+    self._input_barrier = []
     self._merge_calls = 0
     self.aborting = False
 
@@ -123,7 +149,9 @@ class ReplicaRunner:
     return len(self._inputs)
 
   def run(self):
-    with _tf_bridge.TraceMapperGuard():
+    with conversion_guard(), tf.variable_creator_scope(self._share_variable):
+      self._state = _ThreadState()
+      self._input_barrier = _input_barrier(self._inputs)
       try:
         first = self.call_replica(0)
       except BaseException:
@@ -148,30 +176,33 @@ class ReplicaRunner:
     """Runs `fn` as replica `replica_id` on the current thread."""
     args, kwargs = self._inputs[replica_id]
     replica_context = self._make_replica_context(replica_id, self)
-    with replica_context, tf.device(self._devices[replica_id]), \
-        tf.variable_creator_scope(self._share_variables(replica_id)):
-      if replica_id > 0 and not tf.executing_eagerly():
-        with tf.name_scope(f"replica_{replica_id}"):
-          return self._fn(*args, **kwargs)
-      return self._fn(*args, **kwargs)
+    self._running.replica_id = replica_id
+    try:
+      with replica_context, tf.device(self._devices[replica_id]), \
+          tf.control_dependencies(self._input_barrier):
+        if replica_id > 0 and not tf.executing_eagerly():
+          with tf.name_scope(f"replica_{replica_id}"):
+            return self._fn(*args, **kwargs)
+        return self._fn(*args, **kwargs)
+    finally:
+      self._running.replica_id = None
 
-  def _share_variables(self, replica_id):
+  def _share_variable(self, next_creator, **kwargs):
     """Replica 0 creates variables; the others get the same ones, in order."""
-    taken = [0]
-
-    def creator(next_creator, **kwargs):
+    replica_id = getattr(self._running, "replica_id", None)
+    if not replica_id:
+      variable = next_creator(**kwargs)
       if replica_id == 0:
-        variable = next_creator(**kwargs)
         self._created_variables.append(variable)
-        return variable
-      if taken[0] >= len(self._created_variables):
-        raise RuntimeError(
-            f"Replica {replica_id} created variable {kwargs.get('name')!r} "
-            f"that replica 0 did not create: every replica must create the "
-            f"same variables in the same order.")
-      taken[0] += 1
-      return self._created_variables[taken[0] - 1]
-    return creator
+      return variable
+    taken = self._taken_variables[replica_id]
+    if taken >= len(self._created_variables):
+      raise RuntimeError(
+          f"Replica {replica_id} created variable {kwargs.get('name')!r} "
+          f"that replica 0 did not create: every replica must create the "
+          f"same variables in the same order.")
+    self._taken_variables[replica_id] = taken + 1
+    return self._created_variables[taken]
 
   def merge_call(self, replica_id, merge_fn, args, kwargs):
     """Pauses replica `replica_id` until all replicas call merge; runs it."""
