@@ -163,16 +163,17 @@ LEARNING_RATE = 0.1
 
 
 class _Mlp:
-  """784-256-10 MLP and its SGD training step, for one implementation."""
+  """An MLP (784-256-10 unless `widths` says otherwise) and its SGD training
+  step, for one implementation."""
 
-  def __init__(self, module):
+  def __init__(self, module, widths=(784, 256, 10)):
     rng = np.random.default_rng(0)
-    self.initial = [rng.normal(0, 0.05, (784, 256)).astype(np.float32),
-                    np.zeros(256, np.float32),
-                    rng.normal(0, 0.05, (256, 10)).astype(np.float32),
-                    np.zeros(10, np.float32)]
-    self.x = rng.random((GLOBAL_BATCH, 784), np.float32)
-    self.y = rng.integers(0, 10, GLOBAL_BATCH).astype(np.int32)
+    self.initial = []
+    for fan_in, fan_out in zip(widths[:-1], widths[1:]):
+      self.initial += [rng.normal(0, 0.05, (fan_in, fan_out)).astype(np.float32),
+                       np.zeros(fan_out, np.float32)]
+    self.x = rng.random((GLOBAL_BATCH, widths[0]), np.float32)
+    self.y = rng.integers(0, widths[-1], GLOBAL_BATCH).astype(np.int32)
     self.strategy = strategy = make_strategy(module)
     with scope(strategy):
       self.params = params = [tf.Variable(v) for v in self.initial]
@@ -180,8 +181,11 @@ class _Mlp:
 
     def step_fn(x, y):
       with tf.GradientTape() as tape:
-        w1, b1, w2, b2 = params
-        logits = tf.nn.relu(x @ w1 + b1) @ w2 + b2
+        logits = x
+        for i in range(0, len(params), 2):
+          logits = logits @ params[i] + params[i + 1]
+          if i + 2 < len(params):
+            logits = tf.nn.relu(logits)
         losses = tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
         loss = tf.reduce_sum(losses) / tf.cast(tf.shape(x)[0] * replicas,
                                                tf.float32)
@@ -235,9 +239,9 @@ def mlp_first_call(module, budget):
   return ms, {"loss_1": float(loss), **mlp.weight_change()}
 
 
-def mlp_retrace(module, budget):
+def mlp_retrace(module, budget, widths=(784, 256, 10)):
   del budget
-  mlp = _Mlp(module)
+  mlp = _Mlp(module, widths)
   x, y = mlp.batch(GLOBAL_BATCH)
   x_half, y_half = mlp.batch(GLOBAL_BATCH // 2)
   for _ in range(2):
@@ -247,6 +251,11 @@ def mlp_retrace(module, budget):
   if mlp.train_step.experimental_get_tracing_count() != traces + 1:
     raise RuntimeError("the call with a new batch size did not retrace")
   return ms, {"loss_3": float(loss), **mlp.weight_change()}
+
+
+def deep_mlp_retrace(module, budget):
+  """`mlp_retrace` of a 20-layer MLP (128 wide): tracing cost dominates."""
+  return mlp_retrace(module, budget, widths=(128,) * 21)
 
 
 # --- 3. All-reduce of ~16 MB per replica in a tf.function.
@@ -475,6 +484,6 @@ def iterator_teardown(module, budget):
 
 SCENARIOS = {f.__name__: f for f in (
     eager_run_1, eager_run_4, mlp_step, mlp_first_call, mlp_retrace,
-    allreduce_16mb, reduce_none, reduce_axis0, build_20_layer_mlp,
+    deep_mlp_retrace, allreduce_16mb, reduce_none, reduce_axis0, build_20_layer_mlp,
     dataset_iter_python, dataset_iter_function, iterator_create,
     iterator_teardown)}

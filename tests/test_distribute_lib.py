@@ -230,6 +230,38 @@ def test_reduce_partial_batch_divides_by_the_true_count(run_mode, op, axis, expe
   assert float(result) == expected
 
 
+def _ragged_rows(a, dtype=tf.float32):
+  """Replica i holds a [2, i + 1] block: rows of different lengths."""
+  return a.mirrored.experimental_distribute_values_from_function(
+      lambda ctx: tf.cast(tf.reshape(tf.range(2 * (ctx.replica_id_in_sync_group + 1)),
+                                     [2, -1]), dtype))
+
+
+@pytest.mark.parametrize("op, axis", [("SUM", [0, 1]), ("MEAN", [0, 1]),
+                                      ("MEAN", [1, 0]), ("SUM", 1)])
+def test_reduce_along_axes_of_blocks_of_different_widths(run_mode, op, axis):
+  # TF 2.21 takes only one axis (a list raises TypeError: unhashable type).
+  reduce = lambda a: a.mirrored.reduce(op, _ragged_rows(a), axis=axis)
+  result = both(reduce, run_mode) if axis == 1 else run_mode(lambda: reduce(TFD))
+  widths = [1, 2, 3, 4]
+  totals = [sum(range(2 * w)) for w in widths]
+  if axis == 1:
+    assert result.numpy().tolist() == [
+        sum(sum(range(w)) for w in widths), sum(sum(range(w, 2 * w)) for w in widths)]
+  elif op == "SUM":
+    assert float(result) == sum(totals)
+  else:
+    assert float(result) == pytest.approx(sum(totals) / (2 * sum(widths)))
+
+
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64, tf.float64])
+def test_reduce_mean_along_an_axis_keeps_tf_dtypes(dtype, run_mode):
+  result = both(lambda a: a.mirrored.reduce(
+      "MEAN", _ragged_rows(a, dtype), axis=1), run_mode)
+  assert result.dtype == tf.float64
+  assert result.numpy().tolist() == [1.0, 4.0]
+
+
 def test_reduce_partial_batch_without_axis_raises():
   error = both(lambda a: a.pair.reduce("MEAN", _partial_batch(a), axis=None))
   assert isinstance(error, tf.errors.InvalidArgumentError)

@@ -80,10 +80,19 @@ def copy_to_device(value, device):
     return tf.identity(value)
 
 
+def _device_of(value):
+  """The canonical device of a tensor, or None where it has none yet."""
+  device = getattr(value, "device", None)
+  return device_util.canonicalize(device) if device else None
+
+
 def simple_broadcast(value, destinations, always_mirrored=False):
-  """Copies `value` to every destination device."""
+  """Copies `value` to every destination device (one already there is
+  returned as it is)."""
   devices = devices_of(destinations)
   if len(devices) == 1 and not always_mirrored:
+    if _device_of(value) == devices[0]:
+      return value
     return copy_to_device(value, devices[0])
   return values_lib.regroup([copy_to_device(value, d) for d in devices],
                             values_lib.Mirrored)
@@ -330,7 +339,7 @@ class _PackedByCount(_AllReduce):
 
   def reduce_implementation(self, reduce_op, per_replica_value, destinations,
                             options):
-    if any(tf.DeviceSpec.from_string(d).device_type == "CPU"
+    if any(device_util.device_type(d) == "CPU"
            for d in devices_of(destinations)):
       return _FALLBACK.reduce_implementation(
           reduce_op, per_replica_value, destinations, options)
@@ -417,7 +426,7 @@ class NcclAllReduce(_PackedByCount):
     self._names = itertools.count()
 
   def _all_reduce_dense(self, per_device, devices, options):
-    not_gpu = [d for d in devices if tf.DeviceSpec.from_string(d).device_type != "GPU"]
+    not_gpu = [d for d in devices if device_util.device_type(d) != "GPU"]
     if not_gpu:
       raise tf.errors.InvalidArgumentError(
           None, None,

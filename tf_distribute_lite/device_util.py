@@ -37,6 +37,16 @@ def canonicalize(device, default=_LOCAL_JOB):
   return spec.replace(replica=spec.replica or 0, task=spec.task or 0).to_string()
 
 
+@functools.lru_cache(maxsize=1024)
+def device_type(device):
+  """The device type ("CPU", "GPU", "TPU", ...) that `device` names.
+
+  >>> device_type("/job:localhost/replica:0/task:0/device:GPU:1")
+  'GPU'
+  """
+  return _parse(device, "device").device_type
+
+
 def _parse(device, argument):
   if isinstance(device, tf.DeviceSpec):
     return device

@@ -182,16 +182,20 @@ class Strategy:
     contexts.require_cross_replica_or_default(self)
     reduce_op = ReduceOp.from_any(reduce_op)
     if axis is None:
-      return tf.nest.map_structure(
-          lambda v: self._extended._reduce(reduce_op, v), value)  # pylint: disable=protected-access
-    return tf.nest.map_structure(
-        lambda v: self._reduce_along(reduce_op, v, axis), value)
+      reduce_one = lambda v: self._extended._reduce(reduce_op, v)  # pylint: disable=protected-access
+    else:
+      reduce_one = lambda v: self._reduce_along(reduce_op, v, axis)
+    if tf.nest.is_nested(value):
+      return tf.nest.map_structure(reduce_one, value)
+    return reduce_one(value)
 
   def _reduce_along(self, reduce_op, value, axis):
     if isinstance(value, tf.distribute.DistributedValues):
       components = value.values
     else:
       components = (value,) * self.num_replicas_in_sync
+    if len(components) == self.num_replicas_in_sync:
+      return _reduce_local_along(reduce_op, components, axis)
     sums, counts = [], []
     for component in components:
       with tf.device(getattr(component, "device", None) or None):
@@ -366,6 +370,42 @@ def _replica_count(value):
       not values_lib.is_distributed_variable(value)):
     return len(value.values)
   return None
+
+
+def _reduce_local_along(reduce_op, components, axis):
+  """`Strategy.reduce` along `axis` of components that all live in this
+  process: on the current device, joined along the first reduced axis where
+  their shapes allow, so it costs what one `reduce_sum` of the batch does."""
+  with tf.device(device_util.current() or "/device:CPU:0"):
+    tensors = [c if isinstance(c, tf.Tensor) else tf.convert_to_tensor(c)
+               for c in components]
+    axes = _checked_axes(axis, tensors[0])
+    parts = _joined(tensors, axes)
+    if len(parts) == 1 and (reduce_op == ReduceOp.SUM or parts[0].dtype.is_floating):
+      reduce = tf.reduce_sum if reduce_op == ReduceOp.SUM else tf.reduce_mean
+      return reduce(parts[0], axis=axes)
+    total = tf.math.add_n([tf.reduce_sum(p, axis=axes) for p in parts])
+    if reduce_op == ReduceOp.SUM:
+      return total
+    counts = [_element_count(p, axes) for p in parts]
+    if all(isinstance(c, int) for c in counts):
+      count = sum(counts)
+    else:
+      count = tf.math.add_n([tf.cast(c, tf.int64) for c in counts])
+    return tf.math.truediv(total, tf.cast(count, total.dtype))
+
+
+def _joined(tensors, axes):
+  """`[tf.concat(tensors)]` along the first of `axes` when the tensors agree
+  on every other dimension (statically), else `tensors` unchanged."""
+  if len(tensors) == 1 or tensors[0].shape.rank is None:
+    return tensors
+  first = (axes[0] if isinstance(axes, list) else axes) % tensors[0].shape.rank
+  rest = [t.shape.as_list() if t.shape.rank is not None else None for t in tensors]
+  rest = [None if r is None else r[:first] + r[first + 1:] for r in rest]
+  if None in rest[0] or any(r != rest[0] for r in rest[1:]):
+    return tensors
+  return [tf.concat(tensors, axis=first)]
 
 
 def _checked_axes(axis, tensor):
@@ -739,11 +779,21 @@ class ReplicaContext:
       return tf.nest.pack_sequence_as(
           value, self.merge_call(batch_all_reduce, args=flat))
 
+    reduced = self.merge_call(batch_all_reduce, args=flat)
+
+    # The results take their gradient from here, not through the merge, which
+    # reads other replicas' values (and records on another thread's tape).
+    # Taking `reduced` as arguments keeps TensorFlow's search for variables
+    # used inside the function from walking every replica's graph.
     @tf.custom_gradient
-    def all_reduce_with_gradient(*xs):
-      ys = self.merge_call(batch_all_reduce, args=xs)
-      return ys, lambda *dys: self.all_reduce(reduce_op, list(dys), options)
-    return tf.nest.pack_sequence_as(value, all_reduce_with_gradient(*flat))
+    def with_gradient(*xs_and_ys):
+      ys = xs_and_ys[len(flat):]
+
+      def gradient(*dys):
+        return (self.all_reduce(reduce_op, list(dys), options) +
+                [None] * len(ys))
+      return list(ys), gradient
+    return tf.nest.pack_sequence_as(value, with_gradient(*flat, *reduced))
 
   def _update(self, var, fn, args=(), kwargs=None, group=True):
     """Runs `fn(component, *args, **kwargs)` on each component of `var`,

@@ -192,6 +192,14 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     were made), else `destinations` itself."""
     return self._devices if self._is_per_replica(destinations) else destinations
 
+  def _reduce(self, reduce_op, value):
+    destination = device_util.current() or "/device:CPU:0"
+    if (type(value) is values_lib.PerReplica and self._is_per_replica(value) and
+        device_util.device_type(destination) == "CPU"):
+      # What `_reduce_to` does onto one CPU, without its dispatch.
+      return cross_device_ops_lib.reduce_on_device(reduce_op, value, destination)
+    return super()._reduce(reduce_op, value)
+
   def _reduce_to(self, reduce_op, value, destinations, options):
     if reduce_op == ReduceOp.MEAN and _is_mirrored(value):
       return value
@@ -201,7 +209,7 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     devices = cross_device_ops_lib.devices_of(destinations)
     ops = self._cross_device_ops_for(value)
     value = self._placed(value, ops)
-    on_host = any(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in devices)
+    on_host = any(device_util.device_type(d) == "CPU" for d in devices)
     if on_host or devices != cross_device_ops_lib.devices_of(value):
       return self._host_ops.reduce(reduce_op, value, destinations)
     return ops.reduce(reduce_op, value, destinations, options)
@@ -384,7 +392,7 @@ def _default_cross_device_ops(devices):
         "placement), and reductions use ReductionToOneDevice.",
         ", ".join(missing))
     return cross_device_ops_lib.ReductionToOneDevice()
-  types = {tf.DeviceSpec.from_string(d).device_type for d in devices}
+  types = {device_util.device_type(d) for d in devices}
   if types != {"GPU"}:
     return cross_device_ops_lib.ReductionToOneDevice()
   if len(tf.config.list_physical_devices("GPU")) >= len(tf.config.list_logical_devices("GPU")):
