@@ -368,12 +368,6 @@ class MirroredVariable(DistributedVariable, tf.types.experimental.distributed.Mi
   def _get_cross_replica(self):
     return self._get_on_device_or_primary()
 
-  def value(self):
-    if self._current_replica_id() is None and not _tf_bridge.saving_without_distribution():
-      # Hand out a copy, so the cross-replica value cannot be assigned to.
-      return tf.identity(self._get_cross_replica().value())
-    return super().value()
-
   def _update_in_replica(self, update_fn, value, method):
     if self._aggregation == tf.VariableAggregation.NONE:
       return update_fn(self._get(), value)

@@ -338,9 +338,15 @@ def _shared_value_on(value, destinations):
 
 
 def _copy_of(primary):
-  """The initial value of component i > 0: the primary's value."""
+  """The initial value of components i > 0: the primary's value, read once
+  for all of them (each variable copies it onto its own device)."""
+  reads = {}
+
   def initial_value():
-    return tf.identity(tf.stop_gradient(primary.value()))
+    graph = tf.compat.v1.get_default_graph()
+    if graph not in reads:
+      reads[graph] = primary.value()
+    return reads[graph]
   return initial_value
 
 
