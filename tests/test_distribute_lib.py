@@ -756,3 +756,19 @@ def test_reduce_to_the_devices_of_a_distributed_value(reduce_op, expected):
   assert [float(v) for v in reduce()] == [expected, expected]
   assert [float(v) for v in tf.function(reduce)()] == [expected, expected]
   assert traced_devices == [list(DEVICES[:2])] * 2
+
+
+def test_all_reduce_outside_a_tape_builds_no_gradient_ops():
+  strategy = TFD.pair
+  ids = TFD.replica_ids(strategy)
+
+  def step(with_tape):
+    def replica_fn(x):
+      if with_tape:
+        with tf.GradientTape():
+          return tfd.get_replica_context().all_reduce("SUM", x)
+      return tfd.get_replica_context().all_reduce("SUM", x)
+    return strategy.run(replica_fn, args=(ids,))
+  for with_tape, identity_ns in [(False, 0), (True, 2)]:
+    graph = tf.function(lambda: step(with_tape)).get_concrete_function().graph  # pylint: disable=cell-var-from-loop
+    assert [op.type for op in graph.get_operations()].count("IdentityN") == identity_ns

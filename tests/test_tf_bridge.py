@@ -105,3 +105,16 @@ def test_keras_2_and_no_keras_need_no_extra_base():
   (base,) = _tf_bridge._keras_dataset_bases(3)
   assert base.__name__ == "DistributedDataset"
   assert "tensorflow.python." in base.__module__
+
+
+def test_gradient_tape_active():
+  assert not _tf_bridge.gradient_tape_active()
+  with tf.GradientTape():
+    assert _tf_bridge.gradient_tape_active()
+
+  @tf.function
+  def traced():
+    with tf.GradientTape():
+      inside = _tf_bridge.gradient_tape_active()
+    return tf.constant([inside, _tf_bridge.gradient_tape_active()])
+  assert traced().numpy().tolist() == [True, False]

@@ -42,6 +42,11 @@ def _check_tensorflow():
     autograph_config.CONVERSION_RULES  # pylint: disable=pointless-statement
   except (ImportError, AttributeError):
     missing.append("autograph.core.config.CONVERSION_RULES")
+  try:
+    from tensorflow.python.eager import record  # pylint: disable=g-import-not-at-top
+    record.could_possibly_record  # pylint: disable=pointless-statement
+  except (ImportError, AttributeError):
+    missing.append("eager.record.could_possibly_record")
   if missing or not tf.__version__.startswith("2."):
     raise ImportError(
         f"tf_distribute_lite does not recognise the internals of TensorFlow "
@@ -140,6 +145,12 @@ class TraceMapperGuard:
       for stack, depth in zip(self._stacks, self._depths):
         del stack[depth:]
     return False
+
+
+def gradient_tape_active():
+  """Whether any `tf.GradientTape` is recording on this thread."""
+  from tensorflow.python.eager import record  # pylint: disable=g-import-not-at-top
+  return record.could_possibly_record()
 
 
 def flat_tensor_specs(element_spec):

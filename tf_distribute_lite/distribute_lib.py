@@ -15,6 +15,7 @@ import weakref
 
 import tensorflow as tf
 
+from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import contexts
 from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
@@ -780,6 +781,8 @@ class ReplicaContext:
           value, self.merge_call(batch_all_reduce, args=flat))
 
     reduced = self.merge_call(batch_all_reduce, args=flat)
+    if not _tf_bridge.gradient_tape_active():
+      return tf.nest.pack_sequence_as(value, reduced)
 
     # The results take their gradient from here, not through the merge, which
     # reads other replicas' values (and records on another thread's tape).
