@@ -782,7 +782,10 @@ class ReplicaContext:
 
     reduced = self.merge_call(batch_all_reduce, args=flat)
     if not _tf_bridge.gradient_tape_active():
-      return tf.nest.pack_sequence_as(value, reduced)
+      # A shared value comes back as itself; each replica gets its own copy,
+      # on its own device, as TensorFlow's results are.
+      return tf.nest.pack_sequence_as(
+          value, [tf.identity(r) if r is x else r for x, r in zip(flat, reduced)])
 
     # The results take their gradient from here, not through the merge, which
     # reads other replicas' values (and records on another thread's tape).
