@@ -21,6 +21,11 @@ random linear teacher plus noise), so the loss must fall; the script exits
 with status 1 if the last epoch's loss is not below the first's.
 
   python examples/custom_training_loop.py --epochs 5 --global-batch 256
+
+On several machines: run the same command on each, with a `TF_CONFIG` that
+lists every machine and says which one this is; the script then trains with
+`tfd.MultiWorkerMirroredStrategy` (one replica per GPU, or per machine
+without GPUs) and each global batch is shared among all machines' replicas.
 """
 
 import argparse
@@ -73,7 +78,10 @@ def main(argv=None):
                  f"Received: epochs={args.epochs}")
 
   configure_devices()
-  strategy = tfd.MirroredStrategy()
+  if os.environ.get("TF_CONFIG"):
+    strategy = tfd.MultiWorkerMirroredStrategy()
+  else:
+    strategy = tfd.MirroredStrategy()
   replicas = strategy.num_replicas_in_sync
   print(f"devices: {', '.join(strategy.extended.worker_devices)}")
   print(f"replicas in sync: {replicas}")

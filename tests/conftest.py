@@ -25,6 +25,12 @@ DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}"
                 for i in range(NUM_DEVICES))
 
 
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "multi_worker: starts a cluster of worker processes on this "
+      "machine (deselect with -m 'not multi_worker')")
+
+
 @pytest.fixture(params=["eager", "function"])
 def run_mode(request):
   """Runs a zero-argument callable eagerly or inside a `tf.function`."""

@@ -2,9 +2,10 @@
 
 `auto_shard` is checked for every `AutoShardPolicy` against the elements or
 files each worker must read, spelled out, and where it can be imported
-against tf.data's own `_AutoShardDataset`. `distribute_dataset` with an
-`InputContext` must give each worker's replicas exactly that worker's share
-of every global batch.
+against tf.data's own `_AutoShardDataset`. `worker_share`, and
+`distribute_dataset` with an `InputContext` of several workers, must give
+each worker's replicas exactly the pieces of every global batch that
+TensorFlow's own multi-worker input pipeline gives them.
 
 The file datasets read 6 files (TFRecord or text), file `f` holding the
 records `b"f{f}-r0"`, `b"f{f}-r1"`, `b"f{f}-r2"`.
@@ -16,8 +17,11 @@ import tensorflow as tf
 import tf_distribute_lite as tfd
 from tf_distribute_lite import input_lib
 from tf_distribute_lite.auto_shard import auto_shard
+from tf_distribute_lite.auto_shard import piece_sizes
+from tf_distribute_lite.auto_shard import worker_share
 
 from conftest import DEVICES
+import oracle
 
 Policy = tf.data.experimental.AutoShardPolicy
 SHARD_HINT = tf.data.experimental.SHARD_HINT
@@ -385,11 +389,23 @@ def test_invalid_worker_index_raises(policy, num_workers, worker_index):
     auto_shard(dataset, num_workers, worker_index, 4)
 
 
-# --- Through distribute_dataset.
+# --- Through distribute_dataset: each worker's pieces of every global batch.
+
+
+def _tf_worker_pieces(dataset, num_workers, index):
+  """TensorFlow's own input pipeline of worker `index` (4 replicas) in a
+  multi-worker strategy: its stream of per-replica pieces."""
+  from tensorflow.python.distribute import input_lib as tf_input_lib  # pylint: disable=g-import-not-at-top
+  workers = tf_input_lib.InputWorkers([(DEVICES[0], DEVICES)])
+  context = tf.distribute.InputContext(num_workers, index, len(DEVICES) * num_workers)
+  dist = tf_input_lib.DistributedDataset(
+      workers, oracle.tf_mirrored(), dataset,
+      num_replicas_in_sync=len(DEVICES) * num_workers, input_context=context)
+  return [_to_python(x) for x in dist._cloned_datasets[0]]  # pylint: disable=protected-access
 
 
 def _distributed_steps(dataset, num_workers, index):
-  """Worker `index`'s steps: per step, each replica's part as a list."""
+  """Worker `index`'s steps: per step, each of its 4 replicas' parts."""
   context = tfd.InputContext(num_input_pipelines=num_workers,
                              input_pipeline_id=index,
                              num_replicas_in_sync=len(DEVICES) * num_workers)
@@ -403,70 +419,63 @@ def _distributed_steps(dataset, num_workers, index):
 
 
 def _check_distributed(make_dataset, policy, num_workers):
-  """Per worker, the replicas' parts concatenated are its sharded batches.
-
-  Returns each worker's steps of replica parts.
-  """
+  """Per worker, its replicas' parts are TensorFlow's pieces for it, in
+  order (a last step padded with empty parts). Returns each worker's steps."""
   all_steps = []
   for index in range(num_workers):
-    steps = _distributed_steps(_with_policy(make_dataset(), policy),
-                               num_workers, index)
-    expected = _elements(_tf_auto_shard(_with_policy(make_dataset(), policy),
-                                        num_workers, index,
-                                        len(DEVICES) * num_workers))
-    assert [sum(parts, []) for parts in steps] == expected
+    steps = _distributed_steps(_with_policy(make_dataset(), policy), num_workers, index)
+    expected = _tf_worker_pieces(_with_policy(make_dataset(), policy), num_workers, index)
+    parts = [part for step in steps for part in step]
+    assert parts[:len(expected)] == expected
+    assert all(part == [] for part in parts[len(expected):])
     all_steps.append(steps)
   return all_steps
 
 
 @pytest.mark.parametrize("num_workers", WORKER_COUNTS)
 def test_distribute_dataset_data_policy(num_workers):
-  """Worker i gets global batches i, i + W, ...; each replica 2 of the 8."""
-  all_steps = _check_distributed(lambda: tf.data.Dataset.range(48).batch(8),
+  """Every global batch of 24 is cut into one piece per replica of the
+  cluster; worker i's replica r gets piece i + r * workers."""
+  all_steps = _check_distributed(lambda: tf.data.Dataset.range(72).batch(24),
                                  Policy.DATA, num_workers)
+  size = 24 // (len(DEVICES) * num_workers)
   for index, steps in enumerate(all_steps):
-    assert steps == [[list(range(8 * b + 2 * r, 8 * b + 2 * r + 2))
-                      for r in range(4)]
-                     for b in range(index, 6, num_workers)]
+    assert steps == [[list(range(24 * b + size * (index + num_workers * r),
+                                 24 * b + size * (index + num_workers * r + 1)))
+                      for r in range(len(DEVICES))] for b in range(3)]
   _assert_partition([[x for step in steps for part in step for x in part]
-                     for steps in all_steps], range(48))
+                     for steps in all_steps], range(72))
 
 
 @pytest.mark.parametrize("num_workers", WORKER_COUNTS)
 def test_distribute_dataset_file_policy(files, num_workers):
-  """Batches of 4 of the worker's own files, one record per replica."""
+  """Each worker cuts batches of 4 of its own files' records into pieces."""
   all_steps = _check_distributed(
       lambda: tf.data.TFRecordDataset(files["tfrecord"]).batch(4), Policy.FILE,
       num_workers)
   for index, steps in enumerate(all_steps):
-    records = _records(range(index, NUM_FILES, num_workers))
-    padded = records + [None] * (-len(records) % 4)
-    assert steps == [[[x] if x is not None else [] for x in padded[k:k + 4]]
-                     for k in range(0, len(padded), 4)]
-  _assert_partition([[x for step in steps for part in step for x in part]
-                     for steps in all_steps], ALL_RECORDS)
+    records = [x for step in steps for part in step for x in part]
+    assert records == _records(range(index, NUM_FILES, num_workers))
 
 
 def test_distribute_dataset_auto_policy_on_text_files(files):
-  """AUTO shards text files by file: worker 1 of 2 reads files 1, 3 and 5."""
+  """AUTO shards text files by file: worker 1 of 2 reads files 1, 3 and 5,
+  each batch of 4 cut into pieces for the cluster's 8 replicas."""
   steps = _check_distributed(
       lambda: tf.data.Dataset.list_files(
           files["dir"] + "/*.txt", shuffle=False).flat_map(
               tf.data.TextLineDataset).batch(4), Policy.AUTO, 2)[1]
-  assert steps == [
-      [[b"f1-r0"], [b"f1-r1"], [b"f1-r2"], [b"f3-r0"]],
-      [[b"f3-r1"], [b"f3-r2"], [b"f5-r0"], [b"f5-r1"]],
-      [[b"f5-r2"], [], [], []]]
+  assert [x for step in steps for part in step for x in part] == _records([1, 3, 5])
 
 
 @pytest.mark.parametrize("num_workers", WORKER_COUNTS)
 def test_distribute_dataset_off_policy(num_workers):
-  """With OFF every worker's replicas see every global batch."""
+  """With OFF every worker cuts every global batch into pieces and reads
+  them all."""
   all_steps = _check_distributed(lambda: tf.data.Dataset.range(16).batch(8),
                                  Policy.OFF, num_workers)
-  expected = [[[0, 1], [2, 3], [4, 5], [6, 7]],
-              [[8, 9], [10, 11], [12, 13], [14, 15]]]
-  assert all_steps == [expected] * num_workers
+  for steps in all_steps:
+    assert sorted(x for step in steps for part in step for x in part) == list(range(16))
 
 
 def test_distribute_dataset_one_worker_is_not_sharded():
@@ -480,11 +489,36 @@ def test_distribute_dataset_one_worker_is_not_sharded():
 
 
 def test_distribute_dataset_hint_policy():
-  """HINT fills the placeholder before the global batches are split."""
-  steps = [_distributed_steps(_with_policy(
-      tf.data.Dataset.range(24).shard(SHARD_HINT, SHARD_HINT).batch(4),
-      Policy.HINT), 3, index) for index in range(3)]
-  assert steps == [
-      [[[0], [3], [6], [9]], [[12], [15], [18], [21]]],
-      [[[1], [4], [7], [10]], [[13], [16], [19], [22]]],
-      [[[2], [5], [8], [11]], [[14], [17], [20], [23]]]]
+  """HINT fills the placeholder before the global batches are cut."""
+  _check_distributed(lambda: tf.data.Dataset.range(24).shard(
+      SHARD_HINT, SHARD_HINT).batch(4), Policy.HINT, 3)
+
+
+@pytest.mark.parametrize("make_dataset", [
+    lambda: tf.data.Dataset.range(21).batch(7),
+    lambda: tf.data.Dataset.range(20).batch(6, drop_remainder=True),
+    lambda: tf.data.Dataset.range(30).filter(lambda x: x % 3 > 0).batch(5),
+], ids=["uneven", "drop_remainder", "batch_size_known_at_run_time"])
+@pytest.mark.parametrize("policy", [Policy.AUTO, Policy.OFF])
+def test_worker_share_cuts_global_batches_as_tensorflow(make_dataset, policy):
+  for num_workers in WORKER_COUNTS:
+    for index in range(num_workers):
+      ours = _elements(worker_share(_with_policy(make_dataset(), policy), num_workers,
+                                    index, len(DEVICES) * num_workers))
+      assert ours == _tf_worker_pieces(_with_policy(make_dataset(), policy),
+                                       num_workers, index)
+
+
+def test_piece_sizes_add_up_to_the_global_batch_on_every_step():
+  """Each step takes one piece per replica from every worker: together the
+  pieces of one step are one global batch."""
+  sizes = [piece_sizes(7, 2, 2, w) for w in range(2)]
+  assert sizes == [[2, 2, 2, 1], [2, 1, 2, 2]]
+  assert sum(sizes[0][:2]) + sum(sizes[1][:2]) == 7
+  dynamic = piece_sizes(tf.constant(7, tf.int64), 2, 2, 1)
+  assert dynamic.numpy().tolist() == [2, 1, 2, 2]
+
+
+def test_worker_share_needs_as_many_replicas_on_every_worker():
+  with pytest.raises(ValueError, match=r"`num_replicas_in_sync` \(5\)"):
+    worker_share(tf.data.Dataset.range(8).batch(4), 2, 0, 5)

@@ -1,9 +1,14 @@
-"""The main job, examples/custom_training_loop.py, trains and its loss falls."""
+"""The main job, examples/custom_training_loop.py, trains and its loss falls,
+on one machine and on two worker processes."""
 
 import os
 import pathlib
 import subprocess
 import sys
+
+import pytest
+
+from multi_worker import LocalCluster
 
 EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "custom_training_loop.py"
 
@@ -17,3 +22,18 @@ def test_custom_training_loop_runs_and_loss_falls():
   assert "replicas in sync: 4" in result.stdout
   assert "epoch 2: steps 8" in result.stdout
   assert ": fell" in result.stdout
+
+
+@pytest.mark.multi_worker
+def test_custom_training_loop_trains_on_two_workers(tmp_path):
+  """With a TF_CONFIG per worker the example trains across them."""
+  results = LocalCluster(2, tmp_path).run(
+      "demo", args={"argv": ["--epochs", "2", "--global-batch", "512"]})
+  outputs = [results[i]["output"] for i in range(2)]
+  for index, output in enumerate(outputs):
+    assert results[index]["code"] == 0, output
+    assert f"devices: /job:worker/replica:0/task:{index}/device:CPU:0" in output
+    assert "replicas in sync: 2" in output and ": fell" in output
+  losses = [[line.split("loss ")[1].split()[0] for line in output.splitlines()
+             if line.startswith("epoch")] for output in outputs]
+  assert losses[0] == losses[1]

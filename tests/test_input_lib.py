@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 import tf_distribute_lite as tfd
+from tf_distribute_lite import input_lib
 
 import oracle
 from conftest import DEVICES
@@ -988,3 +989,52 @@ def test_numpy_dataset_in_function_is_not_a_constant(name):
   graph_def = column_sums.get_concrete_function().graph.as_graph_def()
   assert _largest_const(graph_def) < 1000
   assert graph_def.ByteSize() < array.nbytes
+
+
+# --- One worker of several: steps agreed with the other workers.
+
+
+def _other_worker_with_steps(steps):
+  """A `WorkerSync` as if another worker had input for `steps` more steps."""
+  remaining = tf.Variable(steps)
+
+  def any_worker_has(has_value):
+    return tf.logical_or(has_value, remaining.assign_sub(1) >= 0)
+  return input_lib.WorkerSync(any_worker_has)
+
+
+def _one_worker_of_two(sync, make_dataset=lambda: Dataset.range(8).batch(8)):
+  """Worker 0 of 2 (4 replicas each): one step of its own input."""
+  return input_lib.distribute_dataset(
+      make_dataset(), DEVICES, host=DEVICES[0],
+      input_context=tfd.InputContext(2, 0, 2 * len(DEVICES)), workers=sync)
+
+
+def test_worker_without_input_takes_empty_steps_while_another_has_some():
+  steps = [[p.numpy().tolist() for p in step.values]
+           for step in _one_worker_of_two(_other_worker_with_steps(3))]
+  assert steps == [[[0], [2], [4], [6]], [[], [], [], []], [[], [], [], []]]
+
+
+def test_steps_agreed_with_other_workers_in_function():
+  @tf.function
+  def count(dist):
+    steps, total = tf.constant(0), tf.constant(0, tf.int64)
+    for step in dist:
+      steps += 1
+      total += tf.add_n([tf.reduce_sum(p) for p in step.values])
+    return steps, total
+  steps, total = count(_one_worker_of_two(_other_worker_with_steps(3)))
+  assert (int(steps), int(total)) == (3, 12)
+
+
+def test_end_of_every_workers_input_raises_out_of_range():
+  iterator = iter(_one_worker_of_two(_other_worker_with_steps(1)))
+  assert [p.numpy().tolist() for p in iterator.get_next().values] == [[0], [2], [4], [6]]
+  with pytest.raises(tf.errors.OutOfRangeError):
+    iterator.get_next()
+  graph_iterator = iter(_one_worker_of_two(_other_worker_with_steps(1)))
+  next_in_function = tf.function(lambda it: it.get_next().values[0])
+  assert next_in_function(graph_iterator).numpy().tolist() == [0]
+  with pytest.raises(tf.errors.OutOfRangeError):
+    next_in_function(graph_iterator)

@@ -14,14 +14,16 @@ TOP_LEVEL = [
     "HierarchicalCopyAllReduce", "NcclAllReduce", "get_strategy",
     "has_strategy", "get_replica_context", "in_cross_replica_context",
     "experimental_set_strategy", "InputContext", "InputOptions",
-    "DistributedDataset", "DistributedIterator"]
+    "DistributedDataset", "DistributedIterator", "MultiWorkerMirroredStrategy"]
 EXPERIMENTAL = ["ValueContext", "CommunicationOptions",
                 "CommunicationImplementation", "CollectiveCommunication",
-                "CollectiveHints"]
+                "CollectiveHints", "CentralStorageStrategy",
+                "MultiWorkerMirroredStrategy"]
 PARTITIONERS = ["Partitioner", "FixedShardsPartitioner", "MinSizePartitioner",
                 "MaxSizePartitioner"]
 COMPAT_V1_EXPERIMENTAL = ["CommunicationOptions", "CommunicationImplementation",
-                          "CollectiveCommunication", "CollectiveHints"]
+                          "CollectiveCommunication", "CollectiveHints",
+                          "CentralStorageStrategy", "MultiWorkerMirroredStrategy"]
 COMPAT_V1 = [
     "MirroredStrategy", "OneDeviceStrategy", "Strategy", "StrategyExtended",
     "ReplicaContext", "ReduceOp", "RunOptions", "InputReplicationMode",

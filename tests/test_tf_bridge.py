@@ -118,3 +118,33 @@ def test_gradient_tape_active():
       inside = _tf_bridge.gradient_tape_active()
     return tf.constant([inside, _tf_bridge.gradient_tape_active()])
   assert traced().numpy().tolist() == [True, False]
+
+
+def test_eager_context_config_carries_the_logical_devices():
+  config = _tf_bridge.eager_context_config()
+  assert isinstance(config, tf.compat.v1.ConfigProto)
+  assert config.device_count["CPU"] == len(tf.config.list_logical_devices("CPU"))
+  config.device_filters.append("/job:changed")  # a copy: the context keeps its own
+  assert not _tf_bridge.eager_context_config().device_filters
+
+
+def test_collective_ops_are_enabled_through_the_eager_context():
+  """What `enable_collective_ops` calls (it starts a server, so the
+  multi-worker tests exercise it in worker processes)."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  assert list(inspect.signature(context.context().enable_collective_ops).parameters) == [
+      "server_def"]
+
+
+def test_keras_reduce_per_replica_is_routed_for_chosen_strategies():
+  import inspect  # pylint: disable=g-import-not-at-top
+  trainer = __import__(_tf_bridge._KERAS_TRAINER, fromlist=["_"])  # pylint: disable=protected-access
+  for make in ("_make_function", "make_predict_function"):
+    assert "reduce_per_replica(" in inspect.getsource(getattr(trainer.TensorFlowTrainer, make))
+  chosen = tfd.OneDeviceStrategy("CPU:0")
+  _tf_bridge.route_keras_reduce_per_replica(
+      lambda strategy: strategy is chosen, lambda values, strategy, reduction: ("ours", reduction))
+  assert trainer.reduce_per_replica({"loss": 1.0}, chosen, "auto") == ("ours", "auto")
+  other = tfd.OneDeviceStrategy("CPU:1")
+  assert trainer.reduce_per_replica({"loss": tf.constant(2.0)}, other, "auto")["loss"] == 2.0

@@ -17,6 +17,7 @@ from tf_distribute_lite.contexts import get_replica_context
 from tf_distribute_lite.contexts import get_strategy
 from tf_distribute_lite.contexts import has_strategy
 from tf_distribute_lite.contexts import in_cross_replica_context
+from tf_distribute_lite.collective_all_reduce_strategy import MultiWorkerMirroredStrategy
 from tf_distribute_lite.cross_device_ops import CrossDeviceOps
 from tf_distribute_lite.cross_device_ops import HierarchicalCopyAllReduce
 from tf_distribute_lite.cross_device_ops import NcclAllReduce

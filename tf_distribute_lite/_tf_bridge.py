@@ -14,9 +14,15 @@ libraries it leaves alone: like TensorFlow's own `tf.distribute` (and Keras),
 this package is library code that AutoGraph must not rewrite when a user's
 `tf.function` calls into it (rewriting it costs seconds per trace).
 
-One contact answers Keras rather than TensorFlow: Keras 3 recognises a
+A process that joins a cluster starts TensorFlow's gRPC server with
+collective ops through the eager context (`enable_collective_ops`, with the
+context's own config, `eager_context_config`), as TensorFlow's
+MultiWorkerMirroredStrategy does: there is no public call for it.
+
+Two contacts answer Keras rather than TensorFlow: Keras 3 recognises a
 distributed dataset by the name and module of a base class
-(`KERAS_DATASET_BASES`).
+(`KERAS_DATASET_BASES`), and reduces its steps' outputs across workers only
+for TensorFlow's own multi-worker class (`route_keras_reduce_per_replica`).
 """
 
 import importlib.metadata
@@ -197,3 +203,61 @@ def _keras_dataset_bases(keras_major_version):
 
 
 KERAS_DATASET_BASES = _keras_dataset_bases(_keras_major_version())
+
+
+def eager_context_config():
+  """A copy of the `tf.compat.v1.ConfigProto` this process's eager context
+  was configured with (logical devices, threads, placement), read without
+  starting the context: a process joining a cluster hands it to its server,
+  which would otherwise start with defaults (one device per type)."""
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  config = tf.compat.v1.ConfigProto()
+  config.CopyFrom(context.context().config)
+  return config
+
+
+def enable_collective_ops(server_def):
+  """Starts this process's gRPC server as the task `server_def` names and
+  lets eager collective ops reach the other tasks of its cluster.
+
+  TensorFlow has no public call for this (`tf.distribute.Server` starts a
+  server that eager ops do not use); its own MultiWorkerMirroredStrategy
+  makes this one. Call it before any op runs, as TensorFlow asks.
+  """
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  context.context().enable_collective_ops(server_def)
+
+
+_KERAS_TRAINER = "keras.src.backend.tensorflow.trainer"
+
+
+def route_keras_reduce_per_replica(takes, reduce):
+  """Makes Keras 3 reduce the per-replica outputs of its training,
+  evaluation and prediction steps with `reduce(values, strategy, reduction)`
+  for strategies where `takes(strategy)`, and as before for the others.
+
+  Keras treats a multi-worker strategy specially only if it is an instance
+  of TensorFlow's own class (`_collective_all_reduce_multi_worker`);
+  otherwise each worker averages its own replicas' metrics and logs values
+  that differ from worker to worker. Keras calls its module-level
+  `reduce_per_replica` by name, so wrapping that name is enough. Without
+  Keras 3 this does nothing; it imports Keras, so call it only when a
+  multi-worker strategy is made.
+  """
+  if _keras_major_version() != 3:
+    return
+  trainer = importlib.import_module(_KERAS_TRAINER)
+  original = trainer.reduce_per_replica
+  if getattr(original, "routes", None) is not None:
+    if (takes, reduce) not in original.routes:
+      original.routes.append((takes, reduce))
+    return
+  routes = [(takes, reduce)]
+
+  def reduce_per_replica(values, strategy, reduction):
+    for route_takes, route_reduce in routes:
+      if route_takes(strategy):
+        return route_reduce(values, strategy, reduction)
+    return original(values, strategy, reduction)
+  reduce_per_replica.routes = routes
+  trainer.reduce_per_replica = reduce_per_replica

@@ -1,5 +1,9 @@
 """Sharding one dataset across input workers, by files or by elements.
 
+`worker_share` is what one worker of several reads of a dataset batched by
+the global batch size: every global batch is first cut into one piece per
+replica of the cluster (tf.data's `rebatch`), then the pieces are sharded.
+
 The policy comes from `dataset.options().experimental_distribute.
 auto_shard_policy`; the rewrite itself is tf.data's own `AutoShardDataset`
 op: `FILE` gives each worker its share of the reader datasets' files, `DATA`
@@ -38,3 +42,105 @@ def auto_shard(dataset, num_workers, worker_index, num_replicas_in_sync):
       output_types=[s.dtype for s in flat_specs],
       output_shapes=[s.shape for s in flat_specs])
   return tf.data.experimental.from_variant(variant, dataset.element_spec)
+
+
+def worker_share(dataset, num_workers, worker_index, num_replicas_in_sync):
+  """The pieces of `dataset` (batched by the global batch size) that worker
+  `worker_index` of `num_workers` feeds to its replicas, one piece per
+  replica and step, as TensorFlow's multi-worker strategies cut them.
+
+  Each global batch is cut into `num_replicas_in_sync` pieces whose sizes
+  differ by at most one, so that every step of the cluster consumes one
+  global batch; the pieces are then auto-sharded by the dataset's policy.
+
+  >>> dataset = tf.data.Dataset.range(16).batch(8)
+  >>> [x.numpy().tolist() for x in worker_share(dataset, 2, 1, 2)]
+  [[4, 5, 6, 7], [12, 13, 14, 15]]
+  """
+  if num_replicas_in_sync % num_workers:
+    raise ValueError(
+        f"Every worker must have the same number of replicas, but "
+        f"`num_replicas_in_sync` ({num_replicas_in_sync}) is not a multiple "
+        f"of the number of workers ({num_workers}).")
+  replicas_per_worker = num_replicas_in_sync // num_workers
+  batch_size = _static_batch_size(dataset)
+  if isinstance(batch_size, int):
+    pieces = (_rebatched(dataset, batch_size, num_workers, replicas_per_worker,
+                         worker_index) if batch_size >= 0 else
+              _legacy_rebatched(dataset, num_replicas_in_sync))
+  else:
+    variant = tf.cond(
+        batch_size >= 0,
+        lambda: tf.data.experimental.to_variant(_rebatched(
+            dataset, batch_size, num_workers, replicas_per_worker, worker_index)),
+        lambda: tf.data.experimental.to_variant(
+            _legacy_rebatched(dataset, num_replicas_in_sync)))
+    pieces = tf.data.experimental.from_variant(
+        variant, _with_unknown_batch(dataset.element_spec))
+  return auto_shard(pieces.prefetch(replicas_per_worker), num_workers,
+                    worker_index, num_replicas_in_sync)
+
+
+def piece_sizes(global_batch_size, num_workers, replicas_per_worker, worker_index):
+  """The sizes worker `worker_index` cuts each global batch into: sizes
+  differing by at most one, the larger first, rotated so that the workers'
+  pieces of one step add up to the global batch.
+
+  >>> piece_sizes(7, num_workers=2, replicas_per_worker=2, worker_index=1)
+  [2, 1, 2, 2]
+  """
+  pieces = num_workers * replicas_per_worker
+  if isinstance(global_batch_size, int):
+    small, larger = divmod(global_batch_size, pieces)
+    sizes = [small + 1] * larger + [small] * (pieces - larger)
+  else:
+    small = global_batch_size // pieces
+    larger = global_batch_size - small * pieces
+    sizes = small + tf.cast(tf.range(pieces, dtype=tf.int64) < larger, tf.int64)
+  offset = worker_index * replicas_per_worker
+  if isinstance(sizes, list):
+    return sizes[offset:] + sizes[:offset]
+  return tf.concat([sizes[offset:], sizes[:offset]], axis=0)
+
+
+def _rebatched(dataset, batch_size, num_workers, replicas_per_worker, worker_index):
+  return dataset.rebatch(piece_sizes(batch_size, num_workers, replicas_per_worker,
+                                     worker_index))
+
+
+def _legacy_rebatched(dataset, num_replicas):
+  """Each batch cut into `num_replicas` pieces, for a dataset whose batch
+  size tf.data cannot tell before it runs."""
+  flat_specs = _tf_bridge.flat_tensor_specs(dataset.element_spec)
+  unknown = _with_unknown_batch(dataset.element_spec)
+  variant = tf.raw_ops.RebatchDataset(
+      input_dataset=tf.data.experimental.to_variant(dataset),
+      num_replicas=num_replicas,
+      output_types=[s.dtype for s in flat_specs],
+      output_shapes=[s.shape for s in _tf_bridge.flat_tensor_specs(unknown)],
+      use_fallback=True)
+  return tf.data.experimental.from_variant(variant, unknown)
+
+
+def _static_batch_size(dataset):
+  """The batch size of `dataset` without its partial last batch: an int (-1
+  where the components disagree or it cannot be told), or a tensor inside a
+  `tf.function` when only running the pipeline's graph can tell."""
+  dims = [spec.shape[0] if spec.shape.rank else None
+          for spec in tf.nest.flatten(dataset.element_spec)
+          if isinstance(spec, tf.TensorSpec)]
+  if dims and len(dims) == len(tf.nest.flatten(dataset.element_spec)) and all(
+      d is not None for d in dims):
+    return dims[0] if all(d == dims[0] for d in dims) else -1
+  size = tf.raw_ops.ComputeBatchSize(
+      input_dataset=tf.data.experimental.to_variant(dataset))
+  return int(size) if tf.executing_eagerly() else size
+
+
+def _with_unknown_batch(element_spec):
+  def unknown(spec):
+    if not isinstance(spec, tf.TensorSpec) or not spec.shape.rank:
+      return spec
+    return tf.TensorSpec(tf.TensorShape([None]).concatenate(spec.shape[1:]),
+                         spec.dtype)
+  return tf.nest.map_structure(unknown, element_spec)

@@ -11,12 +11,15 @@ import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
 
-_LOCAL_JOB = "/job:localhost/replica:0/task:0"
+# The task this process's devices belong to: localhost until it joins a
+# cluster (`set_local_task`).
+_local_task = ["/job:localhost/replica:0/task:0"]
 
 
 @functools.lru_cache(maxsize=1024)
-def canonicalize(device, default=_LOCAL_JOB):
-  """The fully qualified name of `device`, filling gaps from `default`.
+def canonicalize(device, default=None):
+  """The fully qualified name of `device`, filling gaps from `default`
+  (by default this process's task).
 
   >>> canonicalize("cpu:0")
   '/job:localhost/replica:0/task:0/device:CPU:0'
@@ -24,7 +27,7 @@ def canonicalize(device, default=_LOCAL_JOB):
   '/job:localhost/replica:0/task:0/device:GPU:1'
   """
   spec = _parse(device, "device")
-  base = _parse(default, "default")
+  base = _parse(default or _local_task[0], "default")
   if spec.job is None and spec.task is None and spec.replica is None:
     spec = spec.replace(job=base.job, replica=base.replica, task=base.task)
   if spec.device_type is None:
@@ -33,7 +36,7 @@ def canonicalize(device, default=_LOCAL_JOB):
   if spec.device_index is None:
     spec = spec.replace(device_index=0)
   if spec.job is None:
-    spec = spec.replace(job="localhost")
+    spec = spec.replace(job=base.job or "localhost")
   return spec.replace(replica=spec.replica or 0, task=spec.task or 0).to_string()
 
 
@@ -61,6 +64,21 @@ def _parse(device, argument):
                      f"'/job:worker/task:0/device:GPU:0' ({e})") from None
 
 
+def set_local_task(task):
+  """Makes `task` (such as "/job:worker/replica:0/task:1") the task that
+  device names without one belong to: once a process has joined a cluster,
+  its devices are named by its job and task, not localhost.
+
+  >>> set_local_task("/job:worker/replica:0/task:1")
+  >>> canonicalize("GPU:0")
+  '/job:worker/replica:0/task:1/device:GPU:0'
+  >>> set_local_task("/job:localhost/replica:0/task:0")
+  """
+  _local_task[0] = canonicalize(task).rsplit("/device:", 1)[0]
+  canonicalize.cache_clear()
+  _local_device_cache.clear()
+
+
 def is_present(device):
   """Whether this process has a logical device named `device`."""
   return canonicalize(device) in _local_devices()
@@ -77,9 +95,10 @@ def _local_devices():
 
 
 def local_devices(device_type=None):
-  """Canonical names of this process's logical devices, in index order."""
-  devices = tf.config.list_logical_devices(device_type)
-  return tuple(canonicalize(d.name) for d in devices)
+  """Canonical names of this process's logical devices, in index order (not
+  those of the other tasks of its cluster)."""
+  names = (canonicalize(d.name) for d in tf.config.list_logical_devices(device_type))
+  return tuple(n for n in names if n.startswith(_local_task[0] + "/"))
 
 
 def current():

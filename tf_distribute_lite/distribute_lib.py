@@ -191,12 +191,15 @@ class Strategy:
     return reduce_one(value)
 
   def _reduce_along(self, reduce_op, value, axis):
+    local_replicas = self._extended._num_local_replicas  # pylint: disable=protected-access
     if isinstance(value, tf.distribute.DistributedValues):
       components = value.values
     else:
-      components = (value,) * self.num_replicas_in_sync
-    if len(components) == self.num_replicas_in_sync:
+      components = (value,) * local_replicas
+    if len(components) == self.num_replicas_in_sync == local_replicas:
       return _reduce_local_along(reduce_op, components, axis)
+    # Other processes hold the other replicas' components: sums and element
+    # counts are reduced across all of them.
     sums, counts = [], []
     for component in components:
       with tf.device(getattr(component, "device", None) or None):
@@ -209,11 +212,8 @@ class Strategy:
         ReduceOp.SUM, self._as_distributed(sums))
     if reduce_op == ReduceOp.SUM:
       return total
-    if all(isinstance(c, int) for c in counts):
-      count = sum(counts)
-    else:
-      count = self._extended._reduce(  # pylint: disable=protected-access
-          ReduceOp.SUM, self._as_distributed([tf.cast(c, tf.int64) for c in counts]))
+    count = self._extended._reduce(  # pylint: disable=protected-access
+        ReduceOp.SUM, self._as_distributed([tf.cast(c, tf.int64) for c in counts]))
     return tf.math.truediv(total, tf.cast(count, total.dtype))
 
   def _as_distributed(self, components):
@@ -350,7 +350,7 @@ def _check_run_arguments(args, kwargs):
 
 
 def _check_replica_counts(strategy, structure, argument):
-  expected = strategy.num_replicas_in_sync
+  expected = strategy.extended._num_local_replicas  # pylint: disable=protected-access
   if all(_replica_count(leaf) in (None, expected)
          for leaf in tf.nest.flatten(structure)):
     return
@@ -525,6 +525,11 @@ class StrategyExtended:
     return 1
 
   @property
+  def _num_local_replicas(self):
+    """How many of the replicas run in this process (all, on one worker)."""
+    return self._num_replicas_in_sync
+
+  @property
   def worker_devices(self):
     """The devices the replicas run on, one per replica."""
     raise RuntimeError(
@@ -542,7 +547,7 @@ class StrategyExtended:
     return self.parameter_devices
 
   def _local_results(self, value):
-    return values_lib.local_results(value, self._num_replicas_in_sync)
+    return values_lib.local_results(value, self._num_local_replicas)
 
   # --- Reductions.
 

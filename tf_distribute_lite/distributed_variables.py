@@ -378,13 +378,13 @@ class MirroredVariable(DistributedVariable, tf.types.experimental.distributed.Mi
           f"ONLY_FIRST_REPLICA and NONE are.")
 
     def merge_fn(strategy, value):
-      aggregated = _aggregate(strategy, value, self._aggregation, self)
+      aggregated = aggregate(strategy, value, self._aggregation, self)
       return strategy.extended.update(self, update_fn, args=(aggregated,), group=True)
 
     return contexts.get_replica_context().merge_call(merge_fn, args=(value,))
 
 
-def _aggregate(strategy, value, aggregation, destinations):
+def aggregate(strategy, value, aggregation, destinations):
   """`value` from every replica, combined by a variable's `aggregation`."""
   if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
     first = strategy.experimental_local_results(value)[0]
@@ -419,6 +419,12 @@ class SyncOnReadVariable(DistributedVariable):
     for component in self._values:
       with tf.device(component.device):
         reads.append(component.read_value())
+    strategy = self._distribute_strategy
+    if strategy.num_replicas_in_sync != len(reads):
+      # Other workers hold the other replicas' components.
+      return strategy.extended._reduce(  # pylint: disable=protected-access
+          ReduceOp.from_variable_aggregation(self._aggregation),
+          values_lib.PerReplica(reads))
     with tf.device(self._primary.device):
       total = tf.add_n(reads)
       if self._aggregation == tf.VariableAggregation.MEAN:
@@ -453,5 +459,6 @@ class SyncOnReadVariable(DistributedVariable):
   def _component_restore_value(self, restored):
     # Each component holds its share, so that the components sum to `restored`.
     if self._aggregation == tf.VariableAggregation.SUM:
-      return tf.cast(restored / len(self._values), self.dtype)
+      replicas = self._distribute_strategy.num_replicas_in_sync
+      return tf.cast(restored / replicas, self.dtype)
     return restored

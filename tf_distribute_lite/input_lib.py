@@ -18,6 +18,7 @@ composite tensors, so both can be passed into a `tf.function`, and
 
 import collections
 import functools
+import itertools
 
 import tensorflow as tf
 
@@ -32,21 +33,56 @@ Optional = tf.experimental.Optional
 # devices: each replica's device; homes: the device each pipeline lives on;
 # split: an element is a global batch to cut across the replicas (else one
 # element per replica); fetch_to_device: copy each part onto its replica's
-# device.
+# device; workers: with several workers, the key of the `WorkerSync` that
+# tells whether any worker still has data (else None).
 _Layout = collections.namedtuple(
-    "_Layout", ["devices", "homes", "split", "fetch_to_device"])
+    "_Layout", ["devices", "homes", "split", "fetch_to_device", "workers"],
+    defaults=[None])
+
+
+class WorkerSync:
+  """What the iterators of several workers agree on each step: whether any
+  worker still has data. `any_worker_has(has_value)` takes this worker's
+  answer (a bool tensor) and returns the cluster's.
+
+  While one worker has data, the others take part in the step with empty
+  batches, so every worker runs the same steps and none waits for a
+  collective that another never starts.
+
+  Type specs hold the sync's `key` (they may hold plain values only); a sync
+  lives as long as the process, like the strategy that makes it.
+
+  >>> sync = WorkerSync(lambda has_value: has_value)
+  >>> bool(WorkerSync.of(sync.key).any_worker_has(tf.constant(True)))
+  True
+  """
+
+  _by_key = {}
+  _keys = itertools.count()
+
+  def __init__(self, any_worker_has):
+    self.any_worker_has = any_worker_has
+    self.key = next(WorkerSync._keys)
+    WorkerSync._by_key[self.key] = self
+
+  @staticmethod
+  def of(key):
+    """The `WorkerSync` with `key`."""
+    return WorkerSync._by_key[key]
 
 
 def distribute_dataset(dataset, devices, host, options=None,
-                       input_context=None):
+                       input_context=None, workers=None):
   """A `DistributedDataset` cutting each global batch of `dataset` across
   `devices`: a batch of `b` gives each replica in turn `ceil(b / replicas)`
   elements (or what is left), as TensorFlow does.
 
-  `input_context` with several input pipelines makes this the share of
-  pipeline `input_pipeline_id`, auto-sharded by the dataset's
-  `auto_shard_policy`. Sparse components are split too, also when a replica's
-  share is empty (where TensorFlow 2.21 fails in `DeserializeSparse`).
+  `input_context` with several input pipelines (one per worker, synced by
+  the `WorkerSync` `workers`) makes this the share of pipeline
+  `input_pipeline_id`: its pieces of every global batch, auto-sharded by the
+  dataset's `auto_shard_policy`, each replica dequeuing its own piece.
+  Sparse components are split too, also when a replica's share is empty
+  (where TensorFlow 2.21 fails in `DeserializeSparse`).
 
   >>> dataset = tf.data.Dataset.range(10).batch(10)
   >>> dist = distribute_dataset(dataset, ["CPU:0", "CPU:1", "CPU:2", "CPU:3"],
@@ -59,11 +95,16 @@ def distribute_dataset(dataset, devices, host, options=None,
         f"`dataset` must be a tf.data.Dataset; got {dataset!r} of type "
         f"{type(dataset).__name__}. To distribute values that are not a "
         f"dataset, use `experimental_distribute_values_from_function`.")
-  if input_context is not None:
-    dataset = auto_shard.auto_shard(
+  devices = tuple(devices)
+  if input_context is not None and input_context.num_input_pipelines > 1:
+    _check_batched(dataset.element_spec, input_context.num_replicas_in_sync)
+    dataset = auto_shard.worker_share(
         dataset, input_context.num_input_pipelines,
         input_context.input_pipeline_id, input_context.num_replicas_in_sync)
-  devices = tuple(devices)
+    dataset = dataset.prefetch(_buffer_size(options) * len(devices))
+    return DistributedDataset(
+        _Layout(devices, (host,), False, _fetch_to_device(options),
+                None if workers is None else workers.key), (dataset,))
   split = len(devices) > 1
   if split:
     _check_batched(dataset.element_spec, len(devices))
@@ -72,13 +113,17 @@ def distribute_dataset(dataset, devices, host, options=None,
       _Layout(devices, (host,), split, _fetch_to_device(options)), (dataset,))
 
 
-def distribute_datasets_from_function(dataset_fn, devices, host, options=None):
+def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
+                                      input_context=None, workers=None):
   """A `DistributedDatasetsFromFunction` of the datasets `dataset_fn` makes.
 
   `dataset_fn` gets an `InputContext` and returns a dataset batched per
   replica; it is called once (`PER_WORKER`) or once per replica
   (`PER_REPLICA`), as `options` say for this call only (a TensorFlow 2.21
   strategy keeps using `PER_REPLICA` in later calls once it has been asked).
+  On one worker of several, `input_context` is the one `dataset_fn` gets
+  (`PER_WORKER` only) and the `WorkerSync` `workers` keeps the workers' steps
+  together.
 
   >>> def dataset_fn(context):
   ...   batch = context.get_per_replica_batch_size(4)
@@ -98,7 +143,8 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None):
     homes = (host,) * len(devices)
   datasets = []
   for index, home in enumerate(homes):
-    context = input_context_lib.InputContext(len(homes), index, len(devices))
+    context = input_context or input_context_lib.InputContext(
+        len(homes), index, len(devices))
     with tf.device(home):
       dataset = dataset_fn(context)
     if not isinstance(dataset, tf.data.Dataset):
@@ -108,7 +154,8 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None):
     replicas_fed = len(devices) // len(homes)
     datasets.append(dataset.prefetch(_buffer_size(options) * replicas_fed))
   return DistributedDatasetsFromFunction(
-      _Layout(devices, homes, False, _fetch_to_device(options)), tuple(datasets))
+      _Layout(devices, homes, False, _fetch_to_device(options),
+              None if workers is None else workers.key), tuple(datasets))
 
 
 def _fetch_to_device(options):
@@ -240,7 +287,8 @@ class DistributedDatasetSpec(tf.TypeSpec):
 class DistributedIterator(tf.distribute.DistributedIterator,
                           tf.__internal__.CompositeTensor):
   """Iterator over a distributed dataset: each step a nest of `PerReplica`
-  values (plain values with one replica), each on its replica's device.
+  values (plain values with one replica, unless other workers have more),
+  each on its replica's device.
 
   >>> dist = distribute_dataset(tf.data.Dataset.range(3).batch(3),
   ...                           ["CPU:0", "CPU:1"], host="CPU:0")
@@ -261,8 +309,11 @@ class DistributedIterator(tf.distribute.DistributedIterator,
         device if layout.fetch_to_device and device != self._home_of(r) else None
         for r, device in enumerate(layout.devices))
     self._part_spec = _part_spec(layout, self._iterators[0].element_spec)
-    # One dequeue gives the whole step: a split global batch, or one replica.
-    self._one_dequeue = layout.split or len(layout.devices) == 1
+    # One dequeue gives the whole step: a split global batch, or one replica
+    # (unless the workers agree on each step: a worker without data must
+    # still give its replicas empty batches).
+    self._one_dequeue = (layout.split or len(layout.devices) == 1) and (
+        layout.workers is None)
 
   def __iter__(self):
     return self
@@ -287,10 +338,31 @@ class DistributedIterator(tf.distribute.DistributedIterator,
 
     A last, partial step gives the replicas without data empty batches.
     """
+    if self._layout.workers is not None:
+      return self._next_of_any_worker()
     if self._one_dequeue:
       return self._distribute_element(self._iterators[0].get_next())
     parts = [self._iterator_of(0).get_next()] + self._other_parts()
     return self._distribute_parts(parts)
+
+  def _next_of_any_worker(self):
+    """`get_next` of one worker of several: ends when every worker's input
+    has (with `OutOfRangeError`, which the exhausted host iterator raises)."""
+    has_value, value_fn = self._next_if_any()
+    if tf.executing_eagerly():
+      if not has_value:
+        raise tf.errors.OutOfRangeError(None, None, "End of sequence")
+      return value_fn()
+
+    def end_of_input():
+      element = self._iterators[0].get_next()  # raises OutOfRangeError
+      return tf.reduce_all([tf.size(t) < 0 for t in tf.nest.flatten(element)])
+    checked = tf.cond(has_value, lambda: tf.constant(True), end_of_input)
+
+    def after_check(tensor):
+      with tf.device(tensor.device), tf.control_dependencies([checked]):
+        return tf.identity(tensor)
+    return tf.nest.map_structure(after_check, value_fn(), expand_composites=True)
 
   def get_next_as_optional(self):
     """The next step's value as a `tf.experimental.Optional`, empty at the end
@@ -322,7 +394,10 @@ class DistributedIterator(tf.distribute.DistributedIterator,
           optional.get_value())
     first = self._iterator_of(0).get_next_as_optional()
     parts = [self._optional_or_empty(first, 0)] + self._other_parts()
-    return first.has_value(), lambda: self._distribute_parts(parts)
+    has_value = first.has_value()
+    if self._layout.workers is not None:
+      has_value = WorkerSync.of(self._layout.workers).any_worker_has(has_value)
+    return has_value, lambda: self._distribute_parts(parts)
 
   def _other_parts(self):
     """The batches of replicas 1.., each empty once its pipeline has ended."""
@@ -384,7 +459,7 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     for column in columns:
       placed = [value if device is None else _copy_to_device(value, device)
                 for value, device in zip(column, self._copy_to)]
-      leaves.append(placed[0] if len(placed) == 1
+      leaves.append(placed[0] if len(placed) == 1 and self._layout.workers is None
                     else values_lib.PerReplica(tuple(placed)))
     return tf.nest.pack_sequence_as(structure, leaves)
 
@@ -444,7 +519,7 @@ def _part_spec(layout, pipeline_spec):
 
 def _distributed_spec(layout, part_spec):
   replicas = len(layout.devices)
-  if replicas == 1:
+  if replicas == 1 and layout.workers is None:
     return part_spec
   return tf.nest.map_structure(
       lambda spec: values_lib.PerReplicaSpec(*[spec] * replicas), part_spec)

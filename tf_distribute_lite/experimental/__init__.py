@@ -1,5 +1,7 @@
 """`tf.distribute.experimental`: the experimental names."""
 
+from tf_distribute_lite.central_storage_strategy import CentralStorageStrategy
+from tf_distribute_lite.collective_all_reduce_strategy import ExperimentalMultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy
 from tf_distribute_lite.collective_util import CollectiveCommunication
 from tf_distribute_lite.collective_util import CollectiveHints
 from tf_distribute_lite.collective_util import CommunicationImplementation

@@ -1,5 +1,7 @@
 """`tf.compat.v1.distribute.experimental`."""
 
+from tf_distribute_lite.central_storage_strategy import CentralStorageStrategyV1 as CentralStorageStrategy
+from tf_distribute_lite.collective_all_reduce_strategy import MultiWorkerMirroredStrategyV1 as MultiWorkerMirroredStrategy
 from tf_distribute_lite.collective_util import CollectiveCommunication
 from tf_distribute_lite.collective_util import CollectiveHints
 from tf_distribute_lite.collective_util import CommunicationImplementation

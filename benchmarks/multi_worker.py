@@ -1,0 +1,235 @@
+"""Benchmarks MultiWorkerMirroredStrategy of tf.distribute and tf_distribute_lite
+across 2 worker processes on this machine.
+
+    python benchmarks/multi_worker.py [--repeats N] [--quick]
+
+Each repeat starts a fresh 2-task cluster on 127.0.0.1 (one process per task,
+one replica each, on its CPU) for each implementation in turn, and every
+task measures every scenario (`python multi_worker.py --worker IMPL` with its
+`TF_CONFIG`). The table shows task 0's medians across repeats, the ratio
+tfd / tf.distribute and whether both computed the same numbers; the exit
+code is 1 if a measurement failed or disagreed.
+
+* `mw_allreduce_16mb`: `ReplicaContext.all_reduce` (SUM) of 50 float32
+  tensors of ~16 MB in all, inside a `tf.function`; ms per call.
+* `mw_mlp_step`: one SGD step of a 784-256-10 MLP on a global batch of 256
+  (128 per worker), gradients all-reduced across the workers; ms per step.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import run
+import scenarios
+
+HERE = pathlib.Path(__file__).resolve().parent
+IMPLS = ("tf.distribute", "tfd")
+SCENARIOS = ("mw_allreduce_16mb", "mw_mlp_step")
+NUM_WORKERS = 2
+
+
+# --- Worker: one task of the cluster, every scenario.
+
+
+def _median_ms(fn, budget):
+  """Median ms of `fn()` over `budget.min_iters` calls after `budget.warmup`:
+  a fixed count, as every task must make the same collective calls (a
+  time-bound loop would leave one task waiting for a call the other never
+  makes)."""
+  for _ in range(budget.warmup):
+    fn()
+  times = []
+  for _ in range(budget.min_iters):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return float(np.median(times)) * 1e3
+
+
+def _strategy(module):
+  return module.MultiWorkerMirroredStrategy()
+
+
+def mw_allreduce_16mb(module, strategy, budget):
+  rng = np.random.default_rng(0)
+  arrays = [rng.random(s, np.float32) for s in scenarios._allreduce_shapes()]  # pylint: disable=protected-access
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  values = strategy.experimental_distribute_values_from_function(
+      lambda ctx: [tf.constant(a) + float(ctx.replica_id_in_sync_group) for a in arrays])
+
+  # Captured rather than passed: TensorFlow's strategy cannot all-reduce
+  # function arguments ("destinations can not be empty").
+  @tf.function
+  def fn():
+    return strategy.run(lambda v: module.get_replica_context().all_reduce(
+        module.ReduceOp.SUM, v), args=(values,))
+  ms = _median_ms(fn, budget)
+  return ms, {"sum": scenarios.checksum(strategy.experimental_local_results(fn()))}
+
+
+def mw_mlp_step(module, strategy, budget):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  initial = [rng.normal(0, 0.05, (784, 256)).astype(np.float32), np.zeros(256, np.float32),
+             rng.normal(0, 0.05, (256, 10)).astype(np.float32), np.zeros(10, np.float32)]
+  x = rng.random((scenarios.GLOBAL_BATCH, 784), np.float32)
+  y = rng.integers(0, 10, scenarios.GLOBAL_BATCH).astype(np.int32)
+  with strategy.scope():
+    params = [tf.Variable(v) for v in initial]
+  rows = scenarios.GLOBAL_BATCH // strategy.num_replicas_in_sync
+  batch = strategy.experimental_distribute_values_from_function(
+      lambda ctx: (tf.constant(x[ctx.replica_id_in_sync_group * rows:][:rows]),
+                   tf.constant(y[ctx.replica_id_in_sync_group * rows:][:rows])))
+
+  def step_fn(inputs):
+    features, labels = inputs
+    with tf.GradientTape() as tape:
+      hidden = tf.nn.relu(features @ params[0] + params[1])
+      logits = hidden @ params[2] + params[3]
+      loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels, logits)) / scenarios.GLOBAL_BATCH
+    grads = module.get_replica_context().all_reduce(
+        module.ReduceOp.SUM, tape.gradient(loss, params))
+    for v, g in zip(params, grads):
+      v.assign_sub(scenarios.LEARNING_RATE * g)
+    return loss
+
+  @tf.function
+  def train_step(batch):
+    return strategy.reduce(module.ReduceOp.SUM, strategy.run(step_fn, args=(batch,)),
+                           axis=None)
+  losses = [float(train_step(batch)) for _ in range(3)]
+  change = sum(scenarios.checksum(p.numpy() - w0, np.abs) for p, w0 in zip(params, initial))
+  ms = _median_ms(lambda: train_step(batch), budget)
+  return ms, {"loss_1": losses[0], "loss_3": losses[2], "weight_change": change}
+
+
+def worker(impl, quick, result_path):
+  """Runs every scenario as one task of the cluster `TF_CONFIG` names."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if impl == "tfd":
+    sys.path.insert(0, str(HERE.parent))
+    import tf_distribute_lite as module  # pylint: disable=g-import-not-at-top
+  else:
+    module = tf.distribute
+  budget = scenarios.QUICK if quick else scenarios.Budget()
+  strategy = _strategy(module)
+  results = {}
+  for name in SCENARIOS:
+    try:
+      ms, fingerprint = globals()[name](module, strategy, budget)
+      results[name] = {"ms": ms, "fingerprint": fingerprint}
+    except Exception as e:  # pylint: disable=broad-except
+      results[name] = {"error": f"{type(e).__name__}: {run._summary(e)}"}  # pylint: disable=protected-access
+  with open(result_path, "w") as f:
+    json.dump(results, f)
+  time.sleep(600)  # the driver kills every task once all have written
+
+
+# --- Driver.
+
+
+def _free_ports(count):
+  sockets = [socket.socket() for _ in range(count)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
+
+
+def run_cluster(impl, quick, timeout, directory):
+  """Every task's results of one cluster run of `impl`, by task index."""
+  addresses = [f"localhost:{p}" for p in _free_ports(NUM_WORKERS)]
+  paths = [directory / f"{impl}-{i}.json" for i in range(NUM_WORKERS)]
+  processes = []
+  try:
+    for index, path in enumerate(paths):
+      path.unlink(missing_ok=True)
+      env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(
+          {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}))
+      processes.append(subprocess.Popen(  # pylint: disable=consider-using-with
+          [sys.executable, str(HERE / "multi_worker.py"), "--worker", impl, str(path)]
+          + (["--quick"] if quick else []), env=env, stdout=subprocess.DEVNULL,
+          stderr=open(str(path) + ".log", "w")))  # pylint: disable=consider-using-with
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+      if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
+        log = pathlib.Path(str(paths[0]) + ".log").read_text()[-2000:]
+        error = {"error": f"cluster failed or timed out after {timeout} s: {log}"}
+        return [{name: error for name in SCENARIOS}] * NUM_WORKERS
+      time.sleep(0.1)
+    return [json.loads(p.read_text()) for p in paths]
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        os.kill(process.pid, signal.SIGKILL)
+      process.wait(timeout=10)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--repeats", type=int, default=None,
+                      help="clusters per implementation; default 3, or 1 with --quick")
+  parser.add_argument("--quick", action="store_true", help="smoke run")
+  parser.add_argument("--timeout", type=int, default=600,
+                      help="seconds before a cluster is stopped (default 600)")
+  parser.add_argument("--worker", nargs=2, metavar=("IMPL", "RESULT"),
+                      help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.worker:
+    worker(args.worker[0], args.quick, args.worker[1])
+    return 0
+  repeats = args.repeats or (1 if args.quick else 3)
+  print(run.machine_summary())
+  print(f"{NUM_WORKERS} worker processes on 127.0.0.1, one replica each (CPU); "
+        f"{repeats} cluster(s) per implementation; task 0's times in ms, "
+        f"medians across repeats{'; --quick' if args.quick else ''}", flush=True)
+  directory = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"tfd_mw_bench_{os.getpid()}"
+  directory.mkdir(parents=True, exist_ok=True)
+  results = {s: {impl: [] for impl in run.IMPLS} for s in SCENARIOS}
+  start = time.perf_counter()
+  for repeat in range(repeats):
+    for impl in IMPLS:
+      t0 = time.perf_counter()
+      tasks = run_cluster(impl, args.quick, args.timeout, directory)
+      for name in SCENARIOS:
+        results[name][impl].append(_task_zero_or_disagreement(tasks, name))
+      print(f"[{repeat + 1}/{repeats}] {impl}: " + ", ".join(
+          f"{name} {run.fmt_ms(r[name]['ms'])} ms" if "ms" in r[name] else
+          f"{name} {r[name]['error'][:200]}" for r in tasks[:1] for name in SCENARIOS)
+            + f" ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+  print()
+  code = run.report(results, SCENARIOS)
+  minutes, seconds = divmod(round(time.perf_counter() - start), 60)
+  print(f"total time: {minutes} min {seconds} s for {repeats * len(IMPLS)} clusters")
+  return code
+
+
+def _task_zero_or_disagreement(tasks, name):
+  """Task 0's result, or an error where the tasks computed different numbers."""
+  first = tasks[0][name]
+  if "error" in first:
+    return first
+  for index, task in enumerate(tasks[1:], 1):
+    if "error" in task[name]:
+      return task[name]
+    if not run.fingerprints_agree(first["fingerprint"], task[name]["fingerprint"]):
+      return {"error": f"task {index} computed {task[name]['fingerprint']}, "
+                       f"task 0 {first['fingerprint']}"}
+  return first
+
+
+if __name__ == "__main__":
+  sys.exit(main())

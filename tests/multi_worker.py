@@ -1,0 +1,139 @@
+"""A cluster of worker processes on this machine, for multi-worker tests.
+
+`LocalCluster(n, directory).run(scenario, module)` starts `n` processes of
+`multi_worker_worker.py` on 127.0.0.1 with free ports, one `TF_CONFIG` each
+(2 logical CPU devices per worker), runs the named scenario of
+`multi_worker_scenarios.py` in every one and returns what each returned.
+Every wait is bounded; a worker that does not finish in time, and every
+worker still running when a run ends or fails, is killed by its process id.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+WORKER = pathlib.Path(__file__).resolve().parent / "multi_worker_worker.py"
+REPO_ROOT = WORKER.parent.parent
+
+
+def free_ports(count):
+  """`count` ports nothing listens on now (bound to port 0, then released)."""
+  sockets = []
+  try:
+    for _ in range(count):
+      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      s.bind(("127.0.0.1", 0))
+      sockets.append(s)
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+class WorkerFailed(AssertionError):
+  """A worker exited badly or ran out of time; carries every worker's log."""
+
+
+class LocalCluster:
+  """`num_workers` worker tasks of one cluster on 127.0.0.1.
+
+  Args:
+    num_workers: how many tasks the cluster names (job "worker").
+    directory: where logs, results and files the scenarios write go.
+  """
+
+  def __init__(self, num_workers, directory):
+    self.num_workers = num_workers
+    self.directory = pathlib.Path(directory)
+    self.directory.mkdir(parents=True, exist_ok=True)
+    self.addresses = [f"localhost:{p}" for p in free_ports(num_workers)]
+    self._processes = {}
+
+  def tf_config(self, index):
+    return json.dumps({"cluster": {"worker": self.addresses},
+                       "task": {"type": "worker", "index": index}})
+
+  def start(self, scenario, module="tfd", skip=(), env=None, args=None):
+    """Starts every worker but those in `skip`, running `scenario` with
+    `module` ("tfd" or "tf") and `args` (a JSON-able dict)."""
+    base_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                    PYTHONPATH=os.pathsep.join(
+                        [str(REPO_ROOT), str(WORKER.parent)] +
+                        ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    base_env.pop("TF_CONFIG", None)
+    base_env.update(env or {})
+    for index in range(self.num_workers):
+      if index in skip:
+        continue
+      worker_env = dict(base_env, TF_CONFIG=self.tf_config(index))
+      self._path(index, "json").unlink(missing_ok=True)
+      log = open(self._path(index, "log"), "w")  # pylint: disable=consider-using-with
+      self._processes[index] = subprocess.Popen(  # pylint: disable=consider-using-with
+          [sys.executable, str(WORKER), scenario, module, str(self.directory),
+           json.dumps(args or {}), str(self._path(index, "json"))],
+          env=worker_env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+      log.close()
+
+  def wait_for_file(self, path, timeout):
+    """Waits until `path` exists (a worker's signal); False on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      if pathlib.Path(path).exists():
+        return True
+      if any(p.poll() is not None for p in self._processes.values()):
+        return pathlib.Path(path).exists()
+      time.sleep(0.05)
+    return False
+
+  def kill(self, index):
+    """Kills worker `index` by its process id, at once (SIGKILL); `finish`
+    then waits for the others only."""
+    process = self._processes.pop(index)
+    if process.poll() is None:
+      os.kill(process.pid, signal.SIGKILL)
+      process.wait(timeout=10)
+
+  def finish(self, timeout):
+    """Waits at most `timeout` seconds until every started worker has
+    written its result (what its scenario returned, or {"error": ...,
+    "type": ...}), then kills them all; returns the results by index."""
+    deadline = time.monotonic() + timeout
+    try:
+      results = {}
+      while len(results) < len(self._processes):
+        for index, process in self._processes.items():
+          path = self._path(index, "json")
+          if index not in results and path.exists():
+            results[index] = json.loads(path.read_text())
+          elif index not in results and process.poll() is not None:
+            raise WorkerFailed(f"worker {index} exited with status "
+                               f"{process.returncode} and no result\n" + self.logs())
+        if time.monotonic() > deadline:
+          missing = sorted(set(self._processes) - set(results))
+          raise WorkerFailed(f"workers {missing} ran past {timeout} s\n" + self.logs())
+        time.sleep(0.05)
+      return dict(sorted(results.items()))
+    finally:
+      self.stop()
+
+  def run(self, scenario, module="tfd", timeout=120, **start_args):
+    """`start`, then `finish`: each worker's result, by task index."""
+    self.start(scenario, module, **start_args)
+    return self.finish(timeout)
+
+  def stop(self):
+    """Kills every worker still running, by process id."""
+    for index in list(self._processes):
+      self.kill(index)
+
+  def logs(self):
+    return "\n".join(f"--- worker {i} log:\n{self._path(i, 'log').read_text()[-4000:]}"
+                     for i in range(self.num_workers) if self._path(i, "log").exists())
+
+  def _path(self, index, kind):
+    return self.directory / f"worker{index}.{kind}"

@@ -1,0 +1,46 @@
+"""One worker process of a `multi_worker.LocalCluster`.
+
+    python multi_worker_worker.py SCENARIO MODULE DIRECTORY ARGS_JSON RESULT_PATH
+
+Configures 2 logical CPU devices, runs `multi_worker_scenarios.SCENARIO`
+with `tf.distribute` (MODULE "tf") or `tf_distribute_lite` ("tfd") and
+writes what it returned, or the exception it raised, to RESULT_PATH as JSON.
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import tensorflow as tf
+
+
+def main(scenario, module, directory, args, result_path):
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  tf.config.set_logical_device_configuration(
+      cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+  import multi_worker_scenarios  # pylint: disable=g-import-not-at-top
+  if module == "tf":
+    mod = tf.distribute
+  else:
+    import tf_distribute_lite as mod  # pylint: disable=g-import-not-at-top
+  task = json.loads(os.environ["TF_CONFIG"])["task"]
+  context = multi_worker_scenarios.Context(mod, task["index"], directory, json.loads(args))
+  try:
+    result = getattr(multi_worker_scenarios, scenario)(context)
+  except Exception as e:  # pylint: disable=broad-except
+    result = {"type": type(e).__name__, "error": str(e),
+              "traceback": traceback.format_exc()[-3000:]}
+  with open(result_path + ".tmp", "w") as f:
+    json.dump(result, f)
+  os.replace(result_path + ".tmp", result_path)
+  sys.stdout.flush()
+  # Wait to be killed: a task that left now could fail the others' last
+  # collectives (it serves their reads) or their coordination service.
+  time.sleep(600)
+  os._exit(0)  # pylint: disable=protected-access
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:])

@@ -1,0 +1,73 @@
+"""What `cluster_runtime` answers about a cluster, its checks of a task, its
+start-up timeout and the message of a start that failed. (Joining a cluster
+starts a server: the multi-worker tests do that, in worker processes.)"""
+
+import socket
+
+import pytest
+import tensorflow as tf
+
+from tf_distribute_lite import cluster_runtime
+
+WORKERS = tf.train.ClusterSpec({"worker": ["a:1", "b:2", "c:3"]})
+WITH_CHIEF = tf.train.ClusterSpec({"chief": ["c:1"], "worker": ["w:1", "w:2"],
+                                   "evaluator": ["e:1"]})
+
+
+@pytest.mark.parametrize("cluster, task, expected", [
+    (WORKERS, ("worker", 0), (3, 0, True, "/job:worker/replica:0/task:0")),
+    (WORKERS, ("worker", 2), (3, 2, False, "/job:worker/replica:0/task:0")),
+    (WITH_CHIEF, ("chief", 0), (3, 0, True, "/job:chief/replica:0/task:0")),
+    (WITH_CHIEF, ("worker", 0), (3, 1, False, "/job:chief/replica:0/task:0")),
+    (WITH_CHIEF, ("evaluator", 0), (3, 0, True, "/job:chief/replica:0/task:0")),
+])
+def test_questions_about_a_cluster(cluster, task, expected):
+  assert (cluster_runtime.worker_count(cluster),
+          cluster_runtime.id_in_cluster(cluster, *task),
+          cluster_runtime.is_chief(cluster, *task),
+          cluster_runtime.leader(cluster)) == expected
+
+
+@pytest.mark.parametrize("cluster, task_type, task_id, message", [
+    ({"worker": ["a:1"]}, None, None, r"`task` entry \(its `type` and `index`\) is missing"),
+    ({"worker": ["a:1"]}, "worker", 1, r"task index 1 \(`task.index`\) is outside job 'worker'"),
+    ({"worker": ["a:1"]}, "worker", -1, r"task index -1 \(`task.index`\)"),
+    ({"worker": ["a:1"]}, "chief", 0, r"task type 'chief' \(`task.type`\) is not a job"),
+    ({"worker": ["a:1"], "trainer": ["b:1"]}, "worker", 0, r"jobs \['trainer'\]"),
+    ({"chief": ["a:1", "b:1"]}, "chief", 0, r"at most one 'chief' task"),
+])
+def test_invalid_tasks_raise_value_error_naming_the_field(cluster, task_type, task_id, message):
+  with pytest.raises(ValueError, match=message):
+    cluster_runtime.validate_task(tf.train.ClusterSpec(cluster), task_type, task_id)
+
+
+def test_an_evaluator_need_not_be_in_the_cluster():
+  cluster_runtime.validate_task(WORKERS, "evaluator", 0)
+
+
+def test_startup_timeout_comes_from_the_environment(monkeypatch):
+  monkeypatch.delenv(cluster_runtime.STARTUP_TIMEOUT_VARIABLE, raising=False)
+  assert cluster_runtime.startup_timeout() == cluster_runtime.DEFAULT_STARTUP_TIMEOUT_SECONDS
+  monkeypatch.setenv(cluster_runtime.STARTUP_TIMEOUT_VARIABLE, "2.5")
+  assert cluster_runtime.startup_timeout() == 2.5
+  for bad in ("soon", "0", "-3"):
+    monkeypatch.setenv(cluster_runtime.STARTUP_TIMEOUT_VARIABLE, bad)
+    with pytest.raises(ValueError, match="TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT"):
+      cluster_runtime.startup_timeout()
+
+
+def test_failed_start_names_the_tasks_nothing_answers_for():
+  with socket.socket() as listening:
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    up = f"127.0.0.1:{listening.getsockname()[1]}"
+    with socket.socket() as closed:
+      closed.bind(("127.0.0.1", 0))
+      down = f"127.0.0.1:{closed.getsockname()[1]}"
+    cluster = tf.train.ClusterSpec({"worker": [up, down, up]})
+    error = tf.errors.DeadlineExceededError(None, None, "Barrier timed out")
+    message = cluster_runtime._startup_failure(cluster, "worker", 0, 5.0, error)  # pylint: disable=protected-access
+  assert message.startswith("Task /job:worker/replica:0/task:0 could not start the "
+                            "cluster within 5 s: no server answers for "
+                            f"/job:worker/replica:0/task:1 at {down}.")
+  assert "task:2" not in message and "(Barrier timed out)" in message

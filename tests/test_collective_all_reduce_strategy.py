@@ -1,0 +1,277 @@
+"""`MultiWorkerMirroredStrategy`: its names and one-worker form in this
+process, then clusters of 2 and 3 worker processes on this machine
+(marked `multi_worker`), compared with `tf.distribute` on the same cluster,
+with single-process training, and under failures."""
+
+import inspect
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_distribute_lite as tfd
+
+from keras_models import TOLERANCE
+from multi_worker import LocalCluster
+import multi_worker_scenarios as scenarios
+
+MODULES = pytest.mark.parametrize("mod", [tf.distribute, tfd], ids=["tf", "tfd"])
+CLASSES = [
+    (tfd.MultiWorkerMirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy),
+    (tfd.experimental.MultiWorkerMirroredStrategy,
+     tf.distribute.experimental.MultiWorkerMirroredStrategy),
+    (tfd.compat.v1.experimental.MultiWorkerMirroredStrategy,
+     tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy)]
+
+
+# --- In this process: names, arguments, one worker.
+
+@pytest.mark.parametrize("ours, theirs", CLASSES)
+def test_constructors_take_tensorflows_arguments(ours, theirs):
+  assert str(inspect.signature(ours.__init__)) == str(inspect.signature(theirs.__init__))
+
+
+def test_experimental_and_compat_forms():
+  strategy = tfd.MultiWorkerMirroredStrategy()
+  assert isinstance(strategy, tfd.experimental.MultiWorkerMirroredStrategy)
+  experimental = tfd.experimental.MultiWorkerMirroredStrategy("RING")
+  assert isinstance(experimental, tfd.MultiWorkerMirroredStrategy)
+  assert experimental.extended._communication_options.implementation.value == "RING"  # pylint: disable=protected-access
+  v1 = tfd.compat.v1.experimental.MultiWorkerMirroredStrategy()
+  assert isinstance(v1, tfd.compat.v1.Strategy)
+  assert float(v1.reduce("SUM", v1.run(lambda: tf.constant(2.0)))) == 2.0
+
+
+@MODULES
+def test_one_worker_without_a_cluster(mod, monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  strategy = mod.MultiWorkerMirroredStrategy()
+  extended = strategy.extended
+  assert strategy.num_replicas_in_sync == 1
+  assert extended.worker_devices == ("/job:localhost/replica:0/task:0/device:CPU:0",)
+  assert extended.parameter_devices == extended.worker_devices
+  assert not extended._in_multi_worker_mode()  # pylint: disable=protected-access
+  assert extended.should_checkpoint and extended.should_save_summary
+  assert extended.experimental_between_graph and extended.experimental_should_init
+  assert strategy.cluster_resolver.task_type is None
+  with strategy.scope():
+    v = tf.Variable(1.0)
+  assert repr(v) == ("MirroredVariable:{\n  0: <tf.Variable 'Variable:0' shape=() "
+                     "dtype=float32, numpy=1.0>\n}")
+  batch = next(iter(strategy.experimental_distribute_dataset(
+      tf.data.Dataset.range(4).batch(2))))
+  assert batch.numpy().tolist() == [0, 1]
+
+
+def test_one_worker_reduces_and_trains(monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  strategy = tfd.MultiWorkerMirroredStrategy()
+  with strategy.scope():
+    v = tf.Variable(3.0)
+
+  @tf.function
+  def step():
+    def replica_fn():
+      v.assign_add(1.0)
+      return tfd.get_replica_context().all_reduce("SUM", v * 2.0)
+    return strategy.run(replica_fn)
+  assert float(step()) == 8.0
+  assert float(strategy.reduce("MEAN", strategy.run(lambda: v + 0.0), axis=None)) == 4.0
+
+
+def test_communication_options_must_be_communication_options():
+  with pytest.raises(ValueError, match="communication_options must be an instance"):
+    tfd.MultiWorkerMirroredStrategy(communication_options={"timeout_seconds": 1})
+
+
+@pytest.mark.parametrize("tf_config, field", [
+    ('{"cluster": {"worker": ["localhost:1"]', "TF_CONFIG"),
+    ('{"cluster": {"worker": ["localhost:1", "localhost:2"]}}', "`task`"),
+    ('{"cluster": {"worker": ["localhost:1"]}, "task": {"type": "worker", "index": 3}}',
+     "`task.index`"),
+    ('{"cluster": {"worker": ["localhost:1"]}, "task": {"type": "chief", "index": 0}}',
+     "`task.type`"),
+])
+def test_malformed_tf_config_raises_value_error_naming_the_field(tf_config, field, monkeypatch):
+  monkeypatch.setenv("TF_CONFIG", tf_config)
+  with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+    tfd.MultiWorkerMirroredStrategy()
+
+
+@pytest.mark.multi_worker
+def test_checkpoint_written_on_two_workers_restores_on_one(two_worker_training, monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  strategy = tfd.MultiWorkerMirroredStrategy()
+  with strategy.scope():
+    model = scenarios._model()  # pylint: disable=protected-access
+    optimizer = keras.optimizers.Adam(learning_rate=0.01)
+    optimizer.build(model.trainable_variables)
+  tf.train.Checkpoint(model=model, optimizer=optimizer).restore(
+      two_worker_training["last_checkpoint"]).expect_partial()
+  _assert_close(model.get_weights(), two_worker_training["results"][0]["saved"],
+                tolerance=0)
+  assert int(optimizer.iterations.numpy()) == 4
+
+
+# --- Clusters of worker processes.
+
+def _assert_close(actual, expected, tolerance=TOLERANCE):
+  for a, e in zip(actual, expected):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(e), atol=tolerance)
+
+
+def _plain_training(steps, restore=None):
+  """The custom loop of `scenarios.custom_loop` in one process, no strategy."""
+  model = scenarios._model()  # pylint: disable=protected-access
+  optimizer = keras.optimizers.Adam(learning_rate=0.01)
+  optimizer.build(model.trainable_variables)
+  if restore:
+    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(restore)
+  loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+  losses = []
+  for x, y in tf.data.Dataset.from_tensor_slices(
+      scenarios._data(16 * steps)).batch(16):  # pylint: disable=protected-access
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(loss_fn(y, model(x)))
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                  model.trainable_variables))
+    losses.append(float(loss))
+  return losses, model.get_weights()
+
+
+@pytest.fixture(scope="module")
+def two_worker_training(tmp_path_factory):
+  """2 workers train 4 steps; the chief checkpoints after each."""
+  directory = tmp_path_factory.mktemp("two_worker_training")
+  checkpoints = directory / "checkpoints"
+  results = LocalCluster(2, directory / "cluster").run(
+      "custom_loop", args={"steps": 4, "checkpoint": str(checkpoints)})
+  return {"results": results, "last_checkpoint": str(checkpoints / "ckpt-3")}
+
+
+@pytest.mark.multi_worker
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_strategy_api_matches_tensorflow_on_the_same_cluster(num_workers, tmp_path):
+  results = {mod: LocalCluster(num_workers, tmp_path / mod).run("basics", mod)
+             for mod in ("tf", "tfd")}
+  for index in range(num_workers):
+    ours, theirs = results["tfd"][index], results["tf"][index]
+    assert "error" not in ours, ours.get("traceback")
+    collective_ops = ours.pop("collective_ops")
+    our_timeout, their_timeout = ours.pop("timeout"), theirs.pop("timeout")
+    assert ours == theirs
+    assert ours["num_replicas"] == num_workers
+    assert ours["worker_devices"] == [f"/job:worker/replica:0/task:{index}/device:CPU:0"]
+    assert ours["chief_flags"] == [index == 0, index == 0, True, True]
+    assert ours["replica_ids"] == ours["value_ids"] == [index]
+    assert ours["initial_value"] == 10.0  # the chief's
+    assert ours["counter"] == num_workers
+    # Every field of CommunicationOptions reaches the collective ops; with
+    # none the timeout is finite. Two strategies in one program do not collide.
+    default_timeout = tfd.collective_all_reduce_strategy.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
+    assert collective_ops == [[3, ["ring"], [7.5], 35.0 * num_workers],
+                              [1, ["auto"], [default_timeout], 35.0 * num_workers]]
+    if index == 0:
+      assert our_timeout[0] == their_timeout[0] == "DeadlineExceededError"
+      assert our_timeout[1] < 10
+  assert results["tfd"][0]["reduce"] == [sum(range(1, num_workers + 1)),
+                                         sum(range(1, num_workers + 1)) / num_workers]
+
+
+@pytest.mark.multi_worker
+def test_custom_loop_on_two_workers_gives_single_process_weights(two_worker_training):
+  losses, weights = _plain_training(steps=4)
+  for result in two_worker_training["results"].values():
+    assert "error" not in result, result.get("traceback")
+    np.testing.assert_allclose(result["losses"], losses, atol=TOLERANCE)
+    _assert_close(result["weights"], weights)
+    assert result["leftover_dirs"] == []  # non-chiefs removed their checkpoints
+
+
+@pytest.mark.multi_worker
+def test_checkpoint_written_on_two_workers_restores_on_three(two_worker_training, tmp_path):
+  checkpoint = two_worker_training["last_checkpoint"]
+  results = LocalCluster(3, tmp_path).run(
+      "custom_loop", args={"steps": 2, "restore": checkpoint})
+  losses, weights = _plain_training(steps=2, restore=checkpoint)
+  for result in results.values():
+    assert "error" not in result, result.get("traceback")
+    _assert_close(result["restored"], two_worker_training["results"][0]["saved"])
+    np.testing.assert_allclose(result["losses"], losses, atol=TOLERANCE)
+    _assert_close(result["weights"], weights)
+
+
+@pytest.mark.multi_worker
+def test_keras_fit_on_two_workers(tmp_path):
+  """Every worker logs the same metrics, equal to single-process `fit`, and
+  ends with its weights. (TensorFlow 2.21's own strategy fails in `fit`.)"""
+  ours = LocalCluster(2, tmp_path / "tfd").run("keras_fit", "tfd")
+  theirs = LocalCluster(2, tmp_path / "tf").run("keras_fit", "tf")
+  assert theirs[0]["type"] == "ValueError"
+  model = scenarios._model()  # pylint: disable=protected-access
+  model.compile(optimizer=keras.optimizers.Adam(learning_rate=0.01),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"])
+  dataset = tf.data.Dataset.from_tensor_slices(scenarios._data(64)).batch(16)  # pylint: disable=protected-access
+  history = model.fit(dataset, epochs=2, verbose=0).history
+  evaluation = model.evaluate(dataset, verbose=0, return_dict=True)
+  predictions = model.predict(scenarios._data(24)[0], batch_size=8, verbose=0)  # pylint: disable=protected-access
+  assert "error" not in ours[0], ours[0].get("traceback")
+  assert ours[0]["batch_logs"] == ours[1]["batch_logs"]
+  for result in ours.values():
+    assert result["history"] == ours[0]["history"]
+    for name, values in history.items():
+      np.testing.assert_allclose(result["history"][name], values, atol=TOLERANCE)
+    _assert_close(result["weights"], model.get_weights())
+    for name, value in evaluation.items():
+      assert result["evaluation"][name] == pytest.approx(value, abs=TOLERANCE)
+    np.testing.assert_allclose(result["predictions"], predictions, atol=TOLERANCE)
+
+
+@pytest.mark.multi_worker
+def test_tutorial_custom_loop_gives_tensorflows_losses(tmp_path):
+  results = {mod: LocalCluster(2, tmp_path / mod).run("tutorial_custom_loop", mod)
+             for mod in ("tf", "tfd")}
+  for index in range(2):
+    ours, theirs = results["tfd"][index], results["tf"][index]
+    assert "error" not in ours, ours.get("traceback")
+    np.testing.assert_allclose(ours["losses"], theirs["losses"], atol=TOLERANCE)
+    _assert_close(ours["weights"], theirs["weights"])
+    assert ours["leftover_dirs"] == []
+
+
+@pytest.mark.multi_worker
+def test_missing_worker_fails_within_the_startup_timeout(tmp_path):
+  cluster = LocalCluster(3, tmp_path)
+  results = cluster.run("start_up", skip=(1,),
+                        env={"TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT": "5"})
+  for index in (0, 2):
+    result = results[index]
+    assert result.get("type") == "DeadlineExceededError", result
+    assert f"/job:worker/replica:0/task:1 at {cluster.addresses[1]}" in result["error"]
+    assert result["seconds"] < 5 + 15
+
+
+@pytest.mark.multi_worker
+def test_killed_worker_fails_the_others_and_keeps_the_last_checkpoint(tmp_path):
+  cluster = LocalCluster(3, tmp_path / "cluster")
+  checkpoints = tmp_path / "checkpoints"
+  cluster.start("custom_loop", args={"steps": 8, "checkpoint": str(checkpoints),
+                                     "die_after": [1, 2], "timeout": 30})
+  try:
+    assert cluster.wait_for_file(tmp_path / "cluster" / "ready_to_die", 120), cluster.logs()
+    cluster.kill(1)
+    results = cluster.finish(timeout=90)
+  finally:
+    cluster.stop()
+  for index in (0, 2):
+    error_type, message, seconds = results[index]["error"]
+    assert error_type == "UnavailableError"
+    assert "/job:worker/replica:0/task:1" in message
+    assert seconds < 30
+  saved = sorted(checkpoints.glob("ckpt-*.index"))
+  assert saved[-1].name == "ckpt-2.index"
+  model = scenarios._model()  # pylint: disable=protected-access
+  tf.train.Checkpoint(model=model).restore(str(saved[-1])[:-len(".index")]).expect_partial()
+  _assert_close(model.get_weights(), results[0]["saved"], tolerance=0)

@@ -1,0 +1,245 @@
+"""Joining a cluster: TensorFlow's distributed runtime in this process.
+
+`join` starts this task's gRPC server with collective ops enabled and
+TensorFlow's coordination service configured, so that collective ops reach
+the other tasks. Every wait is bounded:
+
+* start-up: all coordinated tasks (chief and workers) must register within
+  `startup_timeout()` seconds, else `tf.errors.DeadlineExceededError` names
+  the tasks that are missing and their addresses (TensorFlow 2.21 waits for
+  an hour by default);
+* a task that dies later stops sending heartbeats; after
+  `HEARTBEAT_TIMEOUT_SECONDS` TensorFlow aborts every collective op of the
+  survivors with `tf.errors.UnavailableError` naming the lost task.
+
+A process joins one cluster, once: TensorFlow configures its runtime at
+program start. The helpers below answer the questions strategies ask of a
+cluster (how many workers, which one is the chief, ...).
+"""
+
+import os
+import socket
+
+import tensorflow as tf
+
+from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import device_util
+
+STARTUP_TIMEOUT_VARIABLE = "TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT"
+DEFAULT_STARTUP_TIMEOUT_SECONDS = 900.0
+HEARTBEAT_TIMEOUT_SECONDS = 10.0
+_TASK_TYPES = ("chief", "worker", "evaluator", "ps")
+_COORDINATED_JOBS = ("chief", "worker")
+
+
+def startup_timeout():
+  """Seconds every task has to join: `$TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT`,
+  else 900.
+
+  >>> startup_timeout() > 0
+  True
+  """
+  given = os.environ.get(STARTUP_TIMEOUT_VARIABLE)
+  if not given:
+    return DEFAULT_STARTUP_TIMEOUT_SECONDS
+  try:
+    seconds = float(given)
+  except ValueError:
+    seconds = 0.0
+  if seconds <= 0:
+    raise ValueError(f"${STARTUP_TIMEOUT_VARIABLE} must be a positive number "
+                     f"of seconds; got {given!r}.")
+  return seconds
+
+
+# --- Questions about a cluster.
+
+def validate_task(cluster_spec, task_type, task_id):
+  """Raises `ValueError` naming the field of the task that does not fit the
+  cluster.
+
+  >>> cluster = tf.train.ClusterSpec({"worker": ["a:1", "b:1"]})
+  >>> validate_task(cluster, "worker", 2)
+  Traceback (most recent call last):
+  ...
+  ValueError: The task index 2 (`task.index`) is outside job 'worker', which has 2 tasks (indices 0 to 1) in the cluster {'worker': ['a:1', 'b:1']}.
+  """
+  cluster = cluster_spec.as_dict()
+  unknown = [job for job in cluster if job not in _TASK_TYPES]
+  if unknown:
+    raise ValueError(f"The cluster names jobs {unknown}; the jobs allowed are "
+                     f"{list(_TASK_TYPES)}. Cluster: {cluster}.")
+  if task_type is None or task_id is None:
+    raise ValueError(
+        f"The cluster {cluster} is given but this task's `task` entry (its "
+        f"`type` and `index`) is missing: got task type {task_type!r} and "
+        f"index {task_id!r}.")
+  if task_type not in cluster and task_type != "evaluator":
+    raise ValueError(f"The task type {task_type!r} (`task.type`) is not a job "
+                     f"of the cluster, whose jobs are {sorted(cluster)}.")
+  for job in ("chief", "evaluator"):
+    if len(cluster.get(job, ())) > 1:
+      raise ValueError(f"There must be at most one {job!r} task; the cluster "
+                       f"has {len(cluster[job])}: {cluster[job]}.")
+  if task_type in cluster:
+    size = cluster_spec.num_tasks(task_type)
+    if not isinstance(task_id, int) or not 0 <= task_id < size:
+      raise ValueError(
+          f"The task index {task_id!r} (`task.index`) is outside job "
+          f"{task_type!r}, which has {size} tasks (indices 0 to {size - 1}) in "
+          f"the cluster {cluster}.")
+
+
+def worker_count(cluster_spec):
+  """How many tasks train: the chief and the workers.
+
+  >>> worker_count(tf.train.ClusterSpec({"chief": ["a:1"], "worker": ["b:1"]}))
+  2
+  """
+  jobs = cluster_spec.jobs
+  return sum(cluster_spec.num_tasks(job) for job in _COORDINATED_JOBS if job in jobs)
+
+
+def id_in_cluster(cluster_spec, task_type, task_id):
+  """The index of a training task among all of them, the chief first (an
+  evaluator's is its own index).
+
+  >>> id_in_cluster(tf.train.ClusterSpec({"chief": ["a:1"], "worker": ["b:1"]}),
+  ...               "worker", 0)
+  1
+  """
+  if task_type == "chief":
+    return 0
+  if task_type == "evaluator":
+    return task_id
+  chiefs = cluster_spec.num_tasks("chief") if "chief" in cluster_spec.jobs else 0
+  return task_id + chiefs
+
+
+def is_chief(cluster_spec, task_type, task_id):
+  """Whether the task writes checkpoints and summaries: the chief, else
+  worker 0 (and an evaluator, which works alone).
+
+  >>> is_chief(tf.train.ClusterSpec({"worker": ["a:1", "b:1"]}), "worker", 1)
+  False
+  """
+  if task_type in ("chief", "evaluator"):
+    return True
+  return task_type == "worker" and task_id == 0 and "chief" not in cluster_spec.jobs
+
+
+def leader(cluster_spec):
+  """The task that leads collective groups and the coordination service.
+
+  >>> leader(tf.train.ClusterSpec({"worker": ["a:1", "b:1"]}))
+  '/job:worker/replica:0/task:0'
+  """
+  job = "chief" if "chief" in cluster_spec.jobs else "worker"
+  return f"/job:{job}/replica:0/task:0"
+
+
+def task_name(task_type, task_id):
+  """The full name of a task.
+
+  >>> task_name("worker", 1)
+  '/job:worker/replica:0/task:1'
+  """
+  return f"/job:{task_type}/replica:0/task:{task_id}"
+
+
+# --- Joining.
+
+_joined = {}
+
+
+def join(cluster_spec, task_type, task_id, rpc_layer=None):
+  """Starts this process's server as task `task_id` of job `task_type` and
+  waits (at most `startup_timeout()` seconds) until every training task has
+  joined. Returns this task's name, such as "/job:worker/replica:0/task:1".
+
+  A second call for the same task and cluster returns at once; a call for
+  another one raises `RuntimeError` (a process joins one cluster).
+  """
+  validate_task(cluster_spec, task_type, task_id)
+  key = (repr(cluster_spec.as_dict()), task_type, task_id)
+  if _joined:
+    if _joined["key"] != key:
+      raise RuntimeError(
+          f"This process already joined the cluster {_joined['key'][0]} as "
+          f"{_joined['task']}; it cannot also join {key[0]} as "
+          f"{task_name(task_type, task_id)}. Start one process per task.")
+    return _joined["task"]
+  timeout = startup_timeout()
+  server_def = tf.train.ServerDef(
+      cluster=cluster_spec.as_cluster_def(), job_name=task_type,
+      task_index=task_id, protocol=rpc_layer or "grpc",
+      default_session_config=_session_config(cluster_spec, task_type, task_id,
+                                             timeout))
+  _tf_bridge.enable_collective_ops(server_def)
+  try:
+    tf.config.list_logical_devices()  # starts the context: the server joins
+  except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
+    raise type(e)(None, None, _startup_failure(
+        cluster_spec, task_type, task_id, timeout, e)) from None
+  task = task_name(task_type, task_id)
+  device_util.set_local_task(task)
+  _joined.update(key=key, task=task)
+  return task
+
+
+def _session_config(cluster_spec, task_type, task_id, timeout):
+  """The context's config, plus the cluster's collective leader, this
+  task's device filter and the coordination service with its timeouts."""
+  config = _tf_bridge.eager_context_config()
+  config.experimental.collective_group_leader = leader(cluster_spec)
+  config.device_filters.append(f"/job:{task_type}/task:{task_id}")
+  rewrites = config.graph_options.rewrite_options
+  rewrites.scoped_allocator_optimization = rewrites.ON
+  rewrites.scoped_allocator_opts.enable_op.append("CollectiveReduce")
+  coordination = config.experimental.coordination_config
+  coordination.service_type = "standalone"
+  coordination.service_leader = leader(cluster_spec)
+  coordination.cluster_register_timeout_in_ms = int(timeout * 1000)
+  coordination.cluster_register_with_barrier = True
+  coordination.heartbeat_timeout_in_ms = int(HEARTBEAT_TIMEOUT_SECONDS * 1000)
+  coordination.shutdown_barrier_timeout_in_ms = int(HEARTBEAT_TIMEOUT_SECONDS * 1000)
+  for job in _COORDINATED_JOBS:
+    if job in cluster_spec.jobs:
+      coordinated = coordination.coordinated_job_list.add()
+      coordinated.name = job
+      coordinated.num_tasks = cluster_spec.num_tasks(job)
+  return config
+
+
+def _startup_failure(cluster_spec, task_type, task_id, timeout, error):
+  """The message of a failed start: which tasks are missing, where."""
+  missing = [(job, index, address) for job, index, address in _training_tasks(cluster_spec)
+             if (job, index) != (task_type, task_id) and not _listening(address)]
+  me = task_name(task_type, task_id)
+  if missing:
+    names = ", ".join(f"{task_name(job, index)} at {address}"
+                      for job, index, address in missing)
+    return (f"Task {me} could not start the cluster within {timeout:g} s: no "
+            f"server answers for {names}. Start every task of the cluster "
+            f"(one process each, with its own TF_CONFIG), or set "
+            f"${STARTUP_TIMEOUT_VARIABLE} to wait longer. ({error.message})")
+  return (f"Task {me} could not start the cluster within {timeout:g} s: every "
+          f"task's server answers, but not all of them joined; see "
+          f"TensorFlow's message: {error.message}")
+
+
+def _training_tasks(cluster_spec):
+  for job in _COORDINATED_JOBS:
+    if job in cluster_spec.jobs:
+      for index in range(cluster_spec.num_tasks(job)):
+        yield job, index, cluster_spec.task_address(job, index)
+
+
+def _listening(address, timeout=1.0):
+  """Whether something accepts TCP connections at "host:port"."""
+  host, _, port = address.rpartition(":")
+  try:
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+      return True
+  except (OSError, ValueError):
+    return False
