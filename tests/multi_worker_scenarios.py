@@ -13,8 +13,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from keras_models import NUM_CLASSES
-from keras_models import NUM_FEATURES
+from keras_models import classification_data
+from keras_models import classifier
 
 
 class Context:
@@ -189,24 +189,6 @@ def _collective_ops_in_graph(ctx):
 
 # --- Training.
 
-def _data(num_examples, seed=7):
-  rng = np.random.RandomState(seed)
-  x = rng.normal(size=(num_examples, NUM_FEATURES)).astype(np.float32)
-  y = rng.randint(0, NUM_CLASSES, size=(num_examples,)).astype(np.int32)
-  return x, y
-
-
-def _model():
-  import keras  # pylint: disable=g-import-not-at-top
-  from keras_models import initial_weights  # pylint: disable=g-import-not-at-top
-  model = keras.Sequential([
-      keras.Input(shape=(NUM_FEATURES,)),
-      keras.layers.Dense(8, activation="relu"),
-      keras.layers.Dense(NUM_CLASSES)])
-  model.set_weights(initial_weights())
-  return model
-
-
 def write_dir(ctx, strategy, directory):
   """Where this worker writes a checkpoint: the chief into `directory`,
   the others into temporary directories (removed after writing)."""
@@ -224,7 +206,7 @@ def custom_loop(ctx):
   mod, args = ctx.mod, ctx.args
   strategy = ctx.strategy(timeout_seconds=args.get("timeout", 60))
   with strategy.scope():
-    model = _model()
+    model = classifier()
     optimizer = keras.optimizers.Adam(learning_rate=0.01)
     optimizer.build(model.trainable_variables)
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
@@ -246,7 +228,7 @@ def custom_loop(ctx):
     return strategy.reduce("SUM", strategy.run(step_fn, args=(x, y)), axis=None)
 
   dataset = strategy.experimental_distribute_dataset(
-      tf.data.Dataset.from_tensor_slices(_data(16 * args["steps"])).batch(16))
+      tf.data.Dataset.from_tensor_slices(classification_data(16 * args["steps"])).batch(16))
   out["losses"] = []
   die_task, die_step = args.get("die_after", (None, None))
   start = time.monotonic()
@@ -278,17 +260,17 @@ def keras_fit(ctx):
   import keras  # pylint: disable=g-import-not-at-top
   strategy = ctx.strategy(timeout_seconds=60)
   with strategy.scope():
-    model = _model()
+    model = classifier()
     model.compile(optimizer=keras.optimizers.Adam(learning_rate=0.01),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
-  dataset = tf.data.Dataset.from_tensor_slices(_data(64)).batch(16)
+  dataset = tf.data.Dataset.from_tensor_slices(classification_data(64)).batch(16)
   batch_logs = []
   history = model.fit(dataset, epochs=2, verbose=0, callbacks=[
       keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: batch_logs.append(
           {k: float(v) for k, v in logs.items()}))])
   evaluation = model.evaluate(dataset, verbose=0, return_dict=True)
-  predictions = model.predict(tf.data.Dataset.from_tensor_slices(_data(24)[0]).batch(8),
+  predictions = model.predict(tf.data.Dataset.from_tensor_slices(classification_data(24)[0]).batch(8),
                               verbose=0)
   return {"history": history.history, "batch_logs": batch_logs,
           "weights": [w.tolist() for w in model.get_weights()],

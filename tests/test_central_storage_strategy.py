@@ -10,9 +10,8 @@ import tensorflow as tf
 import tf_distribute_lite as tfd
 
 from conftest import DEVICES
-from keras_models import initial_weights
-from keras_models import NUM_CLASSES
-from keras_models import NUM_FEATURES
+from keras_models import classification_data
+from keras_models import classifier
 from keras_models import TOLERANCE
 
 MODULES = pytest.mark.parametrize("mod", [tf.distribute, tfd], ids=["tf", "tfd"])
@@ -145,27 +144,11 @@ def test_checkpoint_restores_into_a_plain_variable(tmp_path):
 
 # --- Training.
 
-def _data(num_examples):
-  rng = np.random.RandomState(7)
-  x = rng.normal(size=(num_examples, NUM_FEATURES)).astype(np.float32)
-  y = rng.randint(0, NUM_CLASSES, size=(num_examples,)).astype(np.int32)
-  return x, y
-
-
-def _model():
-  model = keras.Sequential([
-      keras.Input(shape=(NUM_FEATURES,)),
-      keras.layers.Dense(8, activation="relu"),
-      keras.layers.Dense(NUM_CLASSES)])
-  model.set_weights(initial_weights())
-  return model
-
-
 def test_custom_training_loop_matches_tensorflow():
   def train(mod):
     strategy = _strategy(mod)
     with strategy.scope():
-      model = _model()
+      model = classifier()
       optimizer = keras.optimizers.Adam(learning_rate=0.01)
       optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
@@ -183,7 +166,7 @@ def test_custom_training_loop_matches_tensorflow():
       return strategy.reduce("SUM", strategy.run(step_fn, args=(x, y)), axis=None)
 
     dataset = strategy.experimental_distribute_dataset(
-        tf.data.Dataset.from_tensor_slices(_data(48)).batch(16))
+        tf.data.Dataset.from_tensor_slices(classification_data(48)).batch(16))
     losses = [float(step(x, y)) for x, y in dataset]
     return losses, model.get_weights()
   theirs, ours = train(tf.distribute), train(tfd)
@@ -195,11 +178,11 @@ def test_custom_training_loop_matches_tensorflow():
 def test_keras_fit_matches_tensorflow():
   def fit(mod):
     with _strategy(mod).scope():
-      model = _model()
+      model = classifier()
       model.compile(optimizer=keras.optimizers.Adam(learning_rate=0.01),
                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                     metrics=["accuracy"])
-    history = model.fit(*_data(64), batch_size=16, epochs=2, shuffle=False, verbose=0)
+    history = model.fit(*classification_data(64), batch_size=16, epochs=2, shuffle=False, verbose=0)
     return history.history, model.get_weights()
   theirs, ours = fit(tf.distribute), fit(tfd)
   for name in theirs[0]:

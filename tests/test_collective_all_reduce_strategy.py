@@ -12,9 +12,10 @@ import tensorflow as tf
 
 import tf_distribute_lite as tfd
 
+from keras_models import classification_data
+from keras_models import classifier
 from keras_models import TOLERANCE
 from multi_worker import LocalCluster
-import multi_worker_scenarios as scenarios
 
 MODULES = pytest.mark.parametrize("mod", [tf.distribute, tfd], ids=["tf", "tfd"])
 CLASSES = [
@@ -104,7 +105,7 @@ def test_checkpoint_written_on_two_workers_restores_on_one(two_worker_training, 
   monkeypatch.delenv("TF_CONFIG", raising=False)
   strategy = tfd.MultiWorkerMirroredStrategy()
   with strategy.scope():
-    model = scenarios._model()  # pylint: disable=protected-access
+    model = classifier()
     optimizer = keras.optimizers.Adam(learning_rate=0.01)
     optimizer.build(model.trainable_variables)
   tf.train.Checkpoint(model=model, optimizer=optimizer).restore(
@@ -122,8 +123,8 @@ def _assert_close(actual, expected, tolerance=TOLERANCE):
 
 
 def _plain_training(steps, restore=None):
-  """The custom loop of `scenarios.custom_loop` in one process, no strategy."""
-  model = scenarios._model()  # pylint: disable=protected-access
+  """The custom loop of `multi_worker_scenarios.custom_loop` in one process, no strategy."""
+  model = classifier()
   optimizer = keras.optimizers.Adam(learning_rate=0.01)
   optimizer.build(model.trainable_variables)
   if restore:
@@ -131,7 +132,7 @@ def _plain_training(steps, restore=None):
   loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
   losses = []
   for x, y in tf.data.Dataset.from_tensor_slices(
-      scenarios._data(16 * steps)).batch(16):  # pylint: disable=protected-access
+      classification_data(16 * steps)).batch(16):
     with tf.GradientTape() as tape:
       loss = tf.reduce_mean(loss_fn(y, model(x)))
     optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
@@ -209,14 +210,14 @@ def test_keras_fit_on_two_workers(tmp_path):
   ours = LocalCluster(2, tmp_path / "tfd").run("keras_fit", "tfd")
   theirs = LocalCluster(2, tmp_path / "tf").run("keras_fit", "tf")
   assert theirs[0]["type"] == "ValueError"
-  model = scenarios._model()  # pylint: disable=protected-access
+  model = classifier()
   model.compile(optimizer=keras.optimizers.Adam(learning_rate=0.01),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 metrics=["accuracy"])
-  dataset = tf.data.Dataset.from_tensor_slices(scenarios._data(64)).batch(16)  # pylint: disable=protected-access
+  dataset = tf.data.Dataset.from_tensor_slices(classification_data(64)).batch(16)
   history = model.fit(dataset, epochs=2, verbose=0).history
   evaluation = model.evaluate(dataset, verbose=0, return_dict=True)
-  predictions = model.predict(scenarios._data(24)[0], batch_size=8, verbose=0)  # pylint: disable=protected-access
+  predictions = model.predict(classification_data(24)[0], batch_size=8, verbose=0)
   assert "error" not in ours[0], ours[0].get("traceback")
   assert ours[0]["batch_logs"] == ours[1]["batch_logs"]
   for result in ours.values():
@@ -272,6 +273,6 @@ def test_killed_worker_fails_the_others_and_keeps_the_last_checkpoint(tmp_path):
     assert seconds < 30
   saved = sorted(checkpoints.glob("ckpt-*.index"))
   assert saved[-1].name == "ckpt-2.index"
-  model = scenarios._model()  # pylint: disable=protected-access
+  model = classifier()
   tf.train.Checkpoint(model=model).restore(str(saved[-1])[:-len(".index")]).expect_partial()
   _assert_close(model.get_weights(), results[0]["saved"], tolerance=0)

@@ -10,6 +10,8 @@ import tf_distribute_lite as tfd
 
 from conftest import DEVICES
 import oracle
+from keras_models import classification_data
+from keras_models import classifier
 from keras_models import initial_weights
 from keras_models import NUM_CLASSES
 from keras_models import NUM_FEATURES
@@ -17,24 +19,6 @@ from keras_models import TOLERANCE
 
 GLOBAL_BATCH = 16
 NUM_STEPS = 5
-
-
-def _data(num_steps):
-  """Fixed global batches: features (steps, 16, 5), labels (steps, 16)."""
-  rng = np.random.RandomState(7)
-  x = rng.normal(size=(num_steps, GLOBAL_BATCH, NUM_FEATURES)).astype(np.float32)
-  y = rng.randint(0, NUM_CLASSES, size=(num_steps, GLOBAL_BATCH)).astype(np.int32)
-  return x, y
-
-
-def _make_model():
-  """Dense(8, relu) -> Dense(3) with the fixed initial weights."""
-  model = keras.Sequential([
-      keras.Input(shape=(NUM_FEATURES,)),
-      keras.layers.Dense(8, activation="relu"),
-      keras.layers.Dense(NUM_CLASSES)])
-  model.set_weights(initial_weights())
-  return model
 
 
 def _make_optimizer(name):
@@ -49,7 +33,7 @@ class _Trainer:
   def __init__(self, strategy, optimizer_name, use_function=True):
     self.strategy = strategy
     with strategy.scope():
-      self.model = _make_model()
+      self.model = classifier()
       self.optimizer = _make_optimizer(optimizer_name)
       # Slot variables up front: TF cannot create them inside a tf.function.
       self.optimizer.build(self.model.trainable_variables)
@@ -86,7 +70,7 @@ class _Trainer:
 
   def train(self, num_steps):
     """Runs `num_steps` steps; returns the loss of each step."""
-    x, y = _data(num_steps)
+    x, y = classification_data(num_steps, GLOBAL_BATCH)
     losses = []
     for i in range(num_steps):
       loss = self.step(self.distribute(x[i]), self.distribute(y[i]))
@@ -101,10 +85,10 @@ class _Trainer:
 
 def _reference_losses_and_weights(optimizer_name, num_steps):
   """The same training on one device, with the whole batch: ground truth."""
-  model = _make_model()
+  model = classifier()
   optimizer = _make_optimizer(optimizer_name)
   loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-  x, y = _data(num_steps)
+  x, y = classification_data(num_steps, GLOBAL_BATCH)
   losses = []
   for i in range(num_steps):
     with tf.GradientTape() as tape:
@@ -165,7 +149,7 @@ def test_training_loop_matches_single_device_training(optimizer_name):
 
 def _reference_on_slice(x, y):
   """Weights after one SGD step on `x` alone, scaled as one replica of four."""
-  model = _make_model()
+  model = classifier()
   loss_fn = keras.losses.SparseCategoricalCrossentropy(
       from_logits=True, reduction=None)
   with tf.GradientTape() as tape:
@@ -180,7 +164,7 @@ def test_gradients_are_all_reduced_across_replicas(tf_strategy):
   """Replicas see different data, yet every weight's components stay equal."""
   ours = _Trainer(tfd.MirroredStrategy(), "sgd")
   theirs = _Trainer(tf_strategy, "sgd")
-  x, y = _data(1)
+  x, y = classification_data(1, GLOBAL_BATCH)
   slices = [x[0][i * 4:(i + 1) * 4] for i in range(4)]
   assert not any(np.allclose(slices[0], s) for s in slices[1:])
 
