@@ -288,7 +288,9 @@ def distributed_container(value):
   """The distributed variable `value` is a component of, or None."""
   if not isinstance(value, tf.Variable) or is_distributed_variable(value):
     return None
-  reference = getattr(value.handle, "_distributed_container", None)
+  # Read from `__dict__`: a missing attribute of an eager tensor is slow to
+  # look up, and variables are looked up on every read under a strategy.
+  reference = getattr(value.handle, "__dict__", {}).get("_distributed_container")
   container = reference() if reference is not None else None
   if container is None or not any(c is value for c in container.values):
     return None  # e.g. the result of an assign: same handle, not a component
