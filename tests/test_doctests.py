@@ -28,12 +28,16 @@ def _public_api():
   namespaces = [tf_distribute_lite, tf_distribute_lite.experimental,
                 tf_distribute_lite.experimental.partitioners,
                 tf_distribute_lite.compat.v1,
-                tf_distribute_lite.compat.v1.experimental]
+                tf_distribute_lite.compat.v1.experimental,
+                tf_distribute_lite.cluster_resolver,
+                tf_distribute_lite.tpu.experimental]
   seen = {}
   for namespace in namespaces:
     for name, obj in vars(namespace).items():
-      if name.startswith("_") or inspect.ismodule(obj):
+      if name.startswith("_") or inspect.ismodule(obj) or not callable(obj):
         continue
+      if not obj.__module__.startswith(tf_distribute_lite.__name__):
+        continue  # TensorFlow's own, re-exported (`Server`, `Topology`)
       if inspect.isclass(obj) or inspect.isfunction(obj):
         seen.setdefault(id(obj), (f"{namespace.__name__}.{name}", obj))
   return sorted(seen.values(), key=lambda item: item[0])

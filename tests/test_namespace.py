@@ -14,7 +14,8 @@ TOP_LEVEL = [
     "HierarchicalCopyAllReduce", "NcclAllReduce", "get_strategy",
     "has_strategy", "get_replica_context", "in_cross_replica_context",
     "experimental_set_strategy", "InputContext", "InputOptions",
-    "DistributedDataset", "DistributedIterator", "MultiWorkerMirroredStrategy"]
+    "DistributedDataset", "DistributedIterator", "MultiWorkerMirroredStrategy",
+    "Server"]
 EXPERIMENTAL = ["ValueContext", "CommunicationOptions",
                 "CommunicationImplementation", "CollectiveCommunication",
                 "CollectiveHints", "CentralStorageStrategy",
@@ -31,6 +32,13 @@ COMPAT_V1 = [
     "NcclAllReduce", "get_strategy", "has_strategy", "get_replica_context",
     "in_cross_replica_context", "experimental_set_strategy", "InputContext"]
 
+CLUSTER_RESOLVER = [
+    "ClusterResolver", "SimpleClusterResolver", "UnionResolver",
+    "TFConfigClusterResolver", "SlurmClusterResolver", "KubernetesClusterResolver",
+    "KubernetesExecutableLocation", "GCEClusterResolver", "TPUClusterResolver"]
+TPU_EXPERIMENTAL = ["initialize_tpu_system", "shutdown_tpu_system", "Topology",
+                    "DeviceAssignment", "TPUSystemMetadata"]
+
 NAMESPACES = [
     (tfd, tf.distribute, TOP_LEVEL),
     (tfd.experimental, tf.distribute.experimental, EXPERIMENTAL),
@@ -39,6 +47,10 @@ NAMESPACES = [
      PARTITIONERS),
     (tfd.compat.v1.experimental, tf.compat.v1.distribute.experimental,
      COMPAT_V1_EXPERIMENTAL),
+    (tfd.cluster_resolver, tf.distribute.cluster_resolver, CLUSTER_RESOLVER),
+    (tfd.compat.v1.cluster_resolver, tf.compat.v1.distribute.cluster_resolver,
+     CLUSTER_RESOLVER),
+    (tfd.tpu.experimental, tf.tpu.experimental, TPU_EXPERIMENTAL),
 ]
 
 

@@ -148,3 +148,13 @@ def test_keras_reduce_per_replica_is_routed_for_chosen_strategies():
   assert trainer.reduce_per_replica({"loss": 1.0}, chosen, "auto") == ("ours", "auto")
   other = tfd.OneDeviceStrategy("CPU:1")
   assert trainer.reduce_per_replica({"loss": tf.constant(2.0)}, other, "auto")["loss"] == 2.0
+
+
+def test_topology_proto_parses_what_the_tpu_system_returns():
+  topology = tf.tpu.experimental.Topology(
+      mesh_shape=[2, 2, 1, 2],
+      device_coordinates=[[[x, y, 0, c] for y in range(2) for x in range(2) for c in range(2)]])
+  proto = _tf_bridge.parse_topology_proto(topology.serialized())
+  assert list(proto.mesh_shape) == [2, 2, 1, 2]
+  assert proto.num_tasks == 1 and proto.num_tpu_devices_per_task == 8
+  assert proto.HasField("tpu_hardware_feature") is False

@@ -10,8 +10,12 @@ Use it where you would use `tf.distribute`:
 <tf.Tensor: shape=(), dtype=float32, numpy=4.0>
 """
 
+import tensorflow as tf
+
+from tf_distribute_lite import cluster_resolver
 from tf_distribute_lite import compat
 from tf_distribute_lite import experimental
+from tf_distribute_lite import tpu
 from tf_distribute_lite import values
 from tf_distribute_lite.contexts import get_replica_context
 from tf_distribute_lite.contexts import get_strategy
@@ -36,5 +40,7 @@ from tf_distribute_lite.mirrored_strategy import MirroredStrategy
 from tf_distribute_lite.one_device_strategy import OneDeviceStrategy
 from tf_distribute_lite.reduce_util import ReduceOp
 from tf_distribute_lite.values import DistributedValues
+
+Server = tf.distribute.Server  # TensorFlow's own gRPC server, re-exported
 
 __version__ = "0.1.0"

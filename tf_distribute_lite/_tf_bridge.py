@@ -19,6 +19,9 @@ collective ops through the eager context (`enable_collective_ops`, with the
 context's own config, `eager_context_config`), as TensorFlow's
 MultiWorkerMirroredStrategy does: there is no public call for it.
 
+`TPUClusterResolver.tpu_hardware_feature` reads TensorFlow's TPU topology
+proto (`parse_topology_proto`), which no public module exports.
+
 Two contacts answer Keras rather than TensorFlow: Keras 3 recognises a
 distributed dataset by the name and module of a base class
 (`KERAS_DATASET_BASES`), and reduces its steps' outputs across workers only
@@ -261,3 +264,18 @@ def route_keras_reduce_per_replica(takes, reduce):
     return original(values, strategy, reduction)
   reduce_per_replica.routes = routes
   trainer.reduce_per_replica = reduce_per_replica
+
+
+def parse_topology_proto(serialized):
+  """The `TopologyProto` TensorFlow's TPU system initialization returns
+  (serialized), whose `tpu_hardware_feature` `TPUClusterResolver` reports:
+  `tf.tpu.experimental.Topology` parses the same bytes but keeps only the
+  mesh."""
+  try:
+    from tensorflow.core.protobuf.tpu import topology_pb2  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ImportError(f"TensorFlow {tf.__version__} has no TPU topology proto "
+                      "(tensorflow.core.protobuf.tpu.topology_pb2).") from None
+  proto = topology_pb2.TopologyProto()
+  proto.ParseFromString(serialized)
+  return proto

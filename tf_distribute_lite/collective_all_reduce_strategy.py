@@ -18,8 +18,6 @@ Without a cluster (no `TF_CONFIG`) the strategy runs on this machine alone.
 """
 
 import copy
-import json
-import os
 
 import tensorflow as tf
 
@@ -34,6 +32,7 @@ from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import values as values_lib
+from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
 from tf_distribute_lite.collective_util import CommunicationImplementation
 from tf_distribute_lite.collective_util import CommunicationOptions
 from tf_distribute_lite.reduce_util import ReduceOp
@@ -144,7 +143,7 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
           f"communication_options must be an instance of "
           f"tf.distribute.experimental.CommunicationOptions; got "
           f"{communication_options!r}.")
-    self._cluster_resolver = cluster_resolver or _TFConfigResolver()
+    self._cluster_resolver = cluster_resolver or TFConfigClusterResolver()
     self._communication_options = communication_options
     cluster_spec = self._cluster_resolver.cluster_spec()
     task_type = self._cluster_resolver.task_type
@@ -392,8 +391,9 @@ class _WorkerReplicaContext(distribute_lib.ReplicaContext):
 
 def _local_devices(task, resolver):
   """One device per replica of this worker: its GPUs, else its CPU."""
-  if type(resolver).__name__ == "TFConfigClusterResolver" or isinstance(
-      resolver, _TFConfigResolver):
+  if isinstance(resolver, TFConfigClusterResolver):
+    # It counts the devices of its task, which this process has only once
+    # it has joined the cluster.
     gpus = len(device_util.local_devices("GPU"))
   else:
     gpus = resolver.num_accelerators().get("GPU", 0)
@@ -476,30 +476,3 @@ def _concat_in_input_order(value, strategy):
   per_worker = len(strategy.extended.worker_devices)
   ordered = [part for r in range(per_worker) for part in parts[r::per_worker]]
   return tf.concat(ordered, axis=0)
-
-
-class _TFConfigResolver:
-  """The cluster `TF_CONFIG` describes (stand-in for the package's
-  TFConfigClusterResolver)."""
-
-  rpc_layer = "grpc"
-
-  def __init__(self):
-    text = os.environ.get("TF_CONFIG") or "{}"
-    try:
-      config = json.loads(text)
-    except ValueError as e:
-      raise ValueError(f"TF_CONFIG is not valid JSON ({e}): {text!r}") from None
-    if not isinstance(config, dict):
-      raise ValueError(f"TF_CONFIG must be a JSON object; got {text!r}.")
-    self._cluster = config.get("cluster") or {}
-    task = config.get("task") or {}
-    self.task_type = task.get("type")
-    self.task_id = task.get("index")
-    self.rpc_layer = config.get("rpc_layer", "grpc")
-
-  def cluster_spec(self):
-    return tf.train.ClusterSpec(self._cluster)
-
-  def num_accelerators(self):
-    return {}

@@ -1,5 +1,6 @@
 """`tf.compat.v1.distribute`: the TF 1.x forms of the strategy API."""
 
+from tf_distribute_lite import cluster_resolver
 from tf_distribute_lite.compat.v1 import experimental
 from tf_distribute_lite.contexts import get_cross_replica_context
 from tf_distribute_lite.contexts import get_replica_context

@@ -1,0 +1,341 @@
+"""TPUClusterResolver against a fake metadata server and Cloud TPU API on
+127.0.0.1, compared with TensorFlow's where TensorFlow has the behaviour."""
+
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import tensorflow as tf
+
+import tf_distribute_lite as tfd
+from tf_distribute_lite import tpu_system
+
+from cloud_fakes import FakeCloud
+from cloud_fakes import FakeTpuService
+from cloud_fakes import node
+from outcomes import same
+
+OURS = tfd.cluster_resolver.TPUClusterResolver
+THEIRS = tf.distribute.cluster_resolver.TPUClusterResolver
+PROJECT, ZONE = "test-project", "us-central1-b"
+FULL_NAME = f"projects/{PROJECT}/locations/{ZONE}/nodes/my-tpu"
+HTTP_TIMEOUT = 0.3
+
+
+@pytest.fixture
+def cloud(monkeypatch, tmp_path):
+  """The fakes, with this machine's environment pointing at them."""
+  fake = FakeCloud()
+  fake.metadata("project/project-id", PROJECT)
+  fake.metadata("instance/zone", f"projects/123/zones/{ZONE}")
+  fake.metadata("instance/service-accounts/default/token",
+                {"access_token": "secret", "token_type": "Bearer"})
+  for name in ("TPU_NAME", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "TPU_CONFIG",
+               "GCE_METADATA_IP", "TPU_API_DISCOVERY_URL"):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv("GCE_METADATA_HOST", fake.address)
+  monkeypatch.setenv("TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT", f"http://{fake.address}")
+  monkeypatch.setenv("TF_DISTRIBUTE_LITE_HTTP_TIMEOUT", str(HTTP_TIMEOUT))
+  monkeypatch.setenv("TF_DISTRIBUTE_LITE_PCI_DEVICES", str(tmp_path / "pci"))
+  yield fake
+  fake.close()
+
+
+def _same(call):
+  return same(call, THEIRS, OURS)
+
+
+def _answers(resolver):
+  return (resolver.master(), resolver.cluster_spec().as_dict(), resolver.get_master(),
+          resolver.get_job_name(), resolver.get_coordination_service_leader(),
+          resolver.environment, resolver.task_type, resolver.task_id)
+
+
+# --- Addresses, local, and the environment: as in TensorFlow.
+
+@pytest.mark.parametrize("tpu", [
+    "grpc://10.0.0.2:8470", "grpc://10.0.0.2", "grpc://10.0.0.2:1,grpc://10.0.0.3:2",
+    ["grpc://10.0.0.2:8471"], b"grpc://10.0.0.4:8470", "local", [], ["a", "b"]])
+def test_addresses_and_local_like_tf(tpu, cloud):
+  del cloud
+  _same(lambda r: _answers(r(tpu)))
+
+
+def test_local_counts_local_tpu_cores_like_tf(cloud):
+  del cloud
+  assert _same(lambda r: r("local").num_accelerators()) == {"TPU": 0}
+  metadata = _same(lambda r: r("local").get_tpu_system_metadata()[:4])
+  assert metadata == (0, 0, 0, None)
+
+
+@pytest.mark.parametrize("variables", [
+    {"TPU_NAME": "grpc://10.0.0.5:8470"},
+    {"KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS": "grpc://10.0.0.6:8470,grpc://10.0.0.7:8470",
+     "TPU_NAME": "grpc://10.0.0.5:8470"},
+])
+def test_environment_variables_like_tf(variables, cloud, monkeypatch):
+  del cloud
+  for name, value in variables.items():
+    monkeypatch.setenv(name, value)
+  _same(lambda r: _answers(r()))
+  _same(lambda r: _answers(r("")))
+
+
+def test_coordinator_joins_the_cluster_like_tf(cloud):
+  del cloud
+  _same(lambda r: _answers(r("grpc://10.0.0.2:8470", coordinator_name="coordinator",
+                             coordinator_address="10.0.0.9:9000")))
+
+
+# --- Names through the Cloud TPU API.
+
+@pytest.mark.parametrize("description", [node(hosts=1), node(hosts=4), node(legacy=True)])
+def test_name_lookup_with_a_service_like_tf(description, cloud):
+  del cloud
+  service = FakeTpuService({FULL_NAME: description})
+  answers = _same(lambda r: _answers(r("my-tpu", service=service)))
+  hosts = len(description.get("networkEndpoints", [None]))
+  assert len(answers[1]["worker"]) == hosts
+  assert answers[0] == "grpc://" + answers[1]["worker"][0]
+
+
+@pytest.mark.parametrize("state", ["CREATING", "PREEMPTED", "TERMINATED"])
+def test_a_node_that_is_not_ready_raises_like_tf(state, cloud):
+  del cloud
+  service = FakeTpuService({FULL_NAME: node(state)})
+  assert _same(lambda r: r("my-tpu", service=service).master()) is RuntimeError
+  with pytest.raises(RuntimeError, match=f'TPU "my-tpu" is not yet ready; state: "{state}"'):
+    OURS("my-tpu", service=service).cluster_spec()
+
+
+def test_a_failed_lookup_raises_value_error_like_tf(cloud):
+  del cloud
+  service = FakeTpuService({FULL_NAME: KeyError("no such node")})
+  assert _same(lambda r: r("my-tpu", service=service).master()) is ValueError
+
+
+@pytest.mark.parametrize("hosts", [1, 4])
+def test_name_lookup_over_http(hosts, cloud):
+  cloud.node(PROJECT, ZONE, "my-tpu", (200, node(hosts=hosts)))
+  resolver = OURS("my-tpu")
+  assert resolver.cluster_spec().as_dict() == {
+      "worker": [f"10.240.1.{i + 2}:8470" for i in range(hosts)]}
+  assert resolver.master() == "grpc://10.240.1.2:8470"
+  assert cloud.headers[f"/v1/{FULL_NAME}"]["Authorization"] == "Bearer secret"
+
+
+def test_project_and_zone_may_be_given(cloud):
+  cloud.node("p2", "z2", "my-tpu", (200, node(legacy=True)))
+  assert OURS("my-tpu", zone="z2", project="p2").master() == "grpc://10.240.1.2:8470"
+  assert cloud.hits["/computeMetadata/v1/project/project-id"] == 0
+
+
+def test_a_ready_node_is_looked_up_once(cloud):
+  """TensorFlow asks the API again at every `master()` and `cluster_spec()`."""
+  cloud.node(PROJECT, ZONE, "my-tpu", (200, node(hosts=4)))
+  resolver = OURS("my-tpu")
+  for _ in range(3):
+    resolver.master()
+    resolver.cluster_spec()
+  assert cloud.hits[f"/v1/{FULL_NAME}"] == 1
+
+
+def test_a_node_not_ready_is_asked_again(cloud):
+  cloud.node(PROJECT, ZONE, "my-tpu", (200, node("CREATING")), (200, node()))
+  resolver = OURS("my-tpu")
+  with pytest.raises(RuntimeError, match="CREATING"):
+    resolver.master()
+  assert resolver.master() == "grpc://10.240.1.2:8470"
+
+
+def test_server_errors_are_retried(cloud):
+  cloud.node(PROJECT, ZONE, "my-tpu", (500, "busy"), (503, "busy"), (200, node()))
+  assert OURS("my-tpu").master() == "grpc://10.240.1.2:8470"
+  assert cloud.hits[f"/v1/{FULL_NAME}"] == 3
+
+
+def test_an_api_that_keeps_failing_gives_a_clear_error(cloud):
+  cloud.node(PROJECT, ZONE, "my-tpu", (500, "broken"))
+  with pytest.raises(ValueError, match="my-tpu.*HTTP 500"):
+    OURS("my-tpu").master()
+  assert cloud.hits[f"/v1/{FULL_NAME}"] == 3  # the first try and 2 retries
+
+
+def test_malformed_json_gives_a_clear_error(cloud):
+  cloud.node(PROJECT, ZONE, "my-tpu", (200, "{not json"))
+  with pytest.raises(ValueError, match="did not return JSON: '{not json'"):
+    OURS("my-tpu").master()
+
+
+def test_the_fake_metadata_server_wants_the_flavor_header(cloud):
+  url = f"http://{cloud.address}/computeMetadata/v1/project/project-id"
+  with pytest.raises(urllib.error.HTTPError) as raised:
+    urllib.request.urlopen(url, timeout=5)
+  assert raised.value.code == 404
+  cloud.node(PROJECT, ZONE, "my-tpu", (200, node()))
+  OURS("my-tpu").master()  # ours sends the header
+  assert cloud.headers["/computeMetadata/v1/project/project-id"]["Metadata-Flavor"] == "Google"
+
+
+def test_metadata_404_raises_http_error_like_tf(cloud):
+  cloud.metadata("project/project-id", "gone", status=404)
+  assert _same(lambda r: r("my-tpu", service=FakeTpuService({}))) is urllib.error.HTTPError
+
+
+def test_a_hanging_metadata_server_times_out(cloud, monkeypatch):
+  monkeypatch.setenv("TF_DISTRIBUTE_LITE_HTTP_RETRIES", "1")
+  cloud.metadata("project/project-id", PROJECT, delay=3)
+  start = time.monotonic()
+  with pytest.raises(TimeoutError, match="no answer within 0.3 s"):
+    OURS("my-tpu")
+  assert time.monotonic() - start < 2.5
+
+
+def test_tpu_config_names_the_node(cloud, monkeypatch):
+  monkeypatch.setenv("TPU_CONFIG", '{"tpu_node_name": "my-tpu", "project": "p3", "zone": "z3"}')
+  cloud.node("p3", "z3", "my-tpu", (200, node(hosts=2)))
+  assert OURS().cluster_spec().num_tasks("worker") == 2
+
+
+def test_discovery_document_gives_the_api_root(cloud, monkeypatch):
+  monkeypatch.delenv("TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT")
+  cloud.answer("/discovery", (200, {"rootUrl": f"http://{cloud.address}/", "servicePath": ""}))
+  cloud.node(PROJECT, ZONE, "my-tpu", (200, node()))
+  resolver = OURS("my-tpu", discovery_url=f"http://{cloud.address}/discovery")
+  assert resolver.master() == "grpc://10.240.1.2:8470"
+
+
+# --- Finding the TPU of a Cloud TPU VM, beyond TensorFlow.
+
+def _pci_device(root, address, vendor, device):
+  folder = root / address
+  folder.mkdir(parents=True)
+  (folder / "vendor").write_text(vendor + "\n")
+  (folder / "device").write_text(device + "\n")
+
+
+def test_nothing_found_lists_every_source(cloud):
+  del cloud
+  with pytest.raises(ValueError) as raised:
+    OURS()
+  message = str(raised.value)
+  for source in ("Please provide a TPU Name", "$TPU_NAME: not set",
+                 "$KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS: not set", "$TPU_CONFIG: not set",
+                 "TPU chips on the PCI bus", "Cloud TPU VM metadata", "HTTP 404"):
+    assert source in message
+  assert _same(lambda r: r()) is ValueError  # TensorFlow's class
+
+
+def test_tpu_chips_on_the_pci_bus_mean_local(cloud, tmp_path):
+  del cloud
+  _pci_device(tmp_path / "pci", "0000:00:04.0", "0x1ae0", "0x0042")  # a gVNIC, no TPU
+  with pytest.raises(ValueError):
+    OURS()
+  _pci_device(tmp_path / "pci", "0000:00:05.0", "0x1ae0", "0x005e")
+  resolver = OURS()
+  assert (resolver.master(), resolver.cluster_spec().as_dict()) == ("", {})
+  assert resolver.num_accelerators() == {"TPU": 0}  # TensorFlow has no TPU here
+
+
+def test_tpu_vm_metadata_means_local(cloud):
+  cloud.metadata("instance/attributes/accelerator-type", "v4-8")
+  cloud.metadata("instance/attributes/agent-worker-number", "0")
+  assert OURS("").master() == ""
+  assert cloud.hits["/computeMetadata/v1/instance/attributes/accelerator-type"] == 1
+
+
+def test_an_unreachable_metadata_server_is_reported(cloud, monkeypatch):
+  del cloud
+  monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:1")
+  with pytest.raises(ValueError, match="unreachable"):
+    OURS()
+
+
+# --- TPU system initialization, and the topology it reports.
+
+def test_initialize_without_a_tpu_raises_not_found(cloud):
+  del cloud
+  with pytest.raises(tf.errors.NotFoundError, match="No TPU was found"):
+    tfd.tpu.experimental.initialize_tpu_system(OURS("local"))
+  with pytest.raises(tf.errors.NotFoundError):
+    tfd.tpu.experimental.shutdown_tpu_system(OURS("local"))
+
+
+@pytest.mark.parametrize("tpu, job, device", [
+    ("local", None, "/device:TPU_SYSTEM:0"),
+    ("grpc://10.0.0.2:8470", "worker", "/job:worker/replica:0/task:0/device:TPU_SYSTEM:0")])
+def test_initialize_builds_tensorflows_tpu_system_op(tpu, job, device, cloud):
+  del cloud
+  assert tpu_system.system_device(OURS(tpu)) == device
+  with tf.device(device):
+    graph = tpu_system.initialize_function(job).get_concrete_function().graph
+  (op,) = [op for op in graph.get_operations() if op.type == "ConfigureDistributedTPU"]
+  assert tf.DeviceSpec.from_string(op.device).device_type == "TPU_SYSTEM"
+  assert op.get_attr("compilation_failure_closes_chips") is False
+
+
+def test_set_topology_and_hardware_feature_like_tf(cloud):
+  del cloud
+  serialized = tfd.tpu_emulation.PRESETS["v4-8"].topology().serialized()
+
+  def feature(r):
+    resolver = r("grpc://10.0.0.2:8470")
+    before = resolver.tpu_hardware_feature
+    resolver.set_tpu_topology(serialized)
+    return before, resolver.tpu_hardware_feature
+  assert _same(feature)[0] is None
+
+
+# --- Emulated slices.
+
+def test_emulated_slice_from_the_argument_or_tpu_name(cloud, monkeypatch):
+  del cloud
+  resolver = OURS("emulated:v4-8")
+  assert resolver.emulated_slice.name == "v4-8"
+  assert (resolver.master(), resolver.cluster_spec().as_dict()) == ("", {})
+  monkeypatch.setenv("TPU_NAME", "emulated:v4-8")
+  for tpu in (None, ""):
+    assert OURS(tpu).num_accelerators() == {"TPU": 4}
+  metadata = OURS().get_tpu_system_metadata()
+  assert (metadata.num_cores, metadata.num_hosts, metadata.num_of_cores_per_host) == (4, 1, 4)
+  assert [d.name for d in metadata.devices] == [
+      f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4)]
+
+
+def test_initialized_emulated_slice_gives_its_topology(cloud):
+  del cloud
+  topology = tfd.tpu.experimental.initialize_tpu_system(OURS("emulated:v4-8"))
+  assert topology.mesh_shape.tolist() == [2, 2, 1, 1]
+  assignment = tfd.tpu.experimental.DeviceAssignment.build(
+      topology, computation_shape=[1, 1, 1, 1], num_replicas=4)
+  assert assignment.num_replicas == 4
+
+
+def test_unknown_emulated_slice_lists_the_presets(cloud):
+  del cloud
+  with pytest.raises(ValueError, match="emulated:v2-8, emulated:v3-8, emulated:v4-8, "
+                                       "emulated:v5litepod-8"):
+    OURS("emulated:v9-8")
+
+
+def test_too_few_devices_for_a_started_tensorflow_says_how_to_fix_it(cloud):
+  del cloud
+  with pytest.raises(RuntimeError, match="needs 8 logical CPU devices.*started with 4.*"
+                                         "before any other TensorFlow operation"):
+    OURS("emulated:v3-8")
+
+
+def test_a_fresh_program_gets_a_v3_8_slice_from_tpu_name():
+  script = ("import tensorflow as tf, tf_distribute_lite as tfd\n"
+            "resolver = tfd.cluster_resolver.TPUClusterResolver()\n"
+            "topology = tfd.tpu.experimental.initialize_tpu_system(resolver)\n"
+            "print(len(tf.config.list_logical_devices('CPU')), topology.mesh_shape.tolist())\n")
+  env = dict(os.environ, TPU_NAME="emulated:v3-8")
+  result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.strip().splitlines()[-1] == "8 [2, 2, 1, 2]"

@@ -1,0 +1,89 @@
+"""`GCEClusterResolver`: the running instances of a Compute Engine instance
+group, through a googleapiclient-style Compute service."""
+
+import tensorflow as tf
+
+from tf_distribute_lite.cluster_resolver.cluster_resolver import ClusterResolver
+from tf_distribute_lite.cluster_resolver.cluster_resolver import task_master
+
+
+def _compute_service(credentials):
+  try:
+    from googleapiclient import discovery  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ImportError("googleapiclient must be installed before using the GCE "
+                      "cluster resolver") from None
+  if credentials == "default":
+    credentials = None  # the library finds the application default
+  return discovery.build("compute", "v1", credentials=credentials)
+
+
+class GCEClusterResolver(ClusterResolver):
+  """Every running instance of `instance_group` (its first network
+  interface's IP and `port`, sorted) is a task of job `task_type`.
+
+  `service` replaces the Compute API client (an object with
+  `instanceGroups()` and `instances()` as googleapiclient builds them);
+  without it the `googleapiclient` package must be installed.
+  `task_type` cannot change after construction.
+
+  >>> class Request:
+  ...   def __init__(self, answer): self.answer = answer
+  ...   def execute(self): return self.answer
+  >>> class Groups:
+  ...   def listInstances(self, **kwargs):
+  ...     return Request({"items": [{"instance": "zones/z/instances/vm-1"}]})
+  ...   def listInstances_next(self, previous_request, previous_response):
+  ...     return None
+  >>> class Instances:
+  ...   def get(self, project, zone, instance):
+  ...     return Request({"networkInterfaces": [{"networkIP": "10.0.0.7"}]})
+  >>> class Compute:
+  ...   def instanceGroups(self): return Groups()
+  ...   def instances(self): return Instances()
+  >>> resolver = GCEClusterResolver("project", "zone", "group", 8470,
+  ...                               service=Compute())
+  >>> resolver.cluster_spec().as_dict(), resolver.master()
+  ({'worker': ['10.0.0.7:8470']}, 'grpc://10.0.0.7:8470')
+  """
+
+  def __init__(self, project, zone, instance_group, port, task_type="worker",
+               task_id=0, rpc_layer="grpc", credentials="default", service=None):
+    self._project = project
+    self._zone = zone
+    self._instance_group = instance_group
+    self._port = port
+    self._task_type = task_type
+    self._task_id = task_id
+    self._rpc_layer = rpc_layer
+    self._service = service if service is not None else _compute_service(credentials)
+
+  def cluster_spec(self):
+    """Asks the Compute API for the group's running instances."""
+    groups = self._service.instanceGroups()
+    request = groups.listInstances(
+        project=self._project, zone=self._zone, instanceGroup=self._instance_group,
+        body={"instanceState": "RUNNING"}, orderBy="name")
+    addresses = []
+    while request is not None:
+      response = request.execute()
+      for item in response.get("items", []):
+        name = item["instance"].split("/")[-1]
+        details = self._service.instances().get(
+            project=self._project, zone=self._zone, instance=name).execute()
+        addresses.append(f"{details['networkInterfaces'][0]['networkIP']}:{self._port}")
+      request = groups.listInstances_next(previous_request=request,
+                                          previous_response=response)
+    return tf.train.ClusterSpec({self._task_type: sorted(addresses)})
+
+  def master(self, task_type=None, task_id=None, rpc_layer=None):
+    return task_master(self, task_type, task_id, rpc_layer)
+
+  @property
+  def task_type(self):
+    return self._task_type
+
+  @task_type.setter
+  def task_type(self, task_type):
+    raise RuntimeError("You cannot reset the task_type of the "
+                       "GCEClusterResolver after it has been created.")

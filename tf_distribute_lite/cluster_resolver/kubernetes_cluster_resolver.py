@@ -1,0 +1,96 @@
+"""`KubernetesClusterResolver`: the running pods that label selectors pick,
+through the optional `kubernetes` client package."""
+
+import enum
+
+import tensorflow as tf
+
+from tf_distribute_lite.cluster_resolver.cluster_resolver import ClusterResolver
+from tf_distribute_lite.cluster_resolver.cluster_resolver import task_master
+
+_MISSING_CLIENT = (
+    "The Kubernetes Python client must be installed before using the "
+    "Kubernetes Cluster Resolver. To install the Kubernetes Python client, run "
+    "`pip install kubernetes` on your command line.")
+
+
+class KubernetesExecutableLocation(enum.Enum):
+  """Where the program runs: inside the Kubernetes cluster, or outside it
+  (then `~/.kube/config` says how to reach it).
+
+  >>> KubernetesExecutableLocation.WITHIN_CLUSTER.value
+  0
+  """
+  WITHIN_CLUSTER = 0
+  OFF_CLUSTER = 1
+
+
+def _kubernetes():
+  try:
+    import kubernetes  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ImportError(_MISSING_CLIENT) from None
+  return kubernetes
+
+
+class KubernetesClusterResolver(ClusterResolver):
+  """Each job is the pods its label selectors pick (sorted by name, each
+  `host_ip:tf_server_port`); every one must be running.
+
+  `override_client` replaces the Kubernetes API client (any object with
+  `list_pod_for_all_namespaces(label_selector=...)`); without it the
+  `kubernetes` package must be installed.
+
+  >>> from types import SimpleNamespace as Obj
+  >>> class FakeClient:
+  ...   def list_pod_for_all_namespaces(self, label_selector):
+  ...     pod = Obj(metadata=Obj(name="tf-0"),
+  ...               status=Obj(phase="Running", host_ip="10.1.0.4"))
+  ...     return Obj(items=[pod])
+  >>> resolver = KubernetesClusterResolver(override_client=FakeClient())
+  >>> resolver.cluster_spec().as_dict()
+  {'worker': ['10.1.0.4:8470']}
+  """
+
+  def __init__(self, job_to_label_mapping=None, tf_server_port=8470,
+               rpc_layer="grpc", override_client=None,
+               executable_location=KubernetesExecutableLocation.WITHIN_CLUSTER):
+    if not override_client:
+      config = _kubernetes().config
+      if executable_location == KubernetesExecutableLocation.OFF_CLUSTER:
+        config.load_kube_config()
+      elif executable_location == KubernetesExecutableLocation.WITHIN_CLUSTER:
+        config.load_incluster_config()
+      else:
+        raise ValueError("The executable location provided is invalid.")
+    self._job_to_label_mapping = job_to_label_mapping or {
+        "worker": ["job-name=tensorflow"]}
+    self._tf_server_port = tf_server_port
+    self._override_client = override_client
+    self.task_type = None
+    self.task_id = None
+    self.rpc_layer = rpc_layer
+
+  def master(self, task_type=None, task_id=None, rpc_layer=None):
+    return task_master(self, task_type, task_id, rpc_layer)
+
+  def cluster_spec(self):
+    """Asks the Kubernetes API for the pods; a pod that is not running
+    raises `RuntimeError` naming it and its phase."""
+    client = self._override_client
+    if not client:
+      kubernetes = _kubernetes()
+      kubernetes.config.load_kube_config()
+      client = kubernetes.client.CoreV1Api()
+    cluster = {}
+    for job, selectors in self._job_to_label_mapping.items():
+      addresses = []
+      for selector in selectors:
+        pods = client.list_pod_for_all_namespaces(label_selector=selector).items
+        for pod in sorted(pods, key=lambda p: p.metadata.name):
+          if pod.status.phase != "Running":
+            raise RuntimeError(f'Pod "{pod.metadata.name}" is not running; '
+                               f'phase: "{pod.status.phase}"')
+          addresses.append(f"{pod.status.host_ip}:{self._tf_server_port}")
+      cluster[job] = addresses
+    return tf.train.ClusterSpec(cluster)

@@ -1,0 +1,238 @@
+"""`TPUClusterResolver`: the TPU a program runs on, found by name, address,
+environment, or by looking at the machine (a Cloud TPU VM), or an emulated
+slice of logical CPU devices."""
+
+import collections
+import re
+
+import tensorflow as tf
+
+from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import device_util
+from tf_distribute_lite.cluster_resolver import cloud_http
+from tf_distribute_lite.cluster_resolver import tpu_discovery
+from tf_distribute_lite.cluster_resolver.cluster_resolver import accelerator_devices
+from tf_distribute_lite.cluster_resolver.cluster_resolver import ClusterResolver
+from tf_distribute_lite.cluster_resolver.cluster_resolver import devices_of
+from tf_distribute_lite.cluster_resolver.cluster_resolver import format_master_url
+
+_TPU_DEVICE = re.compile(r".*task:(?P<task>\d+)/.*device:TPU:(?P<core>\d+)$")
+_QUERY_TIMEOUT_MS = 5 * 60 * 1000  # a TPU host may still be starting
+
+
+class TPUClusterResolver(ClusterResolver):
+  """The TPU to run on.
+
+  `tpu` is "local" (this Cloud TPU VM's chips), "grpc://host:port" addresses,
+  a Cloud TPU name (looked up through the Cloud TPU API in `project` and
+  `zone`, by default this VM's), or "emulated:v3-8" (also v2-8, v4-8,
+  v5litepod-8: one logical CPU device per core). When `tpu` is None or "",
+  `$KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS`, `$TPU_NAME` and `$TPU_CONFIG` are read
+  as in TensorFlow, and then, unlike TensorFlow, this machine is searched for
+  TPU chips, so that on a Cloud TPU VM no argument is needed.
+
+  `service` replaces the Cloud TPU API client (an object with
+  `projects().locations().nodes().get(name=...).execute()`); without it the
+  API is called over HTTP with timeouts and retries (see `cloud_http`). A
+  node's addresses are looked up once it is READY, not at every `master()`
+  or `cluster_spec()`.
+
+  >>> resolver = TPUClusterResolver(tpu="grpc://10.0.0.2:8470")
+  >>> resolver.master(), resolver.cluster_spec().as_dict()
+  ('grpc://10.0.0.2:8470', {'worker': ['10.0.0.2:8470']})
+  >>> TPUClusterResolver(tpu="emulated:v4-8").num_accelerators()
+  {'TPU': 4}
+  """
+
+  def __init__(self, tpu=None, zone=None, project=None, job_name="worker",
+               coordinator_name=None, coordinator_address=None,
+               credentials="default", service=None, discovery_url=None):
+    self._target = tpu_discovery.find(tpu, project, zone)
+    self._service = service
+    self._credentials = credentials
+    self._discovery_url = discovery_url
+    self._project = self._zone = None
+    if self._target.kind == "api":
+      self._project = self._target.project or cloud_http.metadata("project/project-id")
+      self._zone = self._target.zone or cloud_http.metadata("instance/zone").split("/")[-1]
+    if self._target.kind == "emulated":
+      self._target.emulated_slice.ensure_devices()
+    self._ready_endpoints = None
+    self.task_type = job_name
+    self.task_id = 0
+    self._coordinator_name = coordinator_name
+    self._coordinator_address = coordinator_address
+    if coordinator_name and not coordinator_address:
+      self._start_coordinator()
+    self._tpu_topology = None
+
+  @staticmethod
+  def connect(tpu=None, zone=None, project=None):
+    """Finds the TPU, connects this program to it and initializes it.
+
+    >>> resolver = TPUClusterResolver.connect("emulated:v4-8")
+    >>> resolver.emulated_slice.name
+    'v4-8'
+    """
+    from tf_distribute_lite import tpu_system  # pylint: disable=g-import-not-at-top
+    resolver = TPUClusterResolver(tpu, zone, project)
+    tf.config.experimental_connect_to_cluster(resolver)
+    tpu_system.initialize_tpu_system(resolver)
+    return resolver
+
+  @property
+  def emulated_slice(self):
+    """The `tpu_emulation.EmulatedSlice` run on, or None for a real TPU."""
+    return self._target.emulated_slice
+
+  def _is_local(self):
+    return self._target.kind in ("local", "emulated")
+
+  def _endpoints(self):
+    if self._target.kind == "grpc":
+      return self._target.endpoints
+    if self._ready_endpoints is None:
+      node = self._node()
+      if node.get("state") != "READY":
+        raise RuntimeError(f'TPU "{self._target.name}" is not yet ready; '
+                           f'state: "{node.get("state")}"')
+      self._ready_endpoints = tuple(node.get("networkEndpoints") or (
+          {"ipAddress": node["ipAddress"], "port": node["port"]},))
+    return self._ready_endpoints
+
+  def _node(self):
+    """The Cloud TPU API's description of the node."""
+    name = (f"projects/{self._project}/locations/{self._zone}/nodes/"
+            f"{self._target.name}")
+    try:
+      if self._service is not None:
+        return self._service.projects().locations().nodes().get(name=name).execute()
+      token = getattr(self._credentials, "token", None) or cloud_http.access_token()
+      return cloud_http.get_json(
+          f"{cloud_http.tpu_api_root(self._discovery_url)}/v1/{name}",
+          {"Authorization": f"Bearer {token}"})
+    except Exception as e:  # pylint: disable=broad-except
+      raise ValueError(
+          f"Could not lookup TPU metadata from name '{self._target.name}'. "
+          f"Please doublecheck the tpu argument in the TPUClusterResolver "
+          f"constructor. Exception: {e}") from e
+
+  def cluster_spec(self):
+    """One task per TPU host in job `task_type` (plus the coordinator's job,
+    if any); empty for a local or emulated TPU."""
+    if self._is_local():
+      return tf.train.ClusterSpec({})
+    cluster = {self.task_type: [f"{e['ipAddress']}:{e['port']}"
+                                for e in self._endpoints()]}
+    if self._coordinator_address:
+      cluster[self._coordinator_name] = [self._coordinator_address]
+    return tf.train.ClusterSpec(cluster)
+
+  def master(self, task_type=None, task_id=None, rpc_layer=None):
+    """The gRPC address of the given (by default the first) TPU host; "" for
+    a local or emulated TPU."""
+    del rpc_layer  # TPU hosts always speak gRPC.
+    if self._is_local():
+      return ""
+    cluster = self.cluster_spec()
+    if task_type is not None and task_id is not None:
+      address = cluster.task_address(task_type, task_id)
+    elif self.task_type is not None and self.task_id is not None:
+      address = cluster.task_address(self.task_type, self.task_id)
+    else:
+      tasks = cluster.job_tasks(self.task_type)
+      if not tasks:
+        raise ValueError("No TPUs with the specified names exist.")
+      address = tasks[0]
+    return format_master_url(address, "grpc")
+
+  def get_master(self):
+    """`master()`."""
+    return self.master()
+
+  def get_job_name(self):
+    """The job of the TPU hosts (`task_type`)."""
+    return self.task_type
+
+  def get_coordination_service_leader(self):
+    """The task leading TensorFlow's coordination service.
+
+    >>> TPUClusterResolver("grpc://10.0.0.2").get_coordination_service_leader()
+    '/job:worker/task:0'
+    """
+    return f"/job:{self.get_job_name()}/task:0"
+
+  def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
+    """{"TPU": cores per host}."""
+    if self.emulated_slice is not None:
+      return {"TPU": self.emulated_slice.num_cores}
+    if self._target.kind == "local":
+      return {"TPU": len(tf.config.list_logical_devices("TPU"))}
+    cores = collections.Counter(
+        match.group("task") for match in (
+            _TPU_DEVICE.match(name) for name, _ in
+            accelerator_devices(self.master(), config_proto)) if match)
+    if not cores:
+      return {"TPU": 0}
+    if len(set(cores.values())) != 1:
+      raise RuntimeError(f"TPU cores on each device is not the same. This "
+                         f"should never happen. Devices: {dict(cores)}")
+    return {"TPU": next(iter(cores.values()))}
+
+  def get_tpu_system_metadata(self):
+    """The TPU system as `tf.tpu.experimental.TPUSystemMetadata`; for an
+    emulated slice its topology and CPU devices."""
+    emulated = self.emulated_slice
+    if emulated is not None:
+      devices = tuple(tf.config.LogicalDevice(name, "CPU") for name in emulated.devices)
+      return tf.tpu.experimental.TPUSystemMetadata(
+          num_cores=emulated.num_cores, num_hosts=1,
+          num_of_cores_per_host=emulated.num_cores,
+          topology=emulated.topology(), devices=devices)
+    cluster = self.cluster_spec()
+    config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=_QUERY_TIMEOUT_MS)
+    if cluster.jobs:
+      config.cluster_def.CopyFrom(cluster.as_cluster_def())
+    devices = sorted((tf.config.LogicalDevice(device_util.canonicalize(name), kind)
+                      for name, kind in devices_of(self.master(), config)),
+                     key=_device_order)
+    per_task = collections.Counter(tf.DeviceSpec.from_string(d.name).task
+                                   for d in devices if d.device_type == "TPU")
+    if len(set(per_task.values())) > 1:
+      raise RuntimeError(f"TPU cores on each host is not same: {dict(per_task)}")
+    return tf.tpu.experimental.TPUSystemMetadata(
+        num_cores=sum(per_task.values()), num_hosts=len(per_task),
+        num_of_cores_per_host=next(iter(per_task.values()), 0), topology=None,
+        devices=tuple(devices))
+
+  def set_tpu_topology(self, serialized_tpu_topology):
+    """Keeps the topology `initialize_tpu_system` returned (serialized)."""
+    self._tpu_topology = _tf_bridge.parse_topology_proto(serialized_tpu_topology)
+
+  @property
+  def tpu_hardware_feature(self):
+    """The TPU's hardware features, known once the system is initialized."""
+    if self._tpu_topology is None:
+      return None
+    return self._tpu_topology.tpu_hardware_feature
+
+  @property
+  def environment(self):
+    return ""
+
+  def _start_coordinator(self):
+    """Serves the coordinator job from this process, at this VM's address."""
+    address = cloud_http.metadata("instance/network-interfaces/0/ip")
+    self._server = tf.distribute.Server({"local": ["0.0.0.0:0"]}, protocol="grpc",
+                                        start=True)
+    port = self._server.target.rsplit(":", 1)[-1]
+    self._coordinator_address = f"{address}:{port}"
+
+  def __deepcopy__(self, memo):
+    return self
+
+
+def _device_order(device):
+  spec = tf.DeviceSpec.from_string(device.name)
+  return (spec.job or "", spec.replica or 0, spec.task or 0, spec.device_type or "",
+          spec.device_index or 0)

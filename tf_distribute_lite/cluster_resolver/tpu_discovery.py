@@ -1,0 +1,153 @@
+"""Finding the TPU a `TPUClusterResolver` talks to.
+
+Sources, in order: the `tpu` argument; `$KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS`
+and `$TPU_NAME`; `$TPU_CONFIG` (JSON with `tpu_node_name`, `project`,
+`zone`), as TensorFlow reads them. Beyond TensorFlow, when none gives a
+TPU: TPU chips on this machine's PCI bus (vendor 0x1ae0 with a TPU device
+id, under `$TF_DISTRIBUTE_LITE_PCI_DEVICES`, by default
+/sys/bus/pci/devices), then the Cloud TPU VM attributes of the metadata
+server. The error when nothing is found lists every source and its answer.
+"""
+
+import dataclasses
+import glob
+import json
+import os
+import urllib.error
+
+from tf_distribute_lite import tpu_emulation
+from tf_distribute_lite.cluster_resolver import cloud_http
+
+DEFAULT_PORT = "8470"
+PCI_VARIABLE = "TF_DISTRIBUTE_LITE_PCI_DEVICES"
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+# PCI device ids of TPU chips (v2/v3, v4, v5p, v5e, v6e and later).
+_TPU_PCI_DEVICES = ("0x0027", "0x0056", "0x005e", "0x0062", "0x0063",
+                    "0x006f", "0x0076")
+_TPU_VM_ATTRIBUTES = ("accelerator-type", "agent-worker-number",
+                      "worker-network-endpoints")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """What a TPU name means.
+
+  `kind` is "local" (TPU chips on this machine), "grpc" (TensorFlow servers
+  at `endpoints`), "api" (a Cloud TPU node `name` to look up) or "emulated"
+  (`emulated_slice`); `source` says where it was found.
+  """
+  kind: str
+  name: str
+  source: str
+  endpoints: tuple = ()
+  project: str = None
+  zone: str = None
+  emulated_slice: tpu_emulation.EmulatedSlice = None
+  details: dict = dataclasses.field(default_factory=dict)
+
+
+def grpc_endpoints(addresses):
+  """The endpoints of "grpc://host[:port],..." (port 8470 by default).
+
+  >>> grpc_endpoints("grpc://10.0.0.2,grpc://10.0.0.3:8471")
+  ({'ipAddress': '10.0.0.2', 'port': '8470'}, {'ipAddress': '10.0.0.3', 'port': '8471'})
+  """
+  endpoints = []
+  for address in addresses.split(","):
+    address = address[len("grpc://"):] if address.startswith("grpc://") else address
+    host, _, port = address.partition(":")
+    endpoints.append({"ipAddress": host, "port": port or DEFAULT_PORT})
+  return tuple(endpoints)
+
+
+def _from_name(name, source, project=None, zone=None):
+  if name == "local":
+    return Target("local", "local", source)
+  emulated = tpu_emulation.parse(name)
+  if emulated is not None:
+    return Target("emulated", name, source, emulated_slice=emulated)
+  if name.startswith("grpc://"):
+    return Target("grpc", name, source, endpoints=grpc_endpoints(name))
+  return Target("api", name, source, project=project, zone=zone)
+
+
+def _as_text(value):
+  return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def find(tpu=None, project=None, zone=None):
+  """The `Target` for a `TPUClusterResolver(tpu, zone, project)`.
+
+  >>> find("grpc://10.0.0.2:8470").kind, find("emulated:v3-8").kind
+  ('grpc', 'emulated')
+  """
+  if isinstance(tpu, list):
+    if not tpu:
+      raise ValueError("At least one TPU must be specified.")
+    if len(tpu) != 1:
+      raise NotImplementedError(
+          "Using multiple TPUs in a single session is not yet implemented")
+    tpu = tpu[0]
+  tpu = _as_text(tpu)
+  if tpu:
+    return _from_name(tpu, "the tpu argument", project, zone)
+  tried = ["the tpu argument: not given"]
+  for variable in ("KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "TPU_NAME"):
+    if os.environ.get(variable):
+      return _from_name(os.environ[variable], f"${variable}", project, zone)
+    tried.append(f"${variable}: not set")
+  if os.environ.get("TPU_CONFIG"):
+    config = json.loads(os.environ["TPU_CONFIG"])
+    if config.get("tpu_node_name"):
+      return _from_name(config["tpu_node_name"], "$TPU_CONFIG",
+                        project or config.get("project"), zone or config.get("zone"))
+    tried.append("$TPU_CONFIG: no tpu_node_name")
+  else:
+    tried.append("$TPU_CONFIG: not set")
+  chips, pci_root = local_tpu_chips()
+  if chips:
+    return Target("local", "local", f"{len(chips)} TPU chips under {pci_root}",
+                  details={"pci_devices": chips})
+  tried.append(f"TPU chips on the PCI bus ({pci_root}): none")
+  attributes, answer = tpu_vm_attributes()
+  if attributes:
+    return Target("local", "local", "the Cloud TPU VM metadata", details=attributes)
+  tried.append(f"Cloud TPU VM metadata ({cloud_http.metadata_root()}): {answer}")
+  raise ValueError("Please provide a TPU Name to connect to. No TPU was found "
+                   "in any of these places: " + "; ".join(tried) + ".")
+
+
+def local_tpu_chips():
+  """(PCI addresses of this machine's TPU chips, the folder searched)."""
+  root = os.environ.get(PCI_VARIABLE, "/sys/bus/pci/devices")
+  chips = []
+  for vendor_file in sorted(glob.glob(os.path.join(root, "*", "vendor"))):
+    folder = os.path.dirname(vendor_file)
+    try:
+      with open(vendor_file) as f:
+        vendor = f.read().strip()
+      with open(os.path.join(folder, "device")) as f:
+        device = f.read().strip()
+    except OSError:
+      continue
+    if vendor == _GOOGLE_PCI_VENDOR and device in _TPU_PCI_DEVICES:
+      chips.append(os.path.basename(folder))
+  return chips, root
+
+
+def tpu_vm_attributes():
+  """(the Cloud TPU VM attributes of this machine, or {}; what the metadata
+  server answered, in words)."""
+  try:
+    attributes = {name: cloud_http.metadata(f"instance/attributes/{name}")
+                  for name in _TPU_VM_ATTRIBUTES[:1]}
+  except urllib.error.HTTPError as e:
+    return {}, f"HTTP {e.code}, not a TPU VM"
+  except (OSError, ValueError) as e:
+    return {}, f"unreachable ({e})"
+  for name in _TPU_VM_ATTRIBUTES[1:]:
+    try:
+      attributes[name] = cloud_http.metadata(f"instance/attributes/{name}")
+    except (OSError, ValueError):
+      pass
+  return attributes, "a TPU VM"
