@@ -1,5 +1,6 @@
-"""The main job, examples/custom_training_loop.py, trains and its loss falls,
-on one machine and on two worker processes."""
+"""The examples train and their loss falls: the main job,
+examples/custom_training_loop.py, on one machine and on two worker
+processes; examples/tpu_training.py on an emulated TPU slice."""
 
 import os
 import pathlib
@@ -10,7 +11,8 @@ import pytest
 
 from multi_worker import LocalCluster
 
-EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "custom_training_loop.py"
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+EXAMPLE = EXAMPLES / "custom_training_loop.py"
 
 
 def test_custom_training_loop_runs_and_loss_falls():
@@ -37,3 +39,12 @@ def test_custom_training_loop_trains_on_two_workers(tmp_path):
   losses = [[line.split("loss ")[1].split()[0] for line in output.splitlines()
              if line.startswith("epoch")] for output in outputs]
   assert losses[0] == losses[1]
+
+
+def test_tpu_example_trains_on_an_emulated_v3_8():
+  env = {k: v for k, v in os.environ.items() if k != "TPU_NAME"}
+  result = subprocess.run([sys.executable, str(EXAMPLES / "tpu_training.py")],
+                          capture_output=True, text=True, timeout=600, env=env, check=False)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "replicas in sync: 8" in result.stdout
+  assert "step 11: loss" in result.stdout and ": fell" in result.stdout

@@ -15,16 +15,17 @@ TOP_LEVEL = [
     "has_strategy", "get_replica_context", "in_cross_replica_context",
     "experimental_set_strategy", "InputContext", "InputOptions",
     "DistributedDataset", "DistributedIterator", "MultiWorkerMirroredStrategy",
-    "Server"]
+    "Server", "TPUStrategy"]
 EXPERIMENTAL = ["ValueContext", "CommunicationOptions",
                 "CommunicationImplementation", "CollectiveCommunication",
                 "CollectiveHints", "CentralStorageStrategy",
-                "MultiWorkerMirroredStrategy"]
+                "MultiWorkerMirroredStrategy", "TPUStrategy"]
 PARTITIONERS = ["Partitioner", "FixedShardsPartitioner", "MinSizePartitioner",
                 "MaxSizePartitioner"]
 COMPAT_V1_EXPERIMENTAL = ["CommunicationOptions", "CommunicationImplementation",
                           "CollectiveCommunication", "CollectiveHints",
-                          "CentralStorageStrategy", "MultiWorkerMirroredStrategy"]
+                          "CentralStorageStrategy", "MultiWorkerMirroredStrategy",
+                          "TPUStrategy"]
 COMPAT_V1 = [
     "MirroredStrategy", "OneDeviceStrategy", "Strategy", "StrategyExtended",
     "ReplicaContext", "ReduceOp", "RunOptions", "InputReplicationMode",

@@ -158,3 +158,20 @@ def test_topology_proto_parses_what_the_tpu_system_returns():
   assert list(proto.mesh_shape) == [2, 2, 1, 2]
   assert proto.num_tasks == 1 and proto.num_tpu_devices_per_task == 8
   assert proto.HasField("tpu_hardware_feature") is False
+
+
+@pytest.mark.parametrize("kind, detail, proto_type, tiles", [
+    ("maximal", 1, "MAXIMAL", [1]),
+    ("tiled", [1, 2, 4, 1], "OTHER", [1, 2, 4, 1]),
+    ("replicated", None, "REPLICATED", [])])
+def test_xla_sharding_annotations_carry_op_sharding(kind, detail, proto_type, tiles):
+  from tensorflow.compiler.xla import xla_data_pb2  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    annotated = _tf_bridge.xla_sharding_annotation(
+        tf.compat.v1.placeholder(tf.float32, [8, 4, 8, 3]), kind, detail)
+    assert annotated.op.type == "XlaSharding"
+    proto = _tf_bridge.op_sharding(annotated.op)
+  assert xla_data_pb2.OpSharding.Type.Name(proto.type) == proto_type
+  assert list(proto.tile_assignment_dimensions) == tiles
+  if kind == "tiled":
+    assert list(proto.tile_assignment_devices) == list(range(8))

@@ -39,6 +39,7 @@ from tf_distribute_lite.input_lib import DistributedIterator
 from tf_distribute_lite.mirrored_strategy import MirroredStrategy
 from tf_distribute_lite.one_device_strategy import OneDeviceStrategy
 from tf_distribute_lite.reduce_util import ReduceOp
+from tf_distribute_lite.tpu_strategy import TPUStrategy
 from tf_distribute_lite.values import DistributedValues
 
 Server = tf.distribute.Server  # TensorFlow's own gRPC server, re-exported

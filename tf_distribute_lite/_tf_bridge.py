@@ -20,7 +20,9 @@ context's own config, `eager_context_config`), as TensorFlow's
 MultiWorkerMirroredStrategy does: there is no public call for it.
 
 `TPUClusterResolver.tpu_hardware_feature` reads TensorFlow's TPU topology
-proto (`parse_topology_proto`), which no public module exports.
+proto (`parse_topology_proto`), and `TPUStrategy`'s logical-device
+annotations are XLA sharding ops (`xla_sharding_annotation`, `op_sharding`):
+no public module exports either.
 
 Two contacts answer Keras rather than TensorFlow: Keras 3 recognises a
 distributed dataset by the name and module of a base class
@@ -277,5 +279,34 @@ def parse_topology_proto(serialized):
     raise ImportError(f"TensorFlow {tf.__version__} has no TPU topology proto "
                       "(tensorflow.core.protobuf.tpu.topology_pb2).") from None
   proto = topology_pb2.TopologyProto()
+  proto.ParseFromString(serialized)
+  return proto
+
+
+def xla_sharding_annotation(tensor, kind, detail):
+  """`tensor` behind an XLA sharding op: "maximal" on logical device
+  `detail`, "tiled" by `detail` pieces per dimension, or "replicated".
+
+  TensorFlow's TPU strategy annotates through its private `xla_sharding`
+  module; there is no public one.
+  """
+  from tensorflow.python.compiler.xla.experimental import xla_sharding  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  if kind == "maximal":
+    return xla_sharding.assign_device(tensor, detail, use_sharding_op=True)
+  if kind == "tiled":
+    tiles = np.arange(int(np.prod(detail))).reshape(detail)
+    return xla_sharding.tile(tensor, tiles, use_sharding_op=True)
+  return xla_sharding.replicate(tensor, use_sharding_op=True)
+
+
+def op_sharding(op):
+  """The XLA `OpSharding` proto an annotated op carries, or None."""
+  from tensorflow.compiler.xla import xla_data_pb2  # pylint: disable=g-import-not-at-top
+  try:
+    serialized = op.get_attr("_XlaSharding")
+  except ValueError:
+    return None
+  proto = xla_data_pb2.OpSharding()
   proto.ParseFromString(serialized)
   return proto

@@ -3,9 +3,9 @@ package's resolvers, and TensorFlow's TPU value types."""
 
 import tensorflow as tf
 
+from tf_distribute_lite.tpu_device_assignment import DeviceAssignment
 from tf_distribute_lite.tpu_system import initialize_tpu_system
 from tf_distribute_lite.tpu_system import shutdown_tpu_system
 
-DeviceAssignment = tf.tpu.experimental.DeviceAssignment
 Topology = tf.tpu.experimental.Topology
 TPUSystemMetadata = tf.tpu.experimental.TPUSystemMetadata

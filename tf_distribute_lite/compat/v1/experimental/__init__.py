@@ -6,3 +6,4 @@ from tf_distribute_lite.collective_util import CollectiveCommunication
 from tf_distribute_lite.collective_util import CollectiveHints
 from tf_distribute_lite.collective_util import CommunicationImplementation
 from tf_distribute_lite.collective_util import CommunicationOptions
+from tf_distribute_lite.tpu_strategy import TPUStrategyV1 as TPUStrategy

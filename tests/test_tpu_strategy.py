@@ -1,0 +1,219 @@
+"""TPUStrategy on emulated slices: the spec's programs give the numbers of
+the same computation without a strategy, and of MirroredStrategy on the
+same devices; the logical-device annotations are checked as on a TPU."""
+
+import inspect
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_distribute_lite as tfd
+
+from conftest import DEVICES
+from keras_models import classification_data
+from keras_models import classifier
+from keras_models import TOLERANCE
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def resolver():
+  return tfd.cluster_resolver.TPUClusterResolver("emulated:v4-8")
+
+
+@pytest.fixture(scope="module")
+def strategy(resolver):
+  return tfd.TPUStrategy(resolver)
+
+
+@pytest.mark.parametrize("ours, theirs", [
+    (tfd.TPUStrategy, tf.distribute.TPUStrategy),
+    (tfd.experimental.TPUStrategy, tf.distribute.experimental.TPUStrategy),
+    (tfd.compat.v1.experimental.TPUStrategy, tf.compat.v1.distribute.experimental.TPUStrategy)])
+def test_constructors_take_tensorflows_arguments(ours, theirs):
+  assert inspect.signature(ours.__init__) == inspect.signature(theirs.__init__)
+  assert ours.__name__ == "TPUStrategy" or ours is tfd.compat.v1.experimental.TPUStrategy
+
+
+def test_one_replica_per_core_of_the_slice(strategy):
+  assert strategy.num_replicas_in_sync == 4
+  assert strategy.extended.worker_devices == DEVICES
+  assert (strategy.extended.num_hosts, strategy.extended.num_replicas_per_host,
+          strategy.extended.steps_per_run) == (1, 4, 1)
+  assert strategy.cluster_resolver.emulated_slice.name == "v4-8"
+  assert type(strategy).__name__ == "TPUStrategy"  # what Keras looks for
+
+
+def test_run_reduce_and_variables_match_a_plain_computation(strategy):
+  with strategy.scope():
+    v = tf.Variable([1.0, 2.0])
+  assert [c.device for c in v.values] == list(DEVICES)
+  values = strategy.experimental_distribute_values_from_function(
+      lambda ctx: tf.constant(float(ctx.replica_id_in_sync_group)))
+
+  @tf.function
+  def step(x):
+    def replica(x):
+      v.assign_add(tf.distribute.get_replica_context().all_reduce("SUM", x) * tf.ones([2]))
+      return v * x
+    return strategy.run(replica, args=(x,))
+  result = step(values)
+  assert v.numpy().tolist() == [7.0, 8.0]  # 1 + (0 + 1 + 2 + 3)
+  assert [r.numpy().tolist() for r in strategy.experimental_local_results(result)] == [
+      [7.0 * i, 8.0 * i] for i in range(4)]
+  assert strategy.reduce("SUM", result, axis=None).numpy().tolist() == [42.0, 48.0]
+  assert len(strategy.experimental_run_v2(lambda: tf.constant(1)).values) == 4
+
+
+def test_datasets_are_split_across_the_cores(strategy):
+  dataset = tf.data.Dataset.range(16).batch(8)
+  dist = strategy.experimental_distribute_dataset(dataset)
+  first = strategy.experimental_local_results(next(iter(dist)))
+  assert [t.numpy().tolist() for t in first] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+  per_replica = strategy.distribute_datasets_from_function(
+      lambda ctx: tf.data.Dataset.from_tensors(ctx.input_pipeline_id).repeat(2).batch(
+          ctx.get_per_replica_batch_size(8)))
+  assert len(strategy.experimental_local_results(next(iter(per_replica)))) == 4
+  numpy_dataset = strategy.experimental_make_numpy_dataset(np.ones([4, 2], np.float32))
+  assert next(iter(numpy_dataset)).numpy().tolist() == [1.0, 1.0]
+
+
+def test_the_v1_strategy_keeps_steps_per_run(resolver):
+  strategy = tfd.compat.v1.experimental.TPUStrategy(resolver, steps_per_run=5)
+  assert strategy.steps_per_run == strategy.extended.steps_per_run == 5
+  assert strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.0))).numpy() == 8.0
+
+
+# --- Logical devices: annotations checked as on a TPU.
+
+@pytest.fixture(scope="module")
+def two_core_strategy(resolver):
+  topology = tfd.tpu.experimental.initialize_tpu_system(resolver)
+  assignment = tfd.tpu.experimental.DeviceAssignment.build(
+      topology, computation_shape=[2, 1, 1, 1], num_replicas=2)
+  return tfd.TPUStrategy(resolver, assignment)
+
+
+def test_device_assignment_gives_replicas_and_cores(two_core_strategy):
+  extended = two_core_strategy.extended
+  assert two_core_strategy.num_replicas_in_sync == 2
+  assert extended.num_logical_devices_per_replica == 2
+  assert extended.num_replicas_per_host == 2
+  assert len(set(extended.worker_devices)) == 2
+
+
+def test_annotations_keep_values(two_core_strategy):
+  x = tf.reshape(tf.range(24.0), [2, 3, 4])
+
+  @tf.function
+  def step():
+    def replica():
+      a = two_core_strategy.experimental_assign_to_logical_device(x * 2.0, 1)
+      b = two_core_strategy.experimental_split_to_logical_devices(x, [1, 1, 2])
+      c = two_core_strategy.experimental_replicate_to_logical_devices(x)
+      return a + b + c
+    return two_core_strategy.run(replica)
+  for value in two_core_strategy.experimental_local_results(step()):
+    np.testing.assert_array_equal(value.numpy(), (x * 4.0).numpy())
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda s: s.experimental_assign_to_logical_device(tf.ones([2]), 2),
+     "Received logical device id 2 but there are only total of 2 logical devices"),
+    (lambda s: s.experimental_assign_to_logical_device(tf.ones([2]), -1),
+     "Received logical device id -1"),
+    (lambda s: s.experimental_split_to_logical_devices(tf.ones([4, 2]), [2]),
+     r"rank of `tensor.shape` \(2\). Received len\(partition_dimensions\)=1"),
+    (lambda s: s.experimental_split_to_logical_devices(tf.ones([4, 2]), [2, 2]),
+     r"number of logical devices \(=2\). Received `partition_dimensions`=\[2, 2\],"
+     "and their product is 4"),
+    (lambda s: s.experimental_split_to_logical_devices(tf.ones([3, 2]), [2, 1]),
+     r"`partition_dimensions\[0\]` must be divisible by corresponding value "
+     r"specified by `partition_dimensions` \(2\). Received: 3"),
+])
+def test_annotation_errors_name_the_numbers(two_core_strategy, call, message):
+  with pytest.raises(ValueError, match=message):
+    call(two_core_strategy)
+
+
+def test_assignment_is_refused_in_spmd_mode(resolver):
+  strategy = tfd.TPUStrategy(resolver, experimental_spmd_xla_partitioning=True)
+  with pytest.raises(ValueError, match="Cannot assign a tensor to a logical device in SPMD mode"):
+    strategy.experimental_assign_to_logical_device(tf.ones([2]), 0)
+
+
+@pytest.mark.parametrize("shape, expected", [
+    ([1, 1, 2], [[[0, 0, 0, 0], [0, 0, 0, 1]]] * 1),
+    ([2, 2, 2], None)])
+def test_three_element_computation_shapes(shape, expected):
+  topology = tfd.tpu_emulation.PRESETS["v3-8"].topology()
+  num_replicas = 4 if shape == [1, 1, 2] else 1
+  assignment = tfd.tpu.experimental.DeviceAssignment.build(
+      topology, computation_shape=shape, num_replicas=num_replicas)
+  assert isinstance(assignment, tf.tpu.experimental.DeviceAssignment)
+  assert assignment.num_cores_per_replica == np.prod(shape)
+  if expected:
+    assert assignment.core_assignment[:1].tolist() == expected
+  with pytest.raises(ValueError, match="computation_shape must have shape"):
+    tf.tpu.experimental.DeviceAssignment.build(topology, computation_shape=shape,
+                                               num_replicas=num_replicas)
+
+
+# --- Keras.
+
+def _keras_run(strategy):
+  with strategy.scope():
+    model = classifier()
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+  x, y = classification_data(64)
+  history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0).history
+  evaluation = model.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)
+  predictions = model.predict(x[:24], batch_size=8, verbose=0)
+  return history, evaluation, predictions, model.get_weights()
+
+
+def test_keras_under_tpu_strategy_matches_mirrored_strategy(strategy):
+  ours = _keras_run(strategy)
+  mirrored = _keras_run(tfd.MirroredStrategy(list(DEVICES)))
+  for name, values in mirrored[0].items():
+    np.testing.assert_allclose(ours[0][name], values, atol=TOLERANCE)
+  for name, value in mirrored[1].items():
+    assert ours[1][name] == pytest.approx(value, abs=TOLERANCE)
+  np.testing.assert_allclose(ours[2], mirrored[2], atol=TOLERANCE)
+  for a, b in zip(ours[3], mirrored[3]):
+    np.testing.assert_allclose(a, b, atol=TOLERANCE)
+
+
+# --- The spec's programs on an emulated v3-8 (8 devices: a fresh process).
+
+@pytest.fixture(scope="module")
+def v3_8_programs():
+  env = dict(os.environ, TPU_NAME="emulated:v3-8")
+  result = subprocess.run([sys.executable, str(HERE / "tpu_programs.py")], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_spec_programs_on_emulated_v3_8(v3_8_programs):
+  assert v3_8_programs["devices"] == 8
+  assert v3_8_programs["assign"] == {"replicas": 4, "cores_per_replica": 2, "equal": True}
+  assert v3_8_programs["split"] == {"replicas": 1, "cores_per_replica": 8, "equal": True}
+  assert v3_8_programs["values"] == {"replicas": 8, "on_worker_devices": True, "sum": 28.0}
+  assert v3_8_programs["training"] == {"losses_equal": True, "weights_equal": True,
+                                       "loss_fell": True}
+
+
+def test_no_tpu_cores_is_a_clear_error():
+  with pytest.raises(ValueError, match="TPUStrategy found no TPU cores.*emulated:v3-8"):
+    tfd.TPUStrategy(tfd.cluster_resolver.TPUClusterResolver("local"))

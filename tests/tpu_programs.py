@@ -1,0 +1,135 @@
+"""TPU programs from the spec, run on an emulated v3-8 slice in a fresh
+process (8 logical CPU devices), next to the same computation without a
+strategy. Prints one JSON object; tests/test_tpu_strategy.py runs it.
+
+    TPU_NAME=emulated:v3-8 python tests/tpu_programs.py
+"""
+
+import json
+
+import numpy as np
+import tensorflow as tf
+
+import tf_distribute_lite as tfd
+
+
+def spec_assign_to_logical_device(topology, resolver):
+  """2 logical devices x 4 replicas; the add on logical device 0."""
+  device_assignment = tfd.tpu.experimental.DeviceAssignment.build(
+      topology, computation_shape=[1, 1, 2], num_replicas=4)
+  strategy = tfd.experimental.TPUStrategy(resolver, device_assignment=device_assignment)
+  inputs = tf.data.Dataset.from_tensor_slices(np.arange(32, dtype=np.float32).reshape(8, 4)).batch(4)
+  iterator = iter(strategy.experimental_distribute_dataset(inputs))
+
+  @tf.function()
+  def step_fn(inputs):
+    output = tf.add(inputs, inputs)
+    return strategy.experimental_assign_to_logical_device(output, 0)
+
+  result = strategy.run(step_fn, args=(next(iterator),))
+  ours = np.concatenate([t.numpy() for t in strategy.experimental_local_results(result)])
+  plain = (np.arange(16, dtype=np.float32).reshape(4, 4)) * 2
+  return {"replicas": strategy.num_replicas_in_sync,
+          "cores_per_replica": strategy.extended.num_logical_devices_per_replica,
+          "equal": bool(np.array_equal(ours, plain))}
+
+
+def spec_split_to_logical_devices(topology, resolver):
+  """8 logical devices x 1 replica; images split [1, 2, 4, 1]."""
+  device_assignment = tfd.tpu.experimental.DeviceAssignment.build(
+      topology, computation_shape=[2, 2, 2], num_replicas=1)
+  strategy = tfd.experimental.TPUStrategy(resolver, device_assignment=device_assignment)
+  images = np.random.RandomState(0).rand(2, 8, 8, 3).astype(np.float32)
+  labels = np.array([1, 0], np.int32)
+  with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.Input((8, 8, 3)), tf.keras.layers.Conv2D(4, 3),
+                                 tf.keras.layers.GlobalAveragePooling2D(),
+                                 tf.keras.layers.Dense(2)])
+  loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+  @tf.function()
+  def step_fn(inputs):
+    images, labels = inputs
+    images = strategy.experimental_split_to_logical_devices(images, [1, 2, 4, 1])
+    output = model(images)
+    labels = strategy.experimental_replicate_to_logical_devices(labels)
+    output = strategy.experimental_replicate_to_logical_devices(output)
+    return loss_fn(labels, output)
+
+  loss = strategy.run(step_fn, args=((tf.constant(images), tf.constant(labels)),))
+  plain = loss_fn(labels, model(images)).numpy()
+  return {"replicas": strategy.num_replicas_in_sync,
+          "cores_per_replica": strategy.extended.num_logical_devices_per_replica,
+          "equal": bool(np.allclose(loss.numpy(), plain, atol=1e-6))}
+
+
+def spec_values_on_worker_devices(resolver):
+  """`experimental_distribute_values_from_function` placing each value on
+  its replica's device, as TF's docstring example does."""
+  strategy = tfd.TPUStrategy(resolver)
+  worker_devices = strategy.extended.worker_devices
+
+  def value_fn(ctx):
+    with tf.device(worker_devices[ctx.replica_id_in_sync_group]):
+      return tf.constant(float(ctx.replica_id_in_sync_group))
+
+  values = strategy.experimental_distribute_values_from_function(value_fn)
+  devices = [v.device for v in strategy.experimental_local_results(values)]
+  total = strategy.reduce("SUM", values, axis=None).numpy()
+  return {"replicas": strategy.num_replicas_in_sync,
+          "on_worker_devices": devices == list(worker_devices), "sum": float(total)}
+
+
+def training_loop(resolver):
+  """A linear model trained on a distributed dataset, against the same
+  steps without a strategy."""
+  rng = np.random.RandomState(1)
+  x = rng.rand(64, 3).astype(np.float32)
+  y = x @ np.array([[1.0], [-2.0], [0.5]], np.float32)
+  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+
+  def train(strategy):
+    with strategy.scope():
+      w = tf.Variable(tf.zeros([3, 1]))
+    dist = strategy.experimental_distribute_dataset(dataset)
+
+    @tf.function
+    def step(batch):
+      def replica_step(features, labels):
+        with tf.GradientTape() as tape:
+          loss = tf.reduce_sum(tf.square(features @ w - labels)) / 16
+        grad = tape.gradient(loss, w)
+        grad = tf.distribute.get_replica_context().all_reduce("SUM", grad)
+        w.assign_sub(0.1 * grad)
+        return loss
+      return strategy.reduce("SUM", strategy.run(replica_step, args=batch), axis=None)
+    losses = [float(step(batch)) for batch in dist]
+    return losses, w.numpy()
+
+  ours, weights = train(tfd.TPUStrategy(resolver))
+  w = np.zeros([3, 1], np.float32)
+  plain = []
+  for start in range(0, 64, 16):
+    xb, yb = x[start:start + 16], y[start:start + 16]
+    err = xb @ w - yb
+    plain.append(float(np.sum(err ** 2) / 16))
+    w = w - 0.1 * (2 * xb.T @ err / 16)
+  return {"losses_equal": bool(np.allclose(ours, plain, atol=1e-5)),
+          "weights_equal": bool(np.allclose(weights, w, atol=1e-5)),
+          "loss_fell": ours[-1] < ours[0]}
+
+
+def main():
+  resolver = tfd.cluster_resolver.TPUClusterResolver(tpu="")
+  tf.config.experimental_connect_to_cluster(resolver)
+  topology = tfd.tpu.experimental.initialize_tpu_system(resolver)
+  print(json.dumps({
+      "devices": len(tf.config.list_logical_devices("CPU")),
+      "assign": spec_assign_to_logical_device(topology, resolver),
+      "split": spec_split_to_logical_devices(topology, resolver),
+      "values": spec_values_on_worker_devices(resolver),
+      "training": training_loop(resolver)}))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,45 @@
+"""`tfd.tpu.experimental.DeviceAssignment`: TensorFlow's, whose `build` also
+takes the 3-element `computation_shape` that TF 2.2's documentation uses."""
+
+import tensorflow as tf
+
+
+def full_computation_shape(computation_shape):
+  """`computation_shape` as TensorFlow 2.21 wants it: 4 elements
+  `[x, y, z, cores per chip]`. The 3-element form of TF 2.2's examples,
+  `[x, y, cores per chip]`, has `z = 1`.
+
+  >>> full_computation_shape([1, 1, 2]), full_computation_shape([2, 2, 1, 2])
+  ([1, 1, 1, 2], [2, 2, 1, 2])
+  """
+  if computation_shape is None:
+    return None
+  shape = [int(n) for n in computation_shape]
+  if len(shape) == 3:
+    return [shape[0], shape[1], 1, shape[2]]
+  return shape
+
+
+class DeviceAssignment(tf.tpu.experimental.DeviceAssignment):
+  """TensorFlow's `DeviceAssignment`; `build` reads a 3-element
+  `computation_shape` as `[x, y, cores per chip]` (so `[1, 1, 2]` is the two
+  cores of one v3 chip, `[2, 2, 2]` all 8 cores of a v3-8).
+
+  >>> topology = tf_distribute_lite.tpu_emulation.PRESETS["v3-8"].topology()
+  >>> assignment = DeviceAssignment.build(topology, computation_shape=[1, 1, 2],
+  ...                                     num_replicas=4)
+  >>> assignment.num_replicas, assignment.num_cores_per_replica
+  (4, 2)
+  >>> isinstance(assignment, tf.tpu.experimental.DeviceAssignment)
+  True
+  """
+
+  @staticmethod
+  def build(topology, computation_shape=None, computation_stride=None,
+            num_replicas=1, device_order_mode=None):
+    """TensorFlow's `DeviceAssignment.build`, taking 3-element shapes too."""
+    kwargs = {} if device_order_mode is None else {"device_order_mode": device_order_mode}
+    return tf.tpu.experimental.DeviceAssignment.build(
+        topology, computation_shape=full_computation_shape(computation_shape),
+        computation_stride=full_computation_shape(computation_stride),
+        num_replicas=num_replicas, **kwargs)

@@ -1,0 +1,259 @@
+"""`TPUStrategy`: synchronous training on the cores of a TPU, or of an
+emulated slice (`TPUClusterResolver("emulated:v3-8")`) made of logical CPU
+devices.
+
+Replicas and their cores come from a `tf.tpu.experimental.DeviceAssignment`
+(by default one replica per core). Each replica runs on its first core's
+device as a `MirroredStrategy` replica does; variables are mirrored on
+those devices. The logical-device annotations are checked as on a TPU; an
+emulated slice computes annotated tensors unsplit (a CPU cannot partition
+them), with the same values.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tf_distribute_lite import deprecation
+from tf_distribute_lite import device_util
+from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import mirrored_strategy
+from tf_distribute_lite.cluster_resolver import TPUClusterResolver
+
+
+class _LogicalDevices:
+  """The logical-device annotations of the TPU strategies."""
+
+  def experimental_assign_to_logical_device(self, tensor, logical_device_id):
+    """Places the ops on `tensor` on logical device `logical_device_id` of
+    each replica; returns a tensor with the same value.
+
+    >>> strategy = TPUStrategy(TPUClusterResolver("emulated:v4-8"))
+    >>> strategy.experimental_assign_to_logical_device(tf.constant(1.0), 0)
+    <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
+    """
+    extended = self.extended
+    if extended._use_spmd_for_xla_partitioning:  # pylint: disable=protected-access
+      raise ValueError(
+          "Cannot assign a tensor to a logical device in SPMD mode. To "
+          "disable SPMD, Please construct the TPUStrategy with "
+          "`experimental_spmd_xla_partitioning=False`")
+    count = extended.num_logical_devices_per_replica
+    if not 0 <= logical_device_id < count:
+      raise ValueError(
+          f"`logical_core_id` to assign must be lower then total number of "
+          f"logical devices per replica. Received logical device id "
+          f"{logical_device_id} but there are only total of {count} logical "
+          f"devices in replica.")
+    return extended._annotated(tensor, "maximal", logical_device_id)  # pylint: disable=protected-access
+
+  def experimental_split_to_logical_devices(self, tensor, partition_dimensions):
+    """Splits `tensor` along each dimension into `partition_dimensions[i]`
+    pieces, one per logical device of the replica; returns a tensor with
+    the same value.
+
+    >>> strategy = TPUStrategy(TPUClusterResolver("emulated:v4-8"))
+    >>> strategy.experimental_split_to_logical_devices(tf.ones([2, 4]), [2, 2])
+    Traceback (most recent call last):
+    ...
+    ValueError: The product of `partition_dimensions` should be the same as the number of logical devices (=1). Received `partition_dimensions`=[2, 2],and their product is 4.
+    """
+    count = self.extended.num_logical_devices_per_replica
+    shape = tensor.shape
+    if len(shape) != len(partition_dimensions):
+      raise ValueError(
+          f"Length of `partition_dimensions` must equal to the rank of "
+          f"`tensor.shape` ({len(shape)}). Received "
+          f"len(partition_dimensions)={len(partition_dimensions)}.")
+    for index, (size, parts) in enumerate(zip(shape, partition_dimensions)):
+      if size is not None and size % parts:
+        raise ValueError(
+            f"Tensor shape at `partition_dimensions[{index}]` must be divisible "
+            f"by corresponding value specified by `partition_dimensions` "
+            f"({parts}). Received: {size}.")
+    product = int(np.prod(partition_dimensions))
+    if product != count:
+      raise ValueError(
+          f"The product of `partition_dimensions` should be the same as the "
+          f"number of logical devices (={count}). Received "
+          f"`partition_dimensions`={list(partition_dimensions)},and their "
+          f"product is {product}.")
+    return self.extended._annotated(tensor, "tiled", list(partition_dimensions))  # pylint: disable=protected-access
+
+  def experimental_replicate_to_logical_devices(self, tensor):
+    """Gives every logical device of the replica all of `tensor`; returns a
+    tensor with the same value.
+
+    >>> strategy = TPUStrategy(TPUClusterResolver("emulated:v4-8"))
+    >>> strategy.experimental_replicate_to_logical_devices(tf.constant([1, 2]))
+    <tf.Tensor: shape=(2,), dtype=int32, numpy=array([1, 2], dtype=int32)>
+    """
+    return self.extended._annotated(tensor, "replicated", None)  # pylint: disable=protected-access
+
+
+class TPUStrategy(_LogicalDevices, distribute_lib.Strategy):
+  """Synchronous training on TPU cores.
+
+  Args:
+    tpu_cluster_resolver: a `tfd.cluster_resolver.TPUClusterResolver`; by
+      default `TPUClusterResolver("")`, which finds the TPU.
+    experimental_device_assignment: a `tf.tpu.experimental.DeviceAssignment`
+      saying which cores each replica uses; by default one core each.
+    experimental_spmd_xla_partitioning: partition with XLA SPMD.
+
+  >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
+  >>> strategy = TPUStrategy(resolver)
+  >>> strategy.num_replicas_in_sync, strategy.extended.num_hosts
+  (4, 1)
+  >>> with strategy.scope():
+  ...   v = tf.Variable(2.0)
+  >>> strategy.reduce("SUM", strategy.run(lambda: v * 3.0), axis=None)
+  <tf.Tensor: shape=(), dtype=float32, numpy=24.0>
+  """
+
+  def __init__(self, tpu_cluster_resolver=None, experimental_device_assignment=None,
+               experimental_spmd_xla_partitioning=False):
+    super().__init__(TPUExtended(self, tpu_cluster_resolver, None,
+                                 experimental_device_assignment,
+                                 experimental_spmd_xla_partitioning))
+
+  @property
+  def cluster_resolver(self):
+    """The `TPUClusterResolver` the strategy runs on."""
+    return self._extended._tpu_cluster_resolver  # pylint: disable=protected-access
+
+  def experimental_run_v2(self, fn, args=(), kwargs=None, options=None):
+    """`run` under its TF 2.0 name.
+
+    >>> strategy = TPUStrategy(TPUClusterResolver("emulated:v4-8"))
+    >>> len(strategy.experimental_run_v2(lambda: tf.constant(1.0)).values)
+    4
+    """
+    return self.run(fn, args, kwargs, options)
+
+
+class _AnyTPUStrategy(type):
+  """`isinstance` answers True for every `TPUStrategy`."""
+
+  def __instancecheck__(cls, instance):
+    return isinstance(instance, TPUStrategy)
+
+
+class ExperimentalTPUStrategy(TPUStrategy, metaclass=_AnyTPUStrategy):
+  """Deprecated: `tf.distribute.experimental.TPUStrategy` (TF 2.2), which
+  names its device assignment `device_assignment`.
+
+  >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
+  >>> ExperimentalTPUStrategy(resolver).num_replicas_in_sync
+  4
+  """
+
+  def __init__(self, tpu_cluster_resolver=None, device_assignment=None):
+    deprecation.warn_once("tf.distribute.experimental.TPUStrategy",
+                          "use tf_distribute_lite.TPUStrategy instead.")
+    super().__init__(tpu_cluster_resolver, device_assignment)
+
+
+ExperimentalTPUStrategy.__name__ = "TPUStrategy"
+
+
+class TPUStrategyV1(_LogicalDevices, distribute_lib.StrategyV1):
+  """`TPUStrategy` with the TF 1.x API
+  (`tf.compat.v1.distribute.experimental.TPUStrategy`).
+
+  >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
+  >>> TPUStrategyV1(resolver, steps_per_run=5).steps_per_run
+  5
+  """
+
+  def __init__(self, tpu_cluster_resolver=None, steps_per_run=None,
+               device_assignment=None):
+    super().__init__(TPUExtended(self, tpu_cluster_resolver, steps_per_run,
+                                 device_assignment, False))
+
+  @property
+  def steps_per_run(self):
+    """Steps each host loop runs."""
+    return self._extended.steps_per_run
+
+  @property
+  def cluster_resolver(self):
+    """The `TPUClusterResolver` the strategy runs on."""
+    return self._extended._tpu_cluster_resolver  # pylint: disable=protected-access
+
+
+TPUStrategyV1.__name__ = "TPUStrategyV1"
+
+
+class TPUExtended(mirrored_strategy.MirroredExtended):
+  """`strategy.extended` of the TPU strategies."""
+
+  experimental_between_graph = False
+
+  def __init__(self, container_strategy, tpu_cluster_resolver, steps_per_run,
+               device_assignment, use_spmd_for_xla_partitioning):
+    resolver = tpu_cluster_resolver or TPUClusterResolver("")
+    self._tpu_cluster_resolver = resolver
+    self._tpu_metadata = resolver.get_tpu_system_metadata()
+    self._device_assignment = device_assignment
+    self._tpu_devices = _replica_cores(resolver, self._tpu_metadata, device_assignment)
+    self._use_spmd_for_xla_partitioning = use_spmd_for_xla_partitioning
+    self._emulated = getattr(resolver, "emulated_slice", None) is not None
+    self.steps_per_run = 1 if steps_per_run is None else steps_per_run
+    super().__init__(container_strategy, [cores[0] for cores in self._tpu_devices], None)
+
+  @property
+  def num_logical_devices_per_replica(self):
+    """Cores per replica (the device assignment's `num_cores_per_replica`)."""
+    return len(self._tpu_devices[0])
+
+  @property
+  def num_hosts(self):
+    """TPU hosts the replicas run on."""
+    if self._device_assignment is None:
+      return self._tpu_metadata.num_hosts
+    return len({self._device_assignment.host_device(replica=r)
+                for r in range(self._device_assignment.num_replicas)})
+
+  @property
+  def num_replicas_per_host(self):
+    """Replicas on each host."""
+    if self._device_assignment is None:
+      return self._tpu_metadata.num_of_cores_per_host
+    per_host = (self._tpu_metadata.num_of_cores_per_host //
+                self._device_assignment.num_cores_per_replica)
+    return min(self._device_assignment.num_replicas, per_host)
+
+  def _annotated(self, tensor, kind, detail):
+    """`tensor` with an XLA sharding annotation; unchanged on an emulated
+    slice, where each replica computes on one CPU device."""
+    if self._emulated:
+      return tensor
+    from tf_distribute_lite import _tf_bridge  # pylint: disable=g-import-not-at-top
+    return _tf_bridge.xla_sharding_annotation(tensor, kind, detail)
+
+
+def _replica_cores(resolver, metadata, device_assignment):
+  """Each replica's core devices, by logical core."""
+  emulated = getattr(resolver, "emulated_slice", None)
+  if emulated is not None:
+    cores = emulated.devices
+  else:
+    cores = [device_util.canonicalize(d.name) for d in metadata.devices
+             if "device:TPU:" in d.name]
+  if not cores:
+    raise ValueError(
+        f"TPUStrategy found no TPU cores (master {resolver.master()!r}, devices "
+        f"{[d.name for d in metadata.devices]}). On a Cloud TPU VM use "
+        f"TPUClusterResolver('local') and initialize_tpu_system; without a TPU "
+        f"use TPUClusterResolver('emulated:v3-8').")
+  if device_assignment is None:
+    return [[core] for core in cores]
+  if emulated is not None:
+    return [[cores[device_assignment.tpu_ordinal(replica=r, logical_core=k)]
+             for k in range(device_assignment.num_cores_per_replica)]
+            for r in range(device_assignment.num_replicas)]
+  job = tf.DeviceSpec.from_string(cores[0]).job
+  return [[device_util.canonicalize(device_assignment.tpu_device(
+      replica=r, logical_core=k, job=job))
+           for k in range(device_assignment.num_cores_per_replica)]
+          for r in range(device_assignment.num_replicas)]
