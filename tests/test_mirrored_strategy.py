@@ -4,6 +4,7 @@ bad device lists, compared with `tf.distribute.MirroredStrategy`."""
 import logging
 import threading
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -427,3 +428,20 @@ def test_a_step_whose_input_runs_out_updates_no_replica(work):
     with pytest.raises(tf.errors.OutOfRangeError):
       step(iterator)
   assert [float(c) for c in count.values] == [1.0] * 4
+
+
+@pytest.mark.parametrize("mod", [tf.compat.v1.distribute, tfd.compat.v1])
+def test_tf1_graph_variables_initialize_equal_and_run(mod):
+  """In a TF1 graph, `global_variables_initializer` gives every component
+  the primary's (random) initial value in one run."""
+  with tf.Graph().as_default():
+    strategy = mod.MirroredStrategy(["/cpu:0", "/cpu:1"],
+                                    cross_device_ops=tf.distribute.ReductionToOneDevice())
+    with strategy.scope():
+      v = tf.Variable(tf.random.uniform([3]))
+      total = strategy.reduce("SUM", strategy.run(lambda: v * 2.0))
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      first, second = session.run(strategy.experimental_local_results(v))
+      np.testing.assert_array_equal(first, second)
+      np.testing.assert_allclose(session.run(total), first * 4.0, rtol=1e-6)

@@ -339,7 +339,8 @@ def _shared_value_on(value, destinations):
 
 def _copy_of(primary):
   """The initial value of components i > 0: the primary's value, read once
-  for all of them (each variable copies it onto its own device)."""
+  for all of them (each variable copies it onto its own device); in a TF1
+  graph, the primary's initial value."""
   reads = {}
 
   def initial_value():
@@ -347,6 +348,12 @@ def _copy_of(primary):
     if graph not in reads:
       reads[graph] = primary.value()
     return reads[graph]
+
+  if not tf.executing_eagerly() and not tf.compat.v1.get_default_graph().building_function:
+    # In a TF1 graph the initializers run together, in one `session.run`:
+    # the components take the primary's initial value tensor, which that run
+    # computes once for all of them.
+    return primary.initial_value
   return initial_value
 
 
