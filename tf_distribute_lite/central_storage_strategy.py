@@ -12,6 +12,7 @@ from tf_distribute_lite import contexts
 from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import distributed_variables
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import values as values_lib
@@ -45,7 +46,7 @@ class CentralStorageStrategy(distribute_lib.Strategy):
     super().__init__(CentralStorageExtended(self, compute_devices, parameter_device))
 
 
-class CentralStorageStrategyV1(distribute_lib.StrategyV1, CentralStorageStrategy):
+class CentralStorageStrategyV1(strategy_v1.StrategyV1):
   """`CentralStorageStrategy` with the TF 1.x API
   (`tf.compat.v1.distribute.experimental.CentralStorageStrategy`).
 
@@ -53,6 +54,9 @@ class CentralStorageStrategyV1(distribute_lib.StrategyV1, CentralStorageStrategy
   >>> strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.0)))
   <tf.Tensor: shape=(), dtype=float32, numpy=4.0>
   """
+
+  def __init__(self, compute_devices=None, parameter_device=None):
+    super().__init__(CentralStorageExtended(self, compute_devices, parameter_device))
 
 
 class CentralStorageExtended(mirrored_strategy.MirroredExtended):

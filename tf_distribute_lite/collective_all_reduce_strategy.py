@@ -27,6 +27,7 @@ from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import distributed_variables
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
@@ -112,7 +113,7 @@ class ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy,
 ExperimentalMultiWorkerMirroredStrategy.__name__ = "MultiWorkerMirroredStrategy"
 
 
-class MultiWorkerMirroredStrategyV1(distribute_lib.StrategyV1):
+class MultiWorkerMirroredStrategyV1(strategy_v1.StrategyV1):
   """`MultiWorkerMirroredStrategy` with the TF 1.x API
   (`tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy`).
 

@@ -80,6 +80,8 @@ class _StrategyScope:
     if contexts.get_strategy() is not self._strategy:
       contexts.raise_wrong_strategy(self._strategy)
     kwargs["distribute_strategy"] = self._strategy
+    if "use_resource" in kwargs:  # TF 1.x creation: mirror resource variables
+      kwargs["use_resource"] = True
     return self._strategy.extended._create_variable(next_creator, **kwargs)  # pylint: disable=protected-access
 
   def __enter__(self):
@@ -99,16 +101,11 @@ class _StrategyScope:
     contexts.pop()
 
 
-class Strategy:
-  """A distribution policy: where variables live and how steps run.
+class StrategyBase:
+  """What the TF 2.x `Strategy` and the TF 1.x `compat.v1.Strategy` share."""
 
-  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-  >>> with strategy.scope():
-  ...   v = tf.Variable(1.0)
-  >>> per_replica = strategy.run(lambda: v * 2.0)
-  >>> strategy.reduce(tf_distribute_lite.ReduceOp.SUM, per_replica, axis=None)
-  <tf.Tensor: shape=(), dtype=float32, numpy=4.0>
-  """
+  # Read by TensorFlow's TF 1.x optimizers: losses are not rescaled.
+  _scale_loss_for_estimator = False
 
   def __init__(self, extended):
     self._extended = extended
@@ -221,26 +218,6 @@ class Strategy:
       return components[0]
     return values_lib.PerReplica(components)
 
-  def gather(self, value, axis):
-    """Concatenates the replicas' components of `value` along `axis`.
-
-    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> parts = strategy.experimental_distribute_values_from_function(
-    ...     lambda ctx: tf.fill([1, 2], ctx.replica_id_in_sync_group))
-    >>> strategy.gather(parts, axis=0)
-    <tf.Tensor: shape=(2, 2), dtype=int32, numpy=
-    array([[0, 0],
-           [1, 1]], dtype=int32)>
-    """
-    if not contexts.in_cross_replica_context() and contexts.has_strategy():
-      raise RuntimeError(
-          "`tf.distribute.Strategy.gather` is not supported in a replica "
-          "context; use `tf.distribute.ReplicaContext.all_gather` instead.")
-    destination = device_util.current() or "/device:CPU:0"
-    return tf.nest.map_structure(
-        lambda v: self._extended._local_results(  # pylint: disable=protected-access
-            self._extended._gather_to(v, destination, axis))[0], value)  # pylint: disable=protected-access
-
   def experimental_local_results(self, value):
     """The components of `value` on this worker's replicas, as a tuple.
 
@@ -261,19 +238,6 @@ class Strategy:
     deprecation.warn_once("Strategy.unwrap",
                           "use `experimental_local_results` instead.")
     return self.experimental_local_results(value)
-
-  def experimental_distribute_values_from_function(self, value_fn):
-    """Distributed values made by `value_fn(ValueContext)` for each replica.
-
-    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> strategy.experimental_distribute_values_from_function(
-    ...     lambda ctx: ctx.replica_id_in_sync_group * 10)
-    PerReplica:{
-      0: 0,
-      1: 10
-    }
-    """
-    return self._extended._distribute_values_from_function(value_fn)  # pylint: disable=protected-access
 
   def experimental_distribute_dataset(self, dataset, options=None):
     """A `tf.distribute.DistributedDataset` splitting each global batch of
@@ -333,7 +297,52 @@ class Strategy:
     >>> dataset.element_spec
     TensorSpec(shape=(), dtype=tf.float32, name=None)
     """
-    return input_lib.numpy_dataset(numpy_input, self._extended._input_host)  # pylint: disable=protected-access
+    return self._extended.experimental_make_numpy_dataset(numpy_input)
+
+
+class Strategy(StrategyBase):
+  """A distribution policy: where variables live and how steps run.
+
+  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> with strategy.scope():
+  ...   v = tf.Variable(1.0)
+  >>> per_replica = strategy.run(lambda: v * 2.0)
+  >>> strategy.reduce(tf_distribute_lite.ReduceOp.SUM, per_replica, axis=None)
+  <tf.Tensor: shape=(), dtype=float32, numpy=4.0>
+  """
+
+  def gather(self, value, axis):
+    """Concatenates the replicas' components of `value` along `axis`.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> parts = strategy.experimental_distribute_values_from_function(
+    ...     lambda ctx: tf.fill([1, 2], ctx.replica_id_in_sync_group))
+    >>> strategy.gather(parts, axis=0)
+    <tf.Tensor: shape=(2, 2), dtype=int32, numpy=
+    array([[0, 0],
+           [1, 1]], dtype=int32)>
+    """
+    if not contexts.in_cross_replica_context() and contexts.has_strategy():
+      raise RuntimeError(
+          "`tf.distribute.Strategy.gather` is not supported in a replica "
+          "context; use `tf.distribute.ReplicaContext.all_gather` instead.")
+    destination = device_util.current() or "/device:CPU:0"
+    return tf.nest.map_structure(
+        lambda v: self._extended._local_results(  # pylint: disable=protected-access
+            self._extended._gather_to(v, destination, axis))[0], value)  # pylint: disable=protected-access
+
+  def experimental_distribute_values_from_function(self, value_fn):
+    """Distributed values made by `value_fn(ValueContext)` for each replica.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> strategy.experimental_distribute_values_from_function(
+    ...     lambda ctx: ctx.replica_id_in_sync_group * 10)
+    PerReplica:{
+      0: 0,
+      1: 10
+    }
+    """
+    return self._extended._distribute_values_from_function(value_fn)  # pylint: disable=protected-access
 
 
 def _check_run_arguments(args, kwargs):
@@ -541,6 +550,11 @@ class StrategyExtended:
     raise RuntimeError(
         "parameter_devices() method unsupported by default tf.distribute.Strategy.")
 
+  @property
+  def worker_devices_by_replica(self):
+    """Each replica's devices, one list per replica."""
+    return [[device] for device in self.worker_devices]
+
   def non_slot_devices(self, var_list):
     """The devices for non-slot variables (such as an optimizer's step)."""
     del var_list
@@ -660,6 +674,26 @@ class StrategyExtended:
   def update_config_proto(self, config_proto):
     return config_proto
 
+  # --- TF 1.x input.
+
+  def experimental_make_numpy_dataset(self, numpy_input, session=None):
+    """A dataset of the slices of `numpy_input` (a nest of arrays), held on
+    the input host; `session` (TF 1.x) is accepted."""
+    del session
+    return input_lib.numpy_dataset(numpy_input, self._input_host)
+
+  def experimental_run_steps_on_iterator(self, fn, iterator, iterations=1,
+                                         initial_loop_values=None):
+    """Runs `fn(ctx, inputs)` for `iterations` steps, each on the next
+    element of `iterator`; returns the `MultiStepContext` `ctx` holding the
+    last step's outputs and (in a graph) the `run_op` running all steps."""
+    from tf_distribute_lite import strategy_v1  # pylint: disable=g-import-not-at-top
+    strategy = self._container_strategy()
+    contexts.require_cross_replica_or_default(strategy)
+    with strategy.scope():
+      return strategy_v1.run_steps_on_iterator(strategy, fn, iterator, iterations,
+                                               initial_loop_values)
+
   @property
   def _input_host(self):
     """The device input pipelines run on."""
@@ -678,7 +712,7 @@ class StrategyExtended:
         dataset_fn, self.worker_devices, self._input_host, options)
 
 
-class ReplicaContext:
+class ReplicaContextBase:
   """What code inside `strategy.run` sees: its replica and the collectives.
 
   >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
@@ -824,6 +858,15 @@ class ReplicaContext:
     self._require_current()
     return self._strategy.extended.update(var, fn, args, kwargs, group)
 
+class ReplicaContext(ReplicaContextBase):
+  """The replica context of TF 2.x strategies, with `all_gather`.
+
+  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> strategy.run(lambda: tf_distribute_lite.get_replica_context().all_gather(
+  ...     tf.constant([1.0]), axis=0)).values[0]
+  <tf.Tensor: shape=(2,), dtype=float32, numpy=array([1., 1.], dtype=float32)>
+  """
+
   def all_gather(self, value, axis, options=None):
     """Concatenates every replica's `value` (a nest of tensors) along `axis`."""
     flat = tf.nest.flatten(value)
@@ -935,28 +978,3 @@ def experimental_set_strategy(strategy):
     new_scope = strategy.scope()
     new_scope.__enter__()
     _global_scopes[graph] = new_scope
-
-
-class StrategyV1(Strategy):
-  """The TF 1.x form of `Strategy` (`tf.compat.v1.distribute.Strategy`).
-
-  It differs in `reduce`, whose `axis` defaults to None, and in the TF 1.x
-  methods it keeps.
-
-  >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
-  >>> strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.0)))
-  <tf.Tensor: shape=(), dtype=float32, numpy=4.0>
-  """
-
-  def reduce(self, reduce_op, value, axis=None):
-    return super().reduce(reduce_op, value, axis)
-
-  def experimental_make_numpy_dataset(self, numpy_input, session=None):  # pylint: disable=arguments-differ,unused-argument
-    """As `Strategy.experimental_make_numpy_dataset`; `session` (TF 1.x) is
-    accepted and unused: the arrays become eager tensors on the input host."""
-    return super().experimental_make_numpy_dataset(numpy_input)
-
-  def update_config_proto(self, config_proto):
-    """Returns a copy of `config_proto` adjusted for this strategy."""
-    return self._extended.update_config_proto(config_proto)
-

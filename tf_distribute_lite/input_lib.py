@@ -191,11 +191,35 @@ class DistributedDataset(tf.distribute.DistributedDataset,
                          if tf.executing_eagerly() else tf.data.UNKNOWN_CARDINALITY)
 
   def __iter__(self):
+    return DistributedIterator(self._layout, self._iterators(iter))
+
+  def _iterators(self, make):
     iterators = []
     for home, dataset in zip(self._layout.homes, self._datasets):
       with tf.device(home):
-        iterators.append(iter(dataset))
-    return DistributedIterator(self._layout, iterators)
+        iterators.append(make(dataset))
+    return iterators
+
+  def make_initializable_iterator(self):
+    """TF 1.x graphs: an iterator whose `initializer` op (re)starts it.
+
+    >>> with tf.Graph().as_default():
+    ...   dist = distribute_dataset(tf.data.Dataset.range(4).batch(2),
+    ...                             ["CPU:0", "CPU:1"], host="CPU:0")
+    ...   iterator = dist.make_initializable_iterator()
+    ...   batch = iterator.get_next()
+    ...   with tf.compat.v1.Session() as session:
+    ...     _ = session.run(iterator.initializer)
+    ...     print(session.run(batch.values))
+    (array([0]), array([1]))
+    """
+    return InitializableIterator(self._layout, self._iterators(
+        _graph_only(tf.compat.v1.data.make_initializable_iterator)))
+
+  def make_one_shot_iterator(self):
+    """TF 1.x graphs: an iterator that needs no initialization."""
+    return DistributedIterator(self._layout, self._iterators(
+        _graph_only(tf.compat.v1.data.make_one_shot_iterator)))
 
   @property
   def element_spec(self):
@@ -467,6 +491,30 @@ class DistributedIterator(tf.distribute.DistributedIterator,
   def _type_spec(self):
     return DistributedIteratorSpec(
         self._layout, tuple(it._type_spec for it in self._iterators))  # pylint: disable=protected-access
+
+
+class InitializableIterator(DistributedIterator):
+  """A `DistributedIterator` of a TF 1.x graph, whose `initializer` op
+  (re)starts its input pipelines."""
+
+  @property
+  def initializer(self):
+    """The op that (re)starts the iterator."""
+    return tf.group([it.initializer for it in self._iterators])
+
+  def initialize(self):
+    """`[initializer]`, as TF 1.x iterators give it."""
+    return [self.initializer]
+
+
+def _graph_only(make_iterator):
+  def make(dataset):
+    if tf.executing_eagerly():
+      raise RuntimeError(
+          "TF 1.x dataset iterators are not supported when eager execution is "
+          "enabled; iterate the distributed dataset with `for` or `iter()`.")
+    return make_iterator(dataset)
+  return make
 
 
 class DistributedIteratorSpec(tf.TypeSpec):

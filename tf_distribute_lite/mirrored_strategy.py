@@ -15,6 +15,7 @@ from tf_distribute_lite import contexts
 from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import distributed_variables
 from tf_distribute_lite import replica_runner
 from tf_distribute_lite import values as values_lib
@@ -109,7 +110,10 @@ class MirroredExtended(distribute_lib.StrategyExtended):
       cls = distributed_variables.SyncOnReadVariable
     else:
       cls = distributed_variables.MirroredVariable
-    return cls(self._container_strategy(), components, aggregation)
+    variable = cls(self._container_strategy(), components, aggregation)
+    if not tf.executing_eagerly():
+      _collect_instead(components, variable)
+    return variable
 
   # --- Running replicas.
 
@@ -337,6 +341,19 @@ def _shared_value_on(value, destinations):
   return cross_device_ops_lib.simple_broadcast(value, destinations)
 
 
+def _collect_instead(components, variable):
+  """In a TF1 graph, puts `variable` where its components were put in the
+  graph's collections (`tf.compat.v1.trainable_variables()` and such)."""
+  graph = tf.compat.v1.get_default_graph()
+  for key in graph.get_all_collection_keys():
+    collection = graph.get_collection_ref(key)
+    kept = [v for v in collection if not any(v is c for c in components)]
+    if len(kept) < len(collection):
+      kept.insert(next(i for i, v in enumerate(collection)
+                       if any(v is c for c in components)), variable)
+      collection[:] = kept
+
+
 def _copy_of(primary):
   """The initial value of components i > 0: the primary's value, read once
   for all of them (each variable copies it onto its own device); in a TF1
@@ -416,10 +433,13 @@ def _default_cross_device_ops(devices):
       devices, options=CommunicationOptions(implementation=implementation))
 
 
-class MirroredStrategyV1(distribute_lib.StrategyV1, MirroredStrategy):
+class MirroredStrategyV1(strategy_v1.StrategyV1):
   """`MirroredStrategy` with the TF 1.x API (`tf.compat.v1.distribute`).
 
   >>> strategy = MirroredStrategyV1(["CPU:0", "CPU:1"])
   >>> strategy.reduce("MEAN", strategy.run(lambda: tf.constant(3.0)))
   <tf.Tensor: shape=(), dtype=float32, numpy=3.0>
   """
+
+  def __init__(self, devices=None, cross_device_ops=None):
+    super().__init__(MirroredExtended(self, devices, cross_device_ops))

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import strategy_v1
 
 
 class OneDeviceStrategy(distribute_lib.Strategy):
@@ -80,9 +81,12 @@ class _OneDeviceReplicaContext(distribute_lib.ReplicaContext):
     return self._strategy.extended.worker_devices
 
 
-class OneDeviceStrategyV1(distribute_lib.StrategyV1, OneDeviceStrategy):
+class OneDeviceStrategyV1(strategy_v1.StrategyV1):
   """`OneDeviceStrategy` with the TF 1.x API (`tf.compat.v1.distribute`).
 
   >>> OneDeviceStrategyV1("/cpu:0").reduce("SUM", tf.constant(1.0))
   <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
   """
+
+  def __init__(self, device):
+    super().__init__(OneDeviceExtended(self, device))

@@ -216,6 +216,10 @@ class ReplicaRunner:
           f"times.")
     self._merge_calls += 1
     if self._threads is None:
+      if not self._state.eager:
+        # Each replica thread gets its own device, colocation and control
+        # dependency stacks, starting from this thread's.
+        self._state.graph.switch_to_thread_local()
       self._threads = [_ReplicaThread(self, i, self._state)
                        for i in range(1, self.num_replicas)]
       for thread in self._threads:

@@ -16,6 +16,7 @@ import tensorflow as tf
 from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite.cluster_resolver import TPUClusterResolver
 
@@ -156,7 +157,7 @@ class ExperimentalTPUStrategy(TPUStrategy, metaclass=_AnyTPUStrategy):
 ExperimentalTPUStrategy.__name__ = "TPUStrategy"
 
 
-class TPUStrategyV1(_LogicalDevices, distribute_lib.StrategyV1):
+class TPUStrategyV1(_LogicalDevices, strategy_v1.StrategyV1):
   """`TPUStrategy` with the TF 1.x API
   (`tf.compat.v1.distribute.experimental.TPUStrategy`).
 

@@ -1,0 +1,245 @@
+"""The TF 1.x strategy API (`tf.compat.v1.distribute`): `Strategy`,
+`ReplicaContext`, the multi-step loop and `get_loss_reduction`.
+
+These are adapters over the same extended objects as the TF 2.x classes: a
+TF 1.x strategy is a `compat.v1.Strategy`, not a TF 2.x `Strategy` (as in
+TensorFlow), and keeps the methods TF 1.x code calls (`experimental_run`,
+`make_dataset_iterator`, `configure`, ...). Everything works eagerly and in a
+TF 1.x graph run by a `tf.compat.v1.Session`.
+"""
+
+import tensorflow as tf
+
+from tf_distribute_lite import contexts
+from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import input_context as input_context_lib
+from tf_distribute_lite.reduce_util import ReduceOp
+
+
+class StrategyV1(distribute_lib.StrategyBase):
+  """The TF 1.x form of `Strategy` (`tf.compat.v1.distribute.Strategy`).
+
+  `reduce`'s `axis` defaults to None; input comes from iterators with an
+  `initializer` as well as from distributed datasets.
+
+  >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(4).batch(4))
+  >>> strategy.reduce("SUM", strategy.experimental_run(tf.reduce_sum, iterator))
+  <tf.Tensor: shape=(), dtype=int64, numpy=6>
+  >>> isinstance(strategy, tf_distribute_lite.Strategy)
+  False
+  """
+
+  def reduce(self, reduce_op, value, axis=None):
+    return super().reduce(reduce_op, value, axis)
+
+  def experimental_make_numpy_dataset(self, numpy_input, session=None):
+    """A dataset of the slices of `numpy_input`; `session` (TF 1.x) is
+    accepted: the arrays are held on the input host."""
+    return self._extended.experimental_make_numpy_dataset(numpy_input, session)
+
+  def update_config_proto(self, config_proto):
+    """Returns a copy of `config_proto` adjusted for this strategy."""
+    return self._extended.update_config_proto(config_proto)
+
+  def configure(self, session_config=None, cluster_spec=None, task_type=None,
+                task_id=None):
+    """Deprecated: adjusts `session_config` in place for this strategy
+    (`update_config_proto` returns an adjusted copy instead).
+
+    >>> strategy = tf_distribute_lite.compat.v1.OneDeviceStrategy("/cpu:0")
+    >>> config = tf.compat.v1.ConfigProto()
+    >>> strategy.configure(config)
+    """
+    del cluster_spec, task_type, task_id
+    if session_config is not None:
+      session_config.CopyFrom(self.update_config_proto(session_config))
+
+  def make_dataset_iterator(self, dataset):
+    """An iterator giving each replica its slice of every global batch of
+    `dataset`; in a TF1 graph run its `initializer` first."""
+    with self.scope():
+      return initializable_iterator(self.experimental_distribute_dataset(dataset))
+
+  def make_input_fn_iterator(self, input_fn,
+                             replication_mode=input_context_lib.InputReplicationMode.PER_WORKER):
+    """An iterator over the dataset `input_fn(InputContext)` returns for
+    this worker, batched per replica: each replica takes the next element.
+
+    >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> iterator = strategy.make_input_fn_iterator(
+    ...     lambda ctx: tf.data.Dataset.range(4).batch(ctx.get_per_replica_batch_size(4)))
+    >>> [t.numpy().tolist() for t in iterator.get_next().values]
+    [[0, 1], [2, 3]]
+    """
+    if replication_mode != input_context_lib.InputReplicationMode.PER_WORKER:
+      raise ValueError(f"Input replication mode not supported: {replication_mode!r}")
+    with self.scope():
+      return initializable_iterator(
+          self._extended._distribute_datasets_from_function(input_fn, None))  # pylint: disable=protected-access
+
+  def experimental_run(self, fn, input_iterator=None):
+    """Runs `fn` on every replica with its part of the next input from
+    `input_iterator` (or with no argument)."""
+    with self.scope():
+      args = () if input_iterator is None else (input_iterator.get_next(),)
+    return self.run(fn, args=args)
+
+  def group(self, value, name=None):
+    """One op that runs every component of `value` (a graph's fetch); the
+    component itself where there is one.
+
+    >>> strategy = tf_distribute_lite.compat.v1.OneDeviceStrategy("/cpu:0")
+    >>> strategy.group(tf.constant(1.0))
+    <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
+    """
+    components = tf.nest.flatten(self.experimental_local_results(value))
+    if len(components) == 1 and name is None:
+      (component,) = components
+      return component.op if hasattr(component, "op") and not tf.executing_eagerly() else component
+    return tf.group(components, name=name)
+
+  def colocate_vars_with(self, colocate_with_variable):
+    """`extended.colocate_vars_with`."""
+    return self._extended.colocate_vars_with(colocate_with_variable)
+
+
+class ReplicaContextV1(distribute_lib.ReplicaContextBase):
+  """`tf.compat.v1.distribute.ReplicaContext`: the replica context's TF 1.x
+  interface (no `all_gather`). Strategies' replica contexts are TF 2.x ones,
+  as in TensorFlow.
+
+  >>> isinstance(tf_distribute_lite.get_replica_context(), ReplicaContextV1)
+  False
+  """
+
+
+def get_loss_reduction():
+  """How a TF 1.x optimizer combines the replicas' gradients: `SUM` (the
+  loss is already scaled by the global batch size).
+
+  >>> get_loss_reduction()
+  <ReduceOp.SUM: 'SUM'>
+  """
+  return ReduceOp.SUM
+
+
+def initializable_iterator(distributed_dataset):
+  """The TF 1.x iterator over a distributed dataset: eagerly an iterator
+  whose `initializer` is None; in a TF1 graph one whose `initializer` op
+  (re)starts it."""
+  if tf.executing_eagerly():
+    return _EagerIterator(iter(distributed_dataset))
+  return distributed_dataset.make_initializable_iterator()
+
+
+class _EagerIterator:
+  """An eager distributed iterator with the TF 1.x `initialize()` (a no-op,
+  as TensorFlow's)."""
+
+  initializer = None
+
+  def __init__(self, iterator):
+    self._iterator = iterator
+
+  def initialize(self):
+    return None
+
+  def get_next(self):
+    return self._iterator.get_next()
+
+  def __getattr__(self, name):
+    return getattr(self._iterator, name)
+
+
+class MultiStepContext:
+  """What `extended.experimental_run_steps_on_iterator` gives its `fn` and
+  returns: the outputs of the last step, and the op running all of them.
+
+  >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> iterator = strategy.make_dataset_iterator(
+  ...     tf.data.Dataset.range(8).batch(2))
+  >>> def step(ctx, inputs):
+  ...   total = strategy.extended.call_for_each_replica(tf.reduce_sum, args=(inputs,))
+  ...   ctx.set_last_step_output("total", total, reduce_op="SUM")
+  >>> ctx = strategy.extended.experimental_run_steps_on_iterator(step, iterator, iterations=3)
+  >>> ctx.last_step_outputs["total"]
+  <tf.Tensor: shape=(), dtype=int64, numpy=9>
+  """
+
+  def __init__(self):
+    self._last_step_outputs = {}
+    self._reduce_ops = {}
+    self._non_tensor_outputs = {}
+    self.run_op = None
+
+  @property
+  def last_step_outputs(self):
+    """The outputs `set_last_step_output` recorded in the last step."""
+    return self._last_step_outputs
+
+  @property
+  def non_tensor_outputs(self):
+    """The outputs `set_non_tensor_output` recorded."""
+    return self._non_tensor_outputs
+
+  def set_last_step_output(self, name, output, reduce_op=None):
+    """Records `output` of this step as `name`, reduced across replicas by
+    `reduce_op` if given (required in a replica context)."""
+    if contexts.in_cross_replica_context():
+      self._reduce_ops[name] = reduce_op
+      self._last_step_outputs[name] = output
+      return
+    if reduce_op is None:
+      raise ValueError("`reduce_op` must be set when `set_last_step_output` is "
+                       "called in a replica context.")
+
+    def merge_fn(strategy, value):
+      del strategy
+      self._reduce_ops[name] = reduce_op
+      self._last_step_outputs[name] = value
+    contexts.get_replica_context().merge_call(merge_fn, args=(output,))
+
+  def set_non_tensor_output(self, name, output):
+    """Records a Python value as `name`."""
+    if contexts.in_cross_replica_context():
+      self._non_tensor_outputs[name] = output
+      return
+
+    def merge_fn(strategy, value):
+      self._non_tensor_outputs[name] = strategy.experimental_local_results(value)
+    contexts.get_replica_context().merge_call(merge_fn, args=(output,))
+
+  def _finish(self, strategy, ops):
+    """Reduces the recorded outputs and groups the steps' `ops`."""
+    for name, reduce_op in self._reduce_ops.items():
+      if reduce_op is not None:
+        self._last_step_outputs[name] = strategy.reduce(
+            reduce_op, self._last_step_outputs[name], axis=None)
+    if not tf.executing_eagerly():
+      self.run_op = tf.group(_ops_of(ops))
+
+
+def run_steps_on_iterator(strategy, fn, iterator, iterations, initial_loop_values):
+  """`extended.experimental_run_steps_on_iterator`: `fn(ctx, inputs)` for
+  `iterations` steps, each on the next input; returns the `MultiStepContext`.
+
+  In a graph the steps are built one after another (TensorFlow builds a
+  while loop); each runs after the one before.
+  """
+  del initial_loop_values  # the outputs of the last step are kept as they are
+  ctx = MultiStepContext()
+  results = []
+  for _ in range(iterations):
+    with tf.control_dependencies(_ops_of(results[-1:])):
+      results.append(fn(ctx, iterator.get_next()))
+  ctx._finish(strategy, [results, ctx.last_step_outputs])  # pylint: disable=protected-access
+  return ctx
+
+
+def _ops_of(structure):
+  """The graph tensors and ops in `structure` (none eagerly)."""
+  if tf.executing_eagerly():
+    return []
+  return [t for t in tf.nest.flatten(structure, expand_composites=True)
+          if isinstance(t, (tf.Tensor, tf.Operation))]
