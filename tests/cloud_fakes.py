@@ -47,7 +47,9 @@ class FakeCloud:
     self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     self.server.daemon_threads = True
     self.address = f"127.0.0.1:{self.server.server_address[1]}"
-    self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+    # A short poll interval: `close()` waits up to one interval.
+    self._thread = threading.Thread(target=self.server.serve_forever,
+                                    kwargs={"poll_interval": 0.02}, daemon=True)
     self._thread.start()
 
   def answer(self, path, *answers):

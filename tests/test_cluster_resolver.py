@@ -3,6 +3,8 @@ the same calls give the same results and exception classes."""
 
 import json
 import os
+import subprocess
+import sys
 from types import SimpleNamespace as Obj
 
 import pytest
@@ -10,6 +12,7 @@ import tensorflow as tf
 
 import tf_distribute_lite as tfd
 
+from multi_worker import free_ports
 from outcomes import outcome
 from outcomes import same
 
@@ -37,6 +40,24 @@ def test_our_resolvers_are_tensorflows_cluster_resolvers(make):
   resolver = make()
   assert isinstance(resolver, TF.ClusterResolver)
   assert tf.config.experimental_connect_to_cluster(resolver) is None  # local: no server
+
+
+def test_tensorflow_connects_to_the_cluster_our_resolver_names():
+  # Connecting changes this process's eager context for good: do it in a
+  # fresh process, which also serves the one-task cluster it connects to.
+  script = (
+      "import sys, tensorflow as tf, tf_distribute_lite as tfd\n"
+      "address = 'localhost:' + sys.argv[1]\n"
+      "cluster = tf.train.ClusterSpec({'worker': [address]})\n"
+      "server = tfd.Server(cluster, job_name='worker', task_index=0)\n"
+      "resolver = tfd.cluster_resolver.SimpleClusterResolver(cluster, 'grpc://' + address)\n"
+      "tf.config.experimental_connect_to_cluster(resolver)\n"
+      "x = tf.constant(1.0) + 1\n"
+      "print(x.device, x.numpy())\n")
+  result = subprocess.run([sys.executable, "-c", script, str(free_ports(1)[0])],
+                          capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.split() == ["/job:worker/replica:0/task:0/device:CPU:0", "2.0"]
 
 
 # --- SimpleClusterResolver and UnionResolver.

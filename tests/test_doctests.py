@@ -29,7 +29,7 @@ def _public_api():
                 tf_distribute_lite.experimental.partitioners,
                 tf_distribute_lite.compat.v1,
                 tf_distribute_lite.compat.v1.experimental,
-                tf_distribute_lite.cluster_resolver,
+                tf_distribute_lite.cluster_resolver, tf_distribute_lite.contrib,
                 tf_distribute_lite.tpu.experimental]
   seen = {}
   for namespace in namespaces:

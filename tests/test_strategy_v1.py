@@ -188,3 +188,53 @@ def test_tf1_tutorial_gives_tensorflows_losses(tf1_programs):
 def test_tf1_multi_step_loop_like_tf(tf1_programs):
   theirs, ours = tf1_programs
   assert ours["run_steps"] == theirs["run_steps"] == {"total": 66.0, "last": 66.0}
+
+
+# --- The spec page's examples (tf.compat.v1.distribute.MirroredStrategy).
+
+def test_spec_variables_and_function_creation():
+  strategy = OURS.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  with strategy.scope():
+    x = tf.Variable(1.)
+  assert type(x).__name__ == "MirroredVariable"
+  created = []
+
+  @tf.function
+  def create_variable():
+    if not created:
+      created.append(tf.Variable(1.))
+  with strategy.scope():
+    create_variable()
+  assert type(created[0]).__name__ == "MirroredVariable"
+
+
+def test_spec_train_epoch_and_input_functions():
+  strategy = OURS.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  dataset = tf.data.Dataset.range(8).map(lambda v: tf.cast(v, tf.float32)).batch(4)
+  with strategy.scope():
+    @tf.function
+    def distribute_train_epoch(dataset):
+      total_result = 0.0
+      for x in dataset:
+        per_replica_result = strategy.run(tf.reduce_sum, args=(x,))
+        total_result += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_result, axis=None)
+      return total_result
+    dist_dataset = strategy.experimental_distribute_dataset(dataset)
+    assert float(distribute_train_epoch(dist_dataset)) == 28.0
+
+  def dataset_fn(input_context):
+    batch_size = input_context.get_per_replica_batch_size(4)
+    d = tf.data.Dataset.from_tensors([[1.]]).repeat(8).batch(batch_size)
+    return d.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+  inputs = strategy.experimental_distribute_datasets_from_function(dataset_fn)
+  totals = [float(strategy.reduce("SUM", strategy.run(tf.reduce_sum, args=(batch,))))
+            for batch in inputs]
+  assert totals == [4.0, 4.0]
+  with strategy.scope():
+    iterator = strategy.make_input_fn_iterator(dataset_fn)
+    replica_results = strategy.experimental_run(tf.reduce_sum, iterator)
+  assert [float(r) for r in strategy.experimental_local_results(replica_results)] == [2.0, 2.0]
+  numpy_dataset = strategy.experimental_make_numpy_dataset(np.ones([10], dtype=np.float32))
+  dist = strategy.experimental_distribute_dataset(numpy_dataset.batch(4))
+  assert [float(strategy.reduce("SUM", strategy.run(tf.reduce_sum, args=(b,)))) for b in dist] == [
+      4.0, 4.0, 2.0]

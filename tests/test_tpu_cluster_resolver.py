@@ -66,10 +66,10 @@ def test_addresses_and_local_like_tf(tpu, cloud):
 
 
 def test_local_counts_local_tpu_cores_like_tf(cloud):
-  del cloud
   assert _same(lambda r: r("local").num_accelerators()) == {"TPU": 0}
   metadata = _same(lambda r: r("local").get_tpu_system_metadata()[:4])
   assert metadata == (0, 0, 0, None)
+  assert not cloud.hits  # "local" asks no server
 
 
 @pytest.mark.parametrize("variables", [
@@ -89,6 +89,17 @@ def test_coordinator_joins_the_cluster_like_tf(cloud):
   del cloud
   _same(lambda r: _answers(r("grpc://10.0.0.2:8470", coordinator_name="coordinator",
                              coordinator_address="10.0.0.9:9000")))
+
+
+def test_a_coordinator_without_an_address_is_served_here_like_tf(cloud):
+  cloud.metadata("instance/network-interfaces/0/ip", "10.1.2.3")
+
+  def coordinator_host(r):
+    resolver = r("grpc://10.0.0.2:8470", coordinator_name="coordinator")
+    (address,) = resolver.cluster_spec().job_tasks("coordinator")
+    host, port = address.split(":")
+    return host, int(port) > 0
+  assert _same(coordinator_host) == ("10.1.2.3", True)
 
 
 # --- Names through the Cloud TPU API.
@@ -207,6 +218,16 @@ def test_discovery_document_gives_the_api_root(cloud, monkeypatch):
   cloud.node(PROJECT, ZONE, "my-tpu", (200, node()))
   resolver = OURS("my-tpu", discovery_url=f"http://{cloud.address}/discovery")
   assert resolver.master() == "grpc://10.240.1.2:8470"
+
+
+def test_discovery_url_variable_overrides_the_argument(cloud, monkeypatch):
+  monkeypatch.delenv("TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT")
+  cloud.answer("/tpu/v1/rest", (200, {"rootUrl": f"http://{cloud.address}/",
+                                      "servicePath": ""}))
+  cloud.node(PROJECT, ZONE, "my-tpu", (200, node(hosts=2)))
+  monkeypatch.setenv("TPU_API_DISCOVERY_URL", f"http://{cloud.address}/{{api}}/{{apiVersion}}/rest")
+  resolver = OURS("my-tpu", discovery_url="http://127.0.0.1:1/unused")
+  assert resolver.cluster_spec().num_tasks("worker") == 2
 
 
 # --- Finding the TPU of a Cloud TPU VM, beyond TensorFlow.

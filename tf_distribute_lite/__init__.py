@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tf_distribute_lite import cluster_resolver
 from tf_distribute_lite import compat
+from tf_distribute_lite import contrib
 from tf_distribute_lite import experimental
 from tf_distribute_lite import tpu
 from tf_distribute_lite import values

@@ -10,7 +10,9 @@ Settings (environment variables, read at each call):
 * `TF_DISTRIBUTE_LITE_HTTP_RETRIES`: tries after the first for a server
   error or a timeout (default 2; the wait doubles from 0.2 s);
 * `TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT`: the Cloud TPU API's root URL
-  (default https://tpu.googleapis.com), for tests and private endpoints.
+  (default https://tpu.googleapis.com), for tests and private endpoints;
+* `TPU_API_DISCOVERY_URL`: as in TensorFlow, a discovery document to take
+  that root from, overriding `TPUClusterResolver(discovery_url=...)`.
 """
 
 import json
@@ -23,6 +25,7 @@ import urllib.request
 TIMEOUT_VARIABLE = "TF_DISTRIBUTE_LITE_HTTP_TIMEOUT"
 RETRIES_VARIABLE = "TF_DISTRIBUTE_LITE_HTTP_RETRIES"
 ENDPOINT_VARIABLE = "TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT"
+DISCOVERY_VARIABLE = "TPU_API_DISCOVERY_URL"
 DEFAULT_TIMEOUT_SECONDS = 5.0
 DEFAULT_RETRIES = 2
 DEFAULT_TPU_API_ENDPOINT = "https://tpu.googleapis.com"
@@ -58,16 +61,19 @@ def metadata_root():
 
 def tpu_api_root(discovery_url=None):
   """The Cloud TPU API's root URL: `$TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT`,
-  else the `rootUrl` of the discovery document at `discovery_url`, else
-  Google's.
+  else the `rootUrl` of the discovery document at `$TPU_API_DISCOVERY_URL`
+  or `discovery_url` (a URL or, as for Google's API client, a template with
+  `{api}` and `{apiVersion}`), else Google's.
 
   >>> tpu_api_root()
   'https://tpu.googleapis.com'
   """
   if os.environ.get(ENDPOINT_VARIABLE):
     return os.environ[ENDPOINT_VARIABLE].rstrip("/")
+  discovery_url = os.environ.get(DISCOVERY_VARIABLE) or discovery_url
   if discovery_url:
-    document = get_json(discovery_url)
+    url = discovery_url.replace("{api}", "tpu").replace("{apiVersion}", "v1")
+    document = get_json(url)
     return (document.get("rootUrl", "") + document.get("servicePath", "")).rstrip("/")
   return DEFAULT_TPU_API_ENDPOINT
 

@@ -1,0 +1,169 @@
+"""The TF 1.x contrib tower API (`tfd.contrib`): the spec page's behaviour,
+eagerly and in TF1 graphs, and a contrib-era training script."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_distribute_lite as tfd
+
+from conftest import DEVICES
+
+contrib = tfd.contrib
+EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "contrib_training.py"
+
+
+@pytest.fixture(scope="module")
+def tpu_resolver():
+  return tfd.cluster_resolver.TPUClusterResolver("emulated:v4-8")
+
+
+def _mirrored():
+  return contrib.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+def test_properties_of_each_strategy(tpu_resolver):
+  mirrored, one, tpu = _mirrored(), contrib.OneDeviceStrategy("/cpu:1"), contrib.TPUStrategy(
+      tpu_resolver, steps_per_run=3)
+  assert (mirrored.num_towers, mirrored.is_single_tower, mirrored.num_hosts,
+          mirrored.num_towers_per_host) == (2, False, 1, 2)
+  assert mirrored.worker_devices == DEVICES[:2] == mirrored.parameter_devices
+  assert (mirrored.between_graph, mirrored.should_checkpoint, mirrored.should_init,
+          mirrored.should_save_summary) == (False, True, True, True)
+  assert one.worker_devices == (DEVICES[1],) and one.is_single_tower
+  assert one.worker_device_index == 0
+  assert [int(i) for i in mirrored.unwrap(mirrored.worker_device_index)] == [0, 1]
+  assert isinstance(tpu, contrib.OneDeviceStrategy)
+  assert (tpu.num_towers, tpu.steps_per_run, tpu.num_hosts, tpu.num_towers_per_host) == (4, 3, 1, 4)
+  assert contrib.TPUStrategy(tpu_resolver, 1, num_cores=2).num_towers == 2
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_spec_merge_call_example(graph):
+  def merge_fn(distribution, three_plus_tower_id):
+    return sum(distribution.unwrap(three_plus_tower_id))
+
+  def fn(three):
+    tower_ctx = contrib.get_tower_context()
+    v = three + tower_ctx.tower_id
+    s = tower_ctx.merge_call(merge_fn, v)
+    return s + v
+
+  def run():
+    distribution = _mirrored()
+    with distribution.scope():
+      assert contrib.get_cross_tower_context() is distribution
+      assert contrib.get_distribution_strategy() is distribution
+      merged_results = distribution.call_for_each_tower(fn, tf.constant(3), run_concurrently=False)
+    return distribution.unwrap(merged_results)
+
+  if graph:
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+      assert session.run(run()) == [10, 11]
+  else:
+    assert [int(t) for t in run()] == [10, 11]
+
+
+def test_outside_any_scope_the_default_tower_context():
+  assert contrib.get_tower_context().tower_id == 0
+  assert contrib.get_cross_tower_context() is None
+  assert not contrib.has_distribution_strategy()
+  assert contrib.get_distribution_strategy().num_towers == 1
+  with _mirrored().scope():
+    assert contrib.has_distribution_strategy()
+    assert contrib.get_tower_context() is None
+
+
+def test_get_variable_makes_one_copy_per_device():
+  distribution = _mirrored()
+  with tf.Graph().as_default():
+    with distribution.scope():
+      v = tf.compat.v1.get_variable("v", [2], initializer=tf.compat.v1.ones_initializer(),
+                                    aggregation=tf.compat.v1.VariableAggregation.ONLY_FIRST_TOWER)
+    assert [c.device for c in distribution.unwrap(v)] == list(DEVICES[:2])
+    assert tf.compat.v1.trainable_variables() == [v]
+    assert distribution.value_container(distribution.unwrap(v)[1]) is v
+
+
+def test_reductions_and_updates():
+  distribution = _mirrored()
+  with distribution.scope():
+    v = tf.Variable(1.0)
+    values = distribution.call_for_each_tower(
+        lambda: tf.cast(contrib.get_tower_context().tower_id, tf.float32) + 1.0)
+  agg = tf.compat.v1.VariableAggregation
+  assert distribution.reduce(agg.SUM, values, "/cpu:0").numpy() == 3.0
+  assert [t.numpy() for t in distribution.unwrap(distribution.reduce(agg.MEAN, values, v))] == [1.5, 1.5]
+  assert [t.numpy() for t in distribution.unwrap(
+      distribution.reduce(agg.ONLY_FIRST_TOWER, values, v))] == [1.0, 1.0]
+  summed, first = distribution.batch_reduce(
+      tf.VariableAggregation.SUM, [(values, v), (values, "/cpu:1")])
+  assert [t.numpy() for t in distribution.unwrap(summed)] == [3.0, 3.0] and first.numpy() == 3.0
+  assert [t.numpy() for t in distribution.unwrap(distribution.broadcast(tf.constant(7.0)))] == [7.0, 7.0]
+  distribution.update(v, lambda c, x: c.assign_add(x), 2.0)
+  assert [c.numpy() for c in distribution.unwrap(v)] == [3.0, 3.0]
+  assert distribution.read_var(v).numpy() == 3.0
+  devices = distribution.non_slot_devices([v])
+  distribution.update_non_slot(devices, lambda: v.assign_add(1.0))
+  assert [c.numpy() for c in distribution.unwrap(v)] == [4.0, 4.0]
+  mapped = distribution.map([1.0, 2.0, 3.0], lambda x, y: tf.constant(x) * y, 10.0)
+  assert [[t.numpy() for t in per_device] for per_device in distribution.unwrap(mapped)] == [
+      [10.0, 30.0], [20.0]]
+
+
+def test_distribute_dataset_gives_tower_i_element_i_of_each_group():
+  distribution = _mirrored()
+  with distribution.scope():
+    dataset = distribution.distribute_dataset(lambda: tf.data.Dataset.range(6))
+  iterator = dataset.make_one_shot_iterator()
+  steps = [[int(t) for t in distribution.unwrap(iterator.get_next())] for _ in range(3)]
+  assert steps == [[0, 1], [2, 3], [4, 5]]
+  with tf.Graph().as_default():
+    dataset = distribution.distribute_dataset(lambda: tf.data.Dataset.range(4))
+    iterator = dataset.make_initializable_iterator()
+    values = distribution.unwrap(iterator.get_next())
+    with tf.compat.v1.Session() as session:
+      session.run(iterator.initializer)
+      assert session.run(values) == [0, 1]
+
+
+def test_lifecycle_and_configuration():
+  distribution = _mirrored()
+  assert distribution.initialize() is None and distribution.finalize() is None
+  with tf.Graph().as_default():
+    assert distribution.initialize() == [] and distribution.finalize() == []
+  assert distribution.get_host_cpu_device(0) == DEVICES[0]
+  config = tf.compat.v1.ConfigProto()
+  distribution.configure(config)
+  assert isinstance(config, tf.compat.v1.ConfigProto)
+
+
+def test_run_steps_on_dataset_unpacks_inputs():
+  distribution = _mirrored()
+  with distribution.scope():
+    total = tf.Variable(0.0, aggregation=tf.VariableAggregation.SUM)
+    dataset = distribution.distribute_dataset(
+        lambda: tf.data.Dataset.from_tensor_slices((np.arange(8.0, dtype=np.float32),
+                                                   np.ones(8, np.float32))))
+
+  def step(context, x, y):
+    result = distribution.call_for_each_tower(lambda a, b: total.assign_add(a * b), x, y)
+    context.set_last_step_output("total", result, reduce_op="MEAN")
+  context = distribution.run_steps_on_dataset(step, dataset.make_one_shot_iterator(), 3)
+  assert total.numpy() == 15.0  # 0 + 1 + ... + 5
+  assert context.last_step_outputs["total"].numpy() == 15.0
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "one_device", "tpu"])
+def test_contrib_era_training_script_matches_numpy_sgd(strategy):
+  result = subprocess.run([sys.executable, str(EXAMPLE), "--strategy", strategy],
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+  towers = {"mirrored": 4, "one_device": 1, "tpu": 4}[strategy]
+  assert f"towers: {towers};" in result.stdout and ": equal" in result.stdout

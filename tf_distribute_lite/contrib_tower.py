@@ -1,0 +1,376 @@
+"""The TF 1.x contrib "tower" API (`tf.contrib.distribute`), as a thin
+facade over this package's TF 1.x strategies.
+
+A contrib strategy wraps a `compat.v1` strategy and renames its API: towers
+are replicas, `call_for_each_tower` is `extended.call_for_each_replica`,
+`reduce` takes a `tf.VariableAggregation`, and the tower context has a
+Python-int `tower_id` and a positional `merge_call`. Everything runs on the
+core's mechanisms, eagerly or in a TF1 graph.
+"""
+
+import tensorflow as tf
+
+from tf_distribute_lite import contexts
+from tf_distribute_lite import mirrored_strategy
+from tf_distribute_lite import one_device_strategy
+from tf_distribute_lite import strategy_v1
+from tf_distribute_lite import tpu_system
+from tf_distribute_lite import tpu_strategy
+from tf_distribute_lite.reduce_util import ReduceOp
+
+_FACADE = "_contrib_strategy"
+
+
+class DistributionStrategy:
+  """The contrib API over a `compat.v1` strategy (`self._strategy`).
+
+  >>> strategy = tf_distribute_lite.contrib.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  >>> def merge_fn(distribution, three_plus_tower_id):
+  ...   return sum(distribution.unwrap(three_plus_tower_id))
+  >>> def fn(three):
+  ...   tower_ctx = tf_distribute_lite.contrib.get_tower_context()
+  ...   v = three + tower_ctx.tower_id
+  ...   s = tower_ctx.merge_call(merge_fn, v)
+  ...   return s + v
+  >>> with strategy.scope():
+  ...   merged_results = strategy.call_for_each_tower(fn, 3)
+  >>> strategy.unwrap(merged_results)
+  [10, 11]
+  """
+
+  def __init__(self, strategy):
+    self._strategy = strategy
+    setattr(strategy, _FACADE, self)
+
+  # --- Properties.
+
+  @property
+  def between_graph(self):
+    """Whether each worker builds its own graph."""
+    return self._strategy.extended.experimental_between_graph
+
+  @property
+  def is_single_tower(self):
+    """Whether there is one tower."""
+    return self.num_towers == 1
+
+  @property
+  def num_towers(self):
+    """How many towers (replicas) run each step."""
+    return self._strategy.num_replicas_in_sync
+
+  @property
+  def num_hosts(self):
+    """Hosts the towers run on."""
+    return getattr(self._strategy.extended, "num_hosts", 1)
+
+  @property
+  def num_towers_per_host(self):
+    """Towers on each host."""
+    return self.num_towers // self.num_hosts
+
+  @property
+  def parameter_devices(self):
+    """The devices variables are placed on."""
+    return self._strategy.extended.parameter_devices
+
+  @property
+  def worker_devices(self):
+    """The devices towers run on."""
+    return self._strategy.extended.worker_devices
+
+  @property
+  def worker_device_index(self):
+    """Per tower, its index in `worker_devices` (0 with a single tower),
+    to pass to `call_for_each_tower`."""
+    if self.is_single_tower:
+      return 0
+    return self._strategy.extended._distribute_values_from_function(  # pylint: disable=protected-access
+        lambda ctx: ctx.replica_id_in_sync_group)
+
+  should_checkpoint = property(lambda self: self._strategy.extended.should_checkpoint,
+                               doc="Whether checkpoints are written here.")
+  should_init = property(lambda self: self._strategy.extended.experimental_should_init,
+                         doc="Whether initialization runs here.")
+  should_save_summary = property(lambda self: self._strategy.extended.should_save_summary,
+                                 doc="Whether summaries are saved here.")
+
+  # --- Methods.
+
+  def scope(self):
+    """The core strategy's scope: variables are mirrored, cross-tower context."""
+    return self._strategy.scope()
+
+  def call_for_each_tower(self, fn, *args, **kwargs):
+    """Runs `fn(*args, **kwargs)` once per tower; `run_concurrently` is
+    accepted (towers always run as the core runs replicas)."""
+    kwargs.pop("run_concurrently", None)
+    return self._strategy.extended.call_for_each_replica(fn, args, kwargs)
+
+  def reduce(self, aggregation, value, destinations=None):
+    """Combines the towers' `value` by `aggregation` (a
+    `tf.VariableAggregation`) onto `destinations`."""
+    return self.batch_reduce(aggregation, [(value, destinations)])[0]
+
+  def batch_reduce(self, aggregation, value_destination_pairs):
+    """`reduce` for several `(value, destinations)` pairs at once."""
+    extended = self._strategy.extended
+    pairs = [(v, self.worker_devices if d is None else d)
+             for v, d in value_destination_pairs]
+    if _is_only_first(aggregation):
+      return [extended.broadcast_to(self._strategy.experimental_local_results(v)[0], d)
+              for v, d in pairs]
+    return extended.batch_reduce_to(ReduceOp.from_variable_aggregation(
+        tf.VariableAggregation(aggregation.value)), pairs)
+
+  def broadcast(self, tensor, destinations=None):
+    """`tensor` mirrored onto `destinations` (by default every tower)."""
+    return self._strategy.extended.broadcast_to(
+        tensor, self.worker_devices if destinations is None else destinations)
+
+  def colocate_vars_with(self, colocate_with_variable):
+    """A scope placing new variables like `colocate_with_variable`."""
+    return self._strategy.extended.colocate_vars_with(colocate_with_variable)
+
+  def configure(self, session_config=None, cluster_spec=None, task_type=None,
+                task_id=None):
+    """Adjusts `session_config` for this strategy."""
+    self._strategy.configure(session_config, cluster_spec, task_type, task_id)
+
+  def distribute_dataset(self, dataset_fn):
+    """The dataset `dataset_fn()` returns, tower `i` taking element `i` of
+    each group of `num_towers` consecutive elements."""
+    return PerDeviceDataset(self._strategy.extended._distribute_datasets_from_function(  # pylint: disable=protected-access
+        lambda input_context: dataset_fn(), None))
+
+  def initialize(self):
+    """Nothing to initialize: None eagerly, no ops in a graph."""
+    return None if tf.executing_eagerly() else []
+
+  def finalize(self):
+    """Nothing to finalize: None eagerly, no ops in a graph."""
+    return None if tf.executing_eagerly() else []
+
+  def get_host_cpu_device(self, host_id):
+    """The CPU of host `host_id`."""
+    del host_id
+    return self._strategy.extended._input_host  # pylint: disable=protected-access
+
+  def group(self, value, name=None):
+    """`tf.group` of the towers' components of `value`."""
+    return self._strategy.group(value, name)
+
+  def map(self, map_over, fn, *args, **kwargs):
+    """`fn(element, *args, **kwargs)` for each element of `map_over`, element
+    `i` on tower `i % num_towers`; per tower, the list of its results."""
+    results = [[] for _ in self.worker_devices]
+    for i, element in enumerate(map_over):
+      tower = i % len(results)
+      with tf.device(self.worker_devices[tower]):
+        results[tower].append(fn(element, *args, **kwargs))
+    return results[0] if len(results) == 1 else _per_replica(results)
+
+  def non_slot_devices(self, var_list):
+    """Devices for variables that are not slots."""
+    return self._strategy.extended.non_slot_devices(var_list)
+
+  def read_var(self, tower_local_var):
+    """The aggregated value of a tower-local variable."""
+    return self._strategy.extended.read_var(tower_local_var)
+
+  def run_steps_on_dataset(self, fn, iterator, iterations=1, initial_loop_values=None):
+    """Runs `fn(context, *inputs)` `iterations` times on `iterator`'s
+    elements; returns the `MultiStepContext` with `run_op`,
+    `last_step_outputs` and `non_tensor_outputs`."""
+    def step(context, inputs):
+      return fn(context, *inputs) if isinstance(inputs, tuple) else fn(context, inputs)
+    return self._strategy.extended.experimental_run_steps_on_iterator(
+        step, iterator, iterations, initial_loop_values)
+
+  def unwrap(self, value):
+    """The towers' components of `value`, as a list."""
+    return list(self._strategy.experimental_local_results(value))
+
+  def update(self, var, fn, *args, **kwargs):
+    """`fn(component, *args, **kwargs)` on every component of `var`."""
+    return self._strategy.extended.update(var, fn, args, kwargs)
+
+  def update_non_slot(self, colocate_with, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)` on the devices of `colocate_with`."""
+    return self._strategy.extended.update_non_slot(colocate_with, fn, args, kwargs)
+
+  def value_container(self, value):
+    """The distributed variable `value` is a component of, else `value`."""
+    return self._strategy.extended.value_container(value)
+
+
+class MirroredStrategy(DistributionStrategy):
+  """Towers on several devices of one machine (TF 1.x contrib).
+
+  >>> strategy = tf_distribute_lite.contrib.MirroredStrategy(num_gpus=0)
+  >>> strategy.num_towers >= 1
+  True
+  """
+
+  def __init__(self, devices=None, num_gpus=None, num_gpus_per_worker=None,
+               cross_tower_ops=None, prefetch_on_device=None,
+               auto_shard_dataset=False):
+    del prefetch_on_device, auto_shard_dataset
+    gpus = num_gpus if num_gpus is not None else num_gpus_per_worker
+    if devices is None and gpus:
+      devices = [f"/device:GPU:{i}" for i in range(gpus)]
+    super().__init__(mirrored_strategy.MirroredStrategyV1(devices, cross_tower_ops))
+
+
+class OneDeviceStrategy(DistributionStrategy):
+  """One tower, on `device` (TF 1.x contrib).
+
+  >>> strategy = tf_distribute_lite.contrib.OneDeviceStrategy("/cpu:0")
+  >>> strategy.is_single_tower, strategy.worker_device_index
+  (True, 0)
+  """
+
+  def __init__(self, device, prefetch_on_device=None):
+    del prefetch_on_device
+    super().__init__(one_device_strategy.OneDeviceStrategyV1(device))
+
+
+class TPUStrategy(OneDeviceStrategy):  # pylint: disable=super-init-not-called
+  """Towers on the cores of a TPU or an emulated slice (TF 1.x contrib);
+  `run_steps_on_dataset` runs `steps_per_run` steps per host loop.
+
+  >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
+  >>> strategy = tf_distribute_lite.contrib.TPUStrategy(resolver, steps_per_run=5)
+  >>> strategy.num_towers, strategy.steps_per_run
+  (4, 5)
+  """
+
+  def __init__(self, tpu_cluster_resolver, steps_per_run, num_cores=None):
+    device_assignment = None
+    if num_cores is not None:
+      topology = (tpu_system.initialized_topology(tpu_cluster_resolver) or
+                  tpu_system.initialize_tpu_system(tpu_cluster_resolver))
+      device_assignment = tf.tpu.experimental.DeviceAssignment.build(
+          topology, num_replicas=num_cores)
+    DistributionStrategy.__init__(self, tpu_strategy.TPUStrategyV1(
+        tpu_cluster_resolver, steps_per_run, device_assignment))
+
+  @property
+  def steps_per_run(self):
+    """Steps each host loop runs."""
+    return self._strategy.steps_per_run
+
+  def run_steps_on_dataset(self, fn, iterator, iterations=None, initial_loop_values=None):
+    """As `DistributionStrategy.run_steps_on_dataset`, `steps_per_run` steps
+    by default."""
+    return super().run_steps_on_dataset(
+        fn, iterator, self.steps_per_run if iterations is None else iterations,
+        initial_loop_values)
+
+
+class PerDeviceDataset:
+  """What `distribute_dataset` returns: iterators over the towers' elements.
+
+  >>> strategy = tf_distribute_lite.contrib.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  >>> dataset = strategy.distribute_dataset(lambda: tf.data.Dataset.range(4))
+  >>> strategy.unwrap(dataset.make_one_shot_iterator().get_next())
+  [<tf.Tensor: shape=(), dtype=int64, numpy=0>, <tf.Tensor: shape=(), dtype=int64, numpy=1>]
+  """
+
+  def __init__(self, distributed_dataset):
+    self._distributed = distributed_dataset
+
+  def make_one_shot_iterator(self):
+    """An iterator that needs no initialization."""
+    if tf.executing_eagerly():
+      return iter(self._distributed)
+    return self._distributed.make_one_shot_iterator()
+
+  def make_initializable_iterator(self):
+    """An iterator whose `initializer` (re)starts it (a TF1 graph)."""
+    return strategy_v1.initializable_iterator(self._distributed)
+
+
+class TowerContext:
+  """What `get_tower_context()` gives inside `call_for_each_tower`: the
+  tower's `tower_id` (a Python int) and `merge_call`.
+
+  >>> strategy = tf_distribute_lite.contrib.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  >>> with strategy.scope():
+  ...   ids = strategy.call_for_each_tower(lambda: get_tower_context().tower_id)
+  >>> strategy.unwrap(ids)
+  [0, 1]
+  """
+
+  def __init__(self, replica_context, tower_id):
+    self._replica_context = replica_context
+    self.tower_id = tower_id
+
+  def merge_call(self, merge_fn, *args, **kwargs):
+    """Pauses every tower, runs `merge_fn(distribution, *args, **kwargs)`
+    once with their arguments grouped, and gives each tower its part."""
+    def core_merge_fn(strategy, *merged_args, **merged_kwargs):
+      return merge_fn(_facade(strategy), *merged_args, **merged_kwargs)
+    return self._replica_context.merge_call(core_merge_fn, args=args, kwargs=kwargs)
+
+  @property
+  def distribution_strategy(self):
+    """The contrib strategy the tower belongs to."""
+    return _facade(self._replica_context.strategy)
+
+
+def get_tower_context():
+  """The current tower's context, or None in a cross-tower context; outside
+  any strategy, the default tower context (`tower_id` 0).
+
+  >>> get_tower_context().tower_id
+  0
+  """
+  replica_context = contexts.get_replica_context()
+  if replica_context is None:
+    return None
+  return TowerContext(replica_context, getattr(replica_context, "_replica_id", 0))
+
+
+def get_cross_tower_context():
+  """The current contrib strategy in a cross-tower context, else None.
+
+  >>> get_cross_tower_context() is None
+  True
+  """
+  if not contexts.in_cross_replica_context():
+    return None
+  return get_distribution_strategy()
+
+
+def get_distribution_strategy():
+  """The current contrib strategy (the default one outside any scope).
+
+  >>> get_distribution_strategy().num_towers
+  1
+  """
+  return _facade(contexts.get_strategy())
+
+
+def has_distribution_strategy():
+  """Whether a contrib strategy other than the default is current.
+
+  >>> has_distribution_strategy()
+  False
+  """
+  return contexts.has_strategy()
+
+
+def _facade(strategy):
+  """The contrib strategy over core `strategy` (made for the default)."""
+  facade = getattr(strategy, _FACADE, None)
+  return facade if facade is not None else DistributionStrategy(strategy)
+
+
+def _is_only_first(aggregation):
+  return getattr(aggregation, "value", None) == tf.VariableAggregation.ONLY_FIRST_REPLICA.value
+
+
+def _per_replica(components):
+  from tf_distribute_lite import values as values_lib  # pylint: disable=g-import-not-at-top
+  return values_lib.PerReplica(tuple(components))
