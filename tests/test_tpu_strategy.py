@@ -214,6 +214,11 @@ def test_spec_programs_on_emulated_v3_8(v3_8_programs):
                                        "loss_fell": True}
 
 
+def test_tensorflows_tpu_strategy_docstring_examples_run_on_emulated_v3_8(v3_8_programs):
+  assert v3_8_programs["tensorflow_docstring"]["examples"] >= 15
+  assert v3_8_programs["tensorflow_docstring"]["failures"] == []
+
+
 def test_no_tpu_cores_is_a_clear_error():
   with pytest.raises(ValueError, match="TPUStrategy found no TPU cores.*emulated:v3-8"):
     tfd.TPUStrategy(tfd.cluster_resolver.TPUClusterResolver("local"))

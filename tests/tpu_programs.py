@@ -128,7 +128,27 @@ def main():
       "assign": spec_assign_to_logical_device(topology, resolver),
       "split": spec_split_to_logical_devices(topology, resolver),
       "values": spec_values_on_worker_devices(resolver),
-      "training": training_loop(resolver)}))
+      "training": training_loop(resolver),
+      "tensorflow_docstring": tensorflow_docstring_examples()}))
+
+
+def tensorflow_docstring_examples():
+  """The `>>>` examples of TensorFlow's own `tf.distribute.TPUStrategy`,
+  ported (`tf.distribute.` -> `tfd.`, `tf.tpu.experimental.` ->
+  `tfd.tpu.experimental.`) and run in order; the names of those that raise."""
+  import doctest  # pylint: disable=g-import-not-at-top
+  source = tf.distribute.TPUStrategy.__doc__
+  source = source.replace("tf.distribute.", "tfd.").replace(
+      "tf.tpu.experimental.", "tfd.tpu.experimental.")
+  examples = doctest.DocTestParser().get_examples(source)
+  namespace = {"tf": tf, "np": np, "tfd": tfd}
+  failures = []
+  for example in examples:
+    try:
+      exec(compile(example.source, "<TPUStrategy docstring>", "single"), namespace)  # pylint: disable=exec-used
+    except Exception as e:  # pylint: disable=broad-except
+      failures.append(f"{example.source.strip().splitlines()[0]}: {type(e).__name__}: {e}")
+  return {"examples": len(examples), "failures": failures}
 
 
 if __name__ == "__main__":
