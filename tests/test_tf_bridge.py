@@ -175,3 +175,9 @@ def test_xla_sharding_annotations_carry_op_sharding(kind, detail, proto_type, ti
   assert list(proto.tile_assignment_dimensions) == tiles
   if kind == "tiled":
     assert list(proto.tile_assignment_devices) == list(range(8))
+
+
+def test_xla_kernels_are_known_per_op_type():
+  assert _tf_bridge.has_xla_kernel("MatMul")
+  assert _tf_bridge.has_xla_kernel("AssignVariableOp")
+  assert not _tf_bridge.has_xla_kernel("StringFormat")

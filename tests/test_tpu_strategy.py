@@ -222,3 +222,37 @@ def test_tensorflows_tpu_strategy_docstring_examples_run_on_emulated_v3_8(v3_8_p
 def test_no_tpu_cores_is_a_clear_error():
   with pytest.raises(ValueError, match="TPUStrategy found no TPU cores.*emulated:v3-8"):
     tfd.TPUStrategy(tfd.cluster_resolver.TPUClusterResolver("local"))
+
+
+# --- XLA: what a TPU cannot compile fails on the emulation too.
+
+def test_a_step_xla_cannot_compile_fails_naming_the_op(strategy):
+  @tf.function
+  def step():
+    return strategy.run(lambda: tf.strings.format("{}", tf.constant(1.0)))
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"compile the step with XLA.*StringFormat \(op"):
+    step()
+
+
+def test_ops_inside_called_functions_are_checked_too(strategy):
+  @tf.function
+  def inner():
+    return tf.strings.as_string(tf.constant(1.0))
+
+  with pytest.raises(tf.errors.InvalidArgumentError, match="AsString"):
+    strategy.run(inner)
+
+
+def test_an_eager_run_is_a_function_as_on_a_tpu(strategy):
+  traced = []
+
+  def step(x):
+    traced.append(1)
+    return x * 2.0
+  for _ in range(3):
+    result = strategy.run(step, args=(tf.constant(1.0),))
+  assert len(traced) == len(DEVICES)  # traced once: one call per replica
+  assert [float(t) for t in strategy.experimental_local_results(result)] == [2.0] * 4
+  with pytest.raises(tf.errors.InvalidArgumentError, match="PrintV2"):
+    strategy.run(lambda: tf.print("not on a TPU"))

@@ -310,3 +310,30 @@ def op_sharding(op):
   proto = xla_data_pb2.OpSharding()
   proto.ParseFromString(serialized)
   return proto
+
+
+_xla_kernels_registered = []
+
+
+def has_xla_kernel(op_type):
+  """Whether XLA can compile ops of `op_type` (it has an XLA_CPU_JIT kernel).
+
+  TensorFlow registers XLA's kernels the first time it compiles anything, so
+  this compiles a trivial function once; the registry itself is private.
+  """
+  from tensorflow.python.framework import kernels  # pylint: disable=g-import-not-at-top
+  if not _xla_kernels_registered:
+    compiled = tf.function(lambda x: x + 1, jit_compile=True)
+    with tf.init_scope():
+      eager = tf.executing_eagerly()
+    if eager:
+      with tf.init_scope(), tf.device("/device:CPU:0"):
+        compiled(tf.constant(0))
+    else:  # TF 1.x behaviour: compile in a session of a graph of its own
+      with tf.Graph().as_default(), tf.device("/device:CPU:0"):
+        result = compiled(tf.constant(0))
+        with tf.compat.v1.Session() as session:
+          session.run(result)
+    _xla_kernels_registered.append(True)
+  return any(k.device_type == "XLA_CPU_JIT"
+             for k in kernels.get_registered_kernels_for_op(op_type).kernel)

@@ -366,8 +366,8 @@ class DistributedIterator(tf.distribute.DistributedIterator,
       return self._next_of_any_worker()
     if self._one_dequeue:
       return self._distribute_element(self._iterators[0].get_next())
-    parts = [self._iterator_of(0).get_next()] + self._other_parts()
-    return self._distribute_parts(parts)
+    first = self._iterator_of(0).get_next()
+    return self._distribute_parts([first] + self._other_parts(first))
 
   def _next_of_any_worker(self):
     """`get_next` of one worker of several: ends when every worker's input
@@ -417,15 +417,25 @@ class DistributedIterator(tf.distribute.DistributedIterator,
       return optional.has_value(), lambda: self._distribute_element(
           optional.get_value())
     first = self._iterator_of(0).get_next_as_optional()
-    parts = [self._optional_or_empty(first, 0)] + self._other_parts()
+    first_part = self._optional_or_empty(first, 0)
+    parts = [first_part] + self._other_parts(first_part)
     has_value = first.has_value()
     if self._layout.workers is not None:
       has_value = WorkerSync.of(self._layout.workers).any_worker_has(has_value)
     return has_value, lambda: self._distribute_parts(parts)
 
-  def _other_parts(self):
-    """The batches of replicas 1.., each empty once its pipeline has ended."""
-    return [self._value_or_empty(r) for r in range(1, len(self._layout.devices))]
+  def _other_parts(self, first):
+    """The batches of replicas 1.., each empty once its pipeline has ended.
+
+    Replicas that share a pipeline dequeue in replica order (in a TF1 graph
+    nothing else orders the dequeues)."""
+    parts = [first]
+    for replica in range(1, len(self._layout.devices)):
+      shared = self._iterator_of(replica) is self._iterator_of(replica - 1)
+      after = tf.nest.flatten(parts[-1], expand_composites=True) if shared else []
+      with tf.control_dependencies([t for t in after if tf.is_tensor(t)]):
+        parts.append(self._value_or_empty(replica))
+    return parts[1:]
 
   def _iterator_of(self, replica):
     return self._iterators[self._pipeline_of(replica)]

@@ -7,8 +7,12 @@ Replicas and their cores come from a `tf.tpu.experimental.DeviceAssignment`
 device as a `MirroredStrategy` replica does; variables are mirrored on
 those devices. The logical-device annotations are checked as on a TPU; an
 emulated slice computes annotated tensors unsplit (a CPU cannot partition
-them), with the same values.
+them), with the same values. On an emulated slice the step always runs as a
+`tf.function` (an eager `run` is wrapped, as on a TPU), and every op of it
+must have an XLA kernel, as a TPU compiles the whole step with XLA.
 """
+
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -18,6 +22,7 @@ from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import mirrored_strategy
+from tf_distribute_lite import tpu_compilation
 from tf_distribute_lite.cluster_resolver import TPUClusterResolver
 
 
@@ -200,6 +205,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     self._use_spmd_for_xla_partitioning = use_spmd_for_xla_partitioning
     self._emulated = getattr(resolver, "emulated_slice", None) is not None
     self.steps_per_run = 1 if steps_per_run is None else steps_per_run
+    self._step_functions = weakref.WeakKeyDictionary()
     super().__init__(container_strategy, [cores[0] for cores in self._tpu_devices], None)
 
   @property
@@ -223,6 +229,32 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     per_host = (self._tpu_metadata.num_of_cores_per_host //
                 self._device_assignment.num_cores_per_replica)
     return min(self._device_assignment.num_replicas, per_host)
+
+  def _call_for_each_replica(self, fn, args, kwargs):
+    if not self._emulated:
+      return super()._call_for_each_replica(fn, args, kwargs)
+    if tf.executing_eagerly():
+      # As on a TPU, an eager `run` runs the step as a function, compiled.
+      return self._step_function(fn)(args, kwargs)
+    graph = tf.compat.v1.get_default_graph()
+    known = len(graph.get_operations())
+    result = super()._call_for_each_replica(fn, args, kwargs)
+    tpu_compilation.check_compilable(graph, graph.get_operations()[known:])
+    return result
+
+  def _step_function(self, fn):
+    """`fn`'s replicated step as a `tf.function`, made once per `fn`."""
+    try:
+      step = self._step_functions.get(fn)
+    except TypeError:  # not weakly referenceable
+      step = None
+    if step is None:
+      step = tf.function(lambda args, kwargs: self._call_for_each_replica(fn, args, kwargs))
+      try:
+        self._step_functions[fn] = step
+      except TypeError:
+        pass
+    return step
 
   def _annotated(self, tensor, kind, detail):
     """`tensor` with an XLA sharding annotation; unchanged on an emulated
