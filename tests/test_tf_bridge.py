@@ -170,7 +170,7 @@ def test_xla_sharding_annotations_carry_op_sharding(kind, detail, proto_type, ti
     annotated = _tf_bridge.xla_sharding_annotation(
         tf.compat.v1.placeholder(tf.float32, [8, 4, 8, 3]), kind, detail)
     assert annotated.op.type == "XlaSharding"
-    proto = _tf_bridge.op_sharding(annotated.op)
+    proto = xla_data_pb2.OpSharding.FromString(annotated.op.get_attr("_XlaSharding"))
   assert xla_data_pb2.OpSharding.Type.Name(proto.type) == proto_type
   assert list(proto.tile_assignment_dimensions) == tiles
   if kind == "tiled":

@@ -21,7 +21,7 @@ MultiWorkerMirroredStrategy does: there is no public call for it.
 
 `TPUClusterResolver.tpu_hardware_feature` reads TensorFlow's TPU topology
 proto (`parse_topology_proto`), and `TPUStrategy`'s logical-device
-annotations are XLA sharding ops (`xla_sharding_annotation`, `op_sharding`):
+annotations are XLA sharding ops (`xla_sharding_annotation`):
 no public module exports either.
 
 Two contacts answer Keras rather than TensorFlow: Keras 3 recognises a
@@ -298,18 +298,6 @@ def xla_sharding_annotation(tensor, kind, detail):
     tiles = np.arange(int(np.prod(detail))).reshape(detail)
     return xla_sharding.tile(tensor, tiles, use_sharding_op=True)
   return xla_sharding.replicate(tensor, use_sharding_op=True)
-
-
-def op_sharding(op):
-  """The XLA `OpSharding` proto an annotated op carries, or None."""
-  from tensorflow.compiler.xla import xla_data_pb2  # pylint: disable=g-import-not-at-top
-  try:
-    serialized = op.get_attr("_XlaSharding")
-  except ValueError:
-    return None
-  proto = xla_data_pb2.OpSharding()
-  proto.ParseFromString(serialized)
-  return proto
 
 
 _xla_kernels_registered = []

@@ -23,6 +23,7 @@ from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import tpu_compilation
+from tf_distribute_lite import tpu_replication
 from tf_distribute_lite.cluster_resolver import TPUClusterResolver
 
 
@@ -206,6 +207,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     self._emulated = getattr(resolver, "emulated_slice", None) is not None
     self.steps_per_run = 1 if steps_per_run is None else steps_per_run
     self._step_functions = weakref.WeakKeyDictionary()
+    self._in_tpu_computation = False
     super().__init__(container_strategy, [cores[0] for cores in self._tpu_devices], None)
 
   @property
@@ -231,11 +233,12 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     return min(self._device_assignment.num_replicas, per_host)
 
   def _call_for_each_replica(self, fn, args, kwargs):
-    if not self._emulated:
-      return super()._call_for_each_replica(fn, args, kwargs)
     if tf.executing_eagerly():
       # As on a TPU, an eager `run` runs the step as a function, compiled.
       return self._step_function(fn)(args, kwargs)
+    if not self._emulated:
+      return tpu_replication.replicate(self._container_strategy(), fn, args, kwargs,
+                                       self._device_assignment)
     graph = tf.compat.v1.get_default_graph()
     known = len(graph.get_operations())
     result = super()._call_for_each_replica(fn, args, kwargs)
@@ -249,12 +252,24 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     except TypeError:  # not weakly referenceable
       step = None
     if step is None:
-      step = tf.function(lambda args, kwargs: self._call_for_each_replica(fn, args, kwargs))
+      def replicated_step(args, kwargs):
+        return self._call_for_each_replica(fn, args, kwargs)
+      step = tf.function(replicated_step)
       try:
         self._step_functions[fn] = step
       except TypeError:
         pass
     return step
+
+  def _reduce_to(self, reduce_op, value, destinations, options):
+    if self._in_tpu_computation and not isinstance(value, tf.distribute.DistributedValues):
+      return tpu_replication.cross_replica(reduce_op, value, self._num_replicas_in_sync)
+    return super()._reduce_to(reduce_op, value, destinations, options)
+
+  def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+    if self._in_tpu_computation:
+      return [self._reduce_to(reduce_op, v, d, options) for v, d in value_destination_pairs]
+    return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
 
   def _annotated(self, tensor, kind, detail):
     """`tensor` with an XLA sharding annotation; unchanged on an emulated

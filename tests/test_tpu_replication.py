@@ -1,0 +1,118 @@
+"""TPUStrategy on a real TPU, by the graphs it builds (no TPU needed): the
+spec's examples traced for a v3-8 topology, checked for `tpu.replicate`'s
+metadata, replicated inputs and outputs, and XLA sharding attributes."""
+
+from types import SimpleNamespace
+
+import pytest
+import tensorflow as tf
+from tensorflow.compiler.xla import xla_data_pb2
+
+import tf_distribute_lite as tfd
+from tf_distribute_lite import tpu_emulation
+
+TOPOLOGY = tpu_emulation.PRESETS["v3-8"].topology()
+
+
+def _tpu_resolver():
+  """A resolver of a v3-8 TPU host at a gRPC address (a test double: the
+  system metadata a TPU reports)."""
+  devices = tuple(tf.config.LogicalDevice(f"/job:worker/replica:0/task:0/device:TPU:{i}", "TPU")
+                  for i in range(8))
+  return SimpleNamespace(
+      emulated_slice=None, master=lambda *args, **kwargs: "grpc://10.0.0.2:8470",
+      get_tpu_system_metadata=lambda: tf.tpu.experimental.TPUSystemMetadata(
+          8, 1, 8, None, devices))
+
+
+def _ops(graph, op_type):
+  """(op type, attrs) of the graph's ops of `op_type`, in functions too."""
+  found = [op.node_def for op in graph.get_operations() if op.type == op_type]
+  for function in graph.as_graph_def().library.function:
+    found += [node for node in function.node_def if node.op == op_type]
+  return found
+
+
+def _sharding(node):
+  return xla_data_pb2.OpSharding.FromString(node.attr["_XlaSharding"].s)
+
+
+def _metadata(graph):
+  (metadata,) = _ops(graph, "TPUReplicateMetadata")
+  return metadata.attr
+
+
+def test_spec_assign_to_logical_device_two_cores_four_replicas():
+  assignment = tfd.tpu.experimental.DeviceAssignment.build(
+      TOPOLOGY, computation_shape=[1, 1, 2], num_replicas=4)
+  with tf.Graph().as_default() as graph:
+    strategy = tfd.experimental.TPUStrategy(_tpu_resolver(), device_assignment=assignment)
+    inputs = strategy.extended._distribute_values_from_function(  # pylint: disable=protected-access
+        lambda ctx: tf.compat.v1.placeholder(tf.float32, [4]))
+
+    @tf.function()
+    def step_fn(inputs):
+      output = tf.add(inputs, inputs)
+      return strategy.experimental_assign_to_logical_device(output, 0)
+    result = strategy.run(step_fn, args=(inputs,))
+  assert len(strategy.experimental_local_results(result)) == 4
+  metadata = _metadata(graph)
+  assert (metadata["num_replicas"].i, metadata["num_cores_per_replica"].i) == (4, 2)
+  assert list(metadata["device_assignment"].list.i) == assignment.core_assignment.flatten().tolist()
+  assert metadata["topology"].s == TOPOLOGY.serialized()
+  (replicated_input,) = _ops(graph, "TPUReplicatedInput")
+  assert replicated_input.attr["N"].i == 4
+  (replicated_output,) = _ops(graph, "TPUReplicatedOutput")
+  assert replicated_output.attr["num_replicas"].i == 4
+  (annotation,) = _ops(graph, "XlaSharding")
+  sharding = _sharding(annotation)
+  assert xla_data_pb2.OpSharding.Type.Name(sharding.type) == "MAXIMAL"
+  assert list(sharding.tile_assignment_devices) == [0]
+
+
+def test_spec_split_to_logical_devices_eight_cores_one_replica():
+  assignment = tfd.tpu.experimental.DeviceAssignment.build(
+      TOPOLOGY, computation_shape=[2, 2, 2], num_replicas=1)
+  with tf.Graph().as_default() as graph:
+    strategy = tfd.experimental.TPUStrategy(_tpu_resolver(), device_assignment=assignment)
+    with strategy.scope():
+      kernel = tf.Variable(tf.ones([3, 3, 3, 4]))
+    images = tf.compat.v1.placeholder(tf.float32, [2, 8, 8, 3])
+    labels = tf.compat.v1.placeholder(tf.int32, [2])
+
+    def step_fn(inputs):
+      images, labels = inputs
+      images = strategy.experimental_split_to_logical_devices(images, [1, 2, 4, 1])
+      output = tf.reduce_mean(tf.nn.conv2d(images, kernel, 1, "SAME"), axis=[1, 2])
+      labels = strategy.experimental_replicate_to_logical_devices(labels)
+      output = strategy.experimental_replicate_to_logical_devices(output)
+      return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, output))
+    strategy.run(step_fn, args=((images, labels),))
+  metadata = _metadata(graph)
+  assert (metadata["num_replicas"].i, metadata["num_cores_per_replica"].i) == (1, 8)
+  shardings = [_sharding(node) for node in _ops(graph, "XlaSharding")]
+  tiled = [s for s in shardings if xla_data_pb2.OpSharding.Type.Name(s.type) == "OTHER"]
+  assert [list(s.tile_assignment_dimensions) for s in tiled] == [[1, 2, 4, 1]]
+  assert list(tiled[0].tile_assignment_devices) == list(range(8))
+  assert sum(xla_data_pb2.OpSharding.Type.Name(s.type) == "REPLICATED" for s in shardings) == 2
+
+
+def test_all_reduce_and_replica_id_are_tpu_ops():
+  with tf.Graph().as_default() as graph:
+    strategy = tfd.TPUStrategy(_tpu_resolver())
+
+    def step_fn():
+      context = tfd.get_replica_context()
+      replica = tf.cast(context.replica_id_in_sync_group, tf.float32)
+      return context.all_reduce("MEAN", replica)
+    result = strategy.run(step_fn)
+  assert len(strategy.experimental_local_results(result)) == 8
+  assert len(_ops(graph, "CrossReplicaSum")) == 1
+  assert [n.attr["N"].i for n in _ops(graph, "TPUReplicatedInput")] == [8]
+  assert _metadata(graph)["num_replicas"].i == 8
+
+
+def test_an_eager_run_on_a_tpu_is_a_function():
+  strategy = tfd.TPUStrategy(_tpu_resolver())
+  with pytest.raises(tf.errors.OpError):  # no TPU here to run it on
+    strategy.run(lambda: tf.constant(1.0) + 1.0)

@@ -1,0 +1,81 @@
+"""The step of a `TPUStrategy` on a real TPU: one `tpu.replicate`
+computation, traced once and compiled by XLA for every replica.
+
+Inside the computation the code is the same for all replicas (SPMD): the
+replica context's all-reduce is TensorFlow's `CrossReplicaSum`, the replica id
+is a replicated input, and reductions in `merge_call` sum across replicas.
+"""
+
+import tensorflow as tf
+
+from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import values as values_lib
+from tf_distribute_lite.reduce_util import ReduceOp
+
+
+class TPUReplicaContext(distribute_lib.ReplicaContext):
+  """The replica context inside a TPU computation: one trace for all
+  replicas."""
+
+  def __init__(self, strategy):
+    super().__init__(strategy, 0)
+    self._replica_id_tensor = None
+
+  @property
+  def replica_id_in_sync_group(self):
+    """This replica's index: a replicated input, one constant per replica."""
+    if self._replica_id_tensor is None:
+      count = self.num_replicas_in_sync
+      self._replica_id_tensor = tf.raw_ops.TPUReplicatedInput(
+          inputs=[tf.constant(i, tf.int32) for i in range(count)])
+    return self._replica_id_tensor
+
+  def all_reduce(self, reduce_op, value, options=None):
+    """`CrossReplicaSum` of each tensor of `value` (divided for MEAN)."""
+    del options
+    return tf.nest.map_structure(
+        lambda v: cross_replica(ReduceOp.from_any(reduce_op), v,
+                                self.num_replicas_in_sync), value)
+
+
+def cross_replica(reduce_op, value, num_replicas):
+  """`value` summed (or averaged) over the replicas of a TPU computation."""
+  total = tf.compat.v1.tpu.cross_replica_sum(tf.convert_to_tensor(value))
+  if reduce_op == ReduceOp.MEAN:
+    total = total / tf.cast(num_replicas, total.dtype)
+  return total
+
+
+def replicate(strategy, fn, args, kwargs, device_assignment):
+  """`fn(*args, **kwargs)` as one `tpu.replicate` computation; returns the
+  replicas' results grouped into distributed values."""
+  extended = strategy.extended
+  count = strategy.num_replicas_in_sync
+  per_replica = [values_lib.select_replica(i, (args, kwargs)) for i in range(count)]
+  leaves = tf.nest.flatten(per_replica[0])
+  positions = [i for i, leaf in enumerate(leaves) if tf.is_tensor(leaf)]
+  inputs = [[tf.nest.flatten(p)[i] for i in positions] for p in per_replica]
+  results = []
+
+  def computation(*tensors):
+    flat = list(leaves)
+    for position, tensor in zip(positions, tensors):
+      flat[position] = tensor
+    replica_args, replica_kwargs = tf.nest.pack_sequence_as(per_replica[0], flat)
+    extended._in_tpu_computation = True  # pylint: disable=protected-access
+    try:
+      with TPUReplicaContext(strategy):
+        result = fn(*replica_args, **replica_kwargs)
+    finally:
+      extended._in_tpu_computation = False  # pylint: disable=protected-access
+    results.append(result)
+    return [t for t in tf.nest.flatten(result, expand_composites=True) if tf.is_tensor(t)]
+
+  outputs = tf.compat.v1.tpu.replicate(computation, inputs=inputs,
+                                       device_assignment=device_assignment)
+  structure = results[0]
+  if not [t for t in tf.nest.flatten(structure, expand_composites=True) if tf.is_tensor(t)]:
+    return structure
+  return values_lib.regroup(
+      [tf.nest.pack_sequence_as(structure, replica_outputs, expand_composites=True)
+       for replica_outputs in outputs])
