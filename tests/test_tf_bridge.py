@@ -181,3 +181,19 @@ def test_xla_kernels_are_known_per_op_type():
   assert _tf_bridge.has_xla_kernel("MatMul")
   assert _tf_bridge.has_xla_kernel("AssignVariableOp")
   assert not _tf_bridge.has_xla_kernel("StringFormat")
+
+
+def test_a_variable_over_an_existing_handle_reads_updates_and_differentiates():
+  with tf.Graph().as_default():
+    original = tf.Variable([1.0, 2.0], name="original")
+    view = _tf_bridge.variable_of_handle(original.handle, original)
+    assert isinstance(view, tf.Variable) and view.dtype == tf.float32
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(view * 3.0)
+    grad = tape.gradient(loss, view)
+    update = view.assign_sub([0.5, 0.5])
+    with tf.compat.v1.Session() as session:
+      session.run(original.initializer)
+      assert session.run(grad).tolist() == [3.0, 3.0]
+      session.run(update)
+      assert session.run(original.read_value()).tolist() == [0.5, 1.5]

@@ -116,3 +116,30 @@ def test_an_eager_run_on_a_tpu_is_a_function():
   strategy = tfd.TPUStrategy(_tpu_resolver())
   with pytest.raises(tf.errors.OpError):  # no TPU here to run it on
     strategy.run(lambda: tf.constant(1.0) + 1.0)
+
+
+def test_variables_are_each_replicas_own_component():
+  with tf.Graph().as_default() as graph:
+    strategy = tfd.TPUStrategy(_tpu_resolver())
+    with strategy.scope():
+      v = tf.Variable([1.0, 2.0])
+
+    def step_fn(x):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(v * x)
+      grad = tfd.get_replica_context().all_reduce("SUM", tape.gradient(loss, v))
+      v.assign_sub(0.1 * grad)
+      return v.read_value()
+    x = strategy.extended._distribute_values_from_function(  # pylint: disable=protected-access
+        lambda ctx: tf.compat.v1.placeholder(tf.float32, [2]))
+    strategy.run(step_fn, args=(x,))
+  component_handles = {c.handle.name for c in strategy.experimental_local_results(v)}
+  replicated = [op for op in graph.get_operations() if op.type == "TPUReplicatedInput"
+                and op.get_attr("is_mirrored_variable")]
+  assert len(replicated) == 1
+  assert {t.name for t in replicated[0].inputs} == component_handles
+  users = {op.type for op in graph.get_operations()
+           if replicated[0].outputs[0] in list(op.inputs)}
+  assert {"ReadVariableOp", "AssignSubVariableOp"} <= users
+  assert [op.type for op in graph.get_operations() if op.type == "CrossReplicaSum"] == [
+      "CrossReplicaSum"]

@@ -21,8 +21,11 @@ MultiWorkerMirroredStrategy does: there is no public call for it.
 
 `TPUClusterResolver.tpu_hardware_feature` reads TensorFlow's TPU topology
 proto (`parse_topology_proto`), and `TPUStrategy`'s logical-device
-annotations are XLA sharding ops (`xla_sharding_annotation`):
-no public module exports either.
+annotations are XLA sharding ops (`xla_sharding_annotation`): no public
+module exports either. Inside a TPU computation a mirrored variable is a
+variable over a replicated handle (`variable_of_handle`), and an emulated
+TPU asks TensorFlow's kernel registry which ops XLA compiles
+(`has_xla_kernel`).
 
 Two contacts answer Keras rather than TensorFlow: Keras 3 recognises a
 distributed dataset by the name and module of a base class
@@ -325,3 +328,16 @@ def has_xla_kernel(op_type):
     _xla_kernels_registered.append(True)
   return any(k.device_type == "XLA_CPU_JIT"
              for k in kernels.get_registered_kernels_for_op(op_type).kernel)
+
+
+def variable_of_handle(handle, like):
+  """A `tf.Variable` over an existing resource `handle`, with the dtype,
+  shape, name and trainability of variable `like`: reads and updates through
+  it are variable ops on `handle` that `tf.GradientTape` records, as for any
+  variable. TensorFlow builds its TPU variables on this private base class;
+  there is no public constructor taking a handle."""
+  from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-import-not-at-top
+  return resource_variable_ops.BaseResourceVariable(
+      trainable=like.trainable, shape=like.shape, dtype=like.dtype, handle=handle,
+      name=like.name.split(":")[0], unique_id=f"{like.name}_replicated",
+      handle_name=like.name.split(":")[0], in_graph_mode=True)

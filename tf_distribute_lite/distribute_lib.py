@@ -514,6 +514,13 @@ class StrategyExtended:
     container = values_lib.distributed_container(value)
     return value if container is None else container
 
+  def _replica_local_variable(self, variable):
+    """What a replica reads and writes for distributed `variable`, where
+    that is not one of its components (a TPU computation's replicated
+    handle); None here."""
+    del variable
+    return None
+
   def read_var(self, v):
     """`v` as one tensor: for sync-on-read variables, the aggregated value."""
     return tf.identity(v.value() if isinstance(v, tf.Variable) else v)

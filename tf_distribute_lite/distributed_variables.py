@@ -115,7 +115,8 @@ class DistributedVariable(values_lib.DistributedValues, tf.Variable,
     """The resource handle of the current replica's component."""
     if _tf_bridge.saving_without_distribution():
       return self._primary.handle
-    return self._get_on_device_or_primary().handle
+    local = self._distribute_strategy.extended._replica_local_variable(self)  # pylint: disable=protected-access
+    return (self._get_on_device_or_primary() if local is None else local).handle
 
   def is_initialized(self, name=None):
     if tf.executing_eagerly():
@@ -141,7 +142,8 @@ class DistributedVariable(values_lib.DistributedValues, tf.Variable,
   def _get(self):
     if _tf_bridge.saving_without_distribution():
       return self._primary
-    return super()._get()
+    local = self._distribute_strategy.extended._replica_local_variable(self)  # pylint: disable=protected-access
+    return super()._get() if local is None else local
 
   def value(self):
     value = self._get()

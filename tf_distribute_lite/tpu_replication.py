@@ -3,11 +3,13 @@ computation, traced once and compiled by XLA for every replica.
 
 Inside the computation the code is the same for all replicas (SPMD): the
 replica context's all-reduce is TensorFlow's `CrossReplicaSum`, the replica id
-is a replicated input, and reductions in `merge_call` sum across replicas.
+is a replicated input, reductions in `merge_call` sum across replicas, and a
+distributed variable is one replicated handle, each replica's own component.
 """
 
 import tensorflow as tf
 
+from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
@@ -38,6 +40,16 @@ class TPUReplicaContext(distribute_lib.ReplicaContext):
                                 self.num_replicas_in_sync), value)
 
 
+def replicated_variable(variable):
+  """Distributed `variable` inside a TPU computation: a variable whose one
+  resource handle is each replica's own component (`TPUReplicatedInput` of
+  the components' handles)."""
+  handle = tf.raw_ops.TPUReplicatedInput(
+      inputs=[component.handle for component in variable.values],
+      is_mirrored_variable=True)
+  return _tf_bridge.variable_of_handle(handle, variable)
+
+
 def cross_replica(reduce_op, value, num_replicas):
   """`value` summed (or averaged) over the replicas of a TPU computation."""
   total = tf.compat.v1.tpu.cross_replica_sum(tf.convert_to_tensor(value))
@@ -63,6 +75,7 @@ def replicate(strategy, fn, args, kwargs, device_assignment):
       flat[position] = tensor
     replica_args, replica_kwargs = tf.nest.pack_sequence_as(per_replica[0], flat)
     extended._in_tpu_computation = True  # pylint: disable=protected-access
+    extended._replicated_variables = {}  # pylint: disable=protected-access
     try:
       with TPUReplicaContext(strategy):
         result = fn(*replica_args, **replica_kwargs)

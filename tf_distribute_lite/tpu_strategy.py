@@ -208,6 +208,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     self.steps_per_run = 1 if steps_per_run is None else steps_per_run
     self._step_functions = weakref.WeakKeyDictionary()
     self._in_tpu_computation = False
+    self._replicated_variables = {}
     super().__init__(container_strategy, [cores[0] for cores in self._tpu_devices], None)
 
   @property
@@ -260,6 +261,19 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
       except TypeError:
         pass
     return step
+
+  def _replica_local_variable(self, variable):
+    if not self._in_tpu_computation:
+      return None
+    key = id(variable)
+    if key not in self._replicated_variables:
+      self._replicated_variables[key] = tpu_replication.replicated_variable(variable)
+    return self._replicated_variables[key]
+
+  def _update(self, var, fn, args, kwargs, group):
+    if self._in_tpu_computation:  # each replica updates its own component
+      return fn(self._replica_local_variable(var), *args, **kwargs)
+    return super()._update(var, fn, args, kwargs, group)
 
   def _reduce_to(self, reduce_op, value, destinations, options):
     if self._in_tpu_computation and not isinstance(value, tf.distribute.DistributedValues):
