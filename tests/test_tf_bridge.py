@@ -177,12 +177,6 @@ def test_xla_sharding_annotations_carry_op_sharding(kind, detail, proto_type, ti
     assert list(proto.tile_assignment_devices) == list(range(8))
 
 
-def test_xla_kernels_are_known_per_op_type():
-  assert _tf_bridge.has_xla_kernel("MatMul")
-  assert _tf_bridge.has_xla_kernel("AssignVariableOp")
-  assert not _tf_bridge.has_xla_kernel("StringFormat")
-
-
 def test_a_variable_over_an_existing_handle_reads_updates_and_differentiates():
   with tf.Graph().as_default():
     original = tf.Variable([1.0, 2.0], name="original")

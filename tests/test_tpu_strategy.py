@@ -229,19 +229,20 @@ def test_no_tpu_cores_is_a_clear_error():
 def test_a_step_xla_cannot_compile_fails_naming_the_op(strategy):
   @tf.function
   def step():
-    return strategy.run(lambda: tf.strings.format("{}", tf.constant(1.0)))
+    return strategy.run(lambda x: tf.strings.length(tf.strings.format("{}", x)),
+                        args=(tf.constant(1.0),))
   with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=r"compile the step with XLA.*StringFormat \(op"):
+                     match=r"XLA cannot compile the step, as a TPU must.*StringFormat"):
     step()
 
 
 def test_ops_inside_called_functions_are_checked_too(strategy):
   @tf.function
-  def inner():
-    return tf.strings.as_string(tf.constant(1.0))
+  def inner(x):
+    return tf.strings.length(tf.strings.as_string(x))
 
   with pytest.raises(tf.errors.InvalidArgumentError, match="AsString"):
-    strategy.run(inner)
+    strategy.run(inner, args=(tf.constant(1.0),))
 
 
 def test_an_eager_run_is_a_function_as_on_a_tpu(strategy):
@@ -252,7 +253,15 @@ def test_an_eager_run_is_a_function_as_on_a_tpu(strategy):
     return x * 2.0
   for _ in range(3):
     result = strategy.run(step, args=(tf.constant(1.0),))
-  assert len(traced) == len(DEVICES)  # traced once: one call per replica
+  # Traced once: one call per replica, and one for XLA's compilation.
+  assert len(traced) == len(DEVICES) + 1
   assert [float(t) for t in strategy.experimental_local_results(result)] == [2.0] * 4
   with pytest.raises(tf.errors.InvalidArgumentError, match="PrintV2"):
     strategy.run(lambda: tf.print("not on a TPU"))
+
+
+def test_a_shape_xla_cannot_know_at_compile_time_fails(strategy):
+  def step(x):
+    return tf.reshape(x, [tf.cast(tf.reduce_sum(x), tf.int32)])
+  with pytest.raises(tf.errors.InvalidArgumentError, match="compile-time constant"):
+    strategy.run(step, args=(tf.constant([1.0]),))

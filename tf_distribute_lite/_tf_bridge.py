@@ -23,9 +23,7 @@ MultiWorkerMirroredStrategy does: there is no public call for it.
 proto (`parse_topology_proto`), and `TPUStrategy`'s logical-device
 annotations are XLA sharding ops (`xla_sharding_annotation`): no public
 module exports either. Inside a TPU computation a mirrored variable is a
-variable over a replicated handle (`variable_of_handle`), and an emulated
-TPU asks TensorFlow's kernel registry which ops XLA compiles
-(`has_xla_kernel`).
+variable over a replicated handle (`variable_of_handle`).
 
 Two contacts answer Keras rather than TensorFlow: Keras 3 recognises a
 distributed dataset by the name and module of a base class
@@ -301,33 +299,6 @@ def xla_sharding_annotation(tensor, kind, detail):
     tiles = np.arange(int(np.prod(detail))).reshape(detail)
     return xla_sharding.tile(tensor, tiles, use_sharding_op=True)
   return xla_sharding.replicate(tensor, use_sharding_op=True)
-
-
-_xla_kernels_registered = []
-
-
-def has_xla_kernel(op_type):
-  """Whether XLA can compile ops of `op_type` (it has an XLA_CPU_JIT kernel).
-
-  TensorFlow registers XLA's kernels the first time it compiles anything, so
-  this compiles a trivial function once; the registry itself is private.
-  """
-  from tensorflow.python.framework import kernels  # pylint: disable=g-import-not-at-top
-  if not _xla_kernels_registered:
-    compiled = tf.function(lambda x: x + 1, jit_compile=True)
-    with tf.init_scope():
-      eager = tf.executing_eagerly()
-    if eager:
-      with tf.init_scope(), tf.device("/device:CPU:0"):
-        compiled(tf.constant(0))
-    else:  # TF 1.x behaviour: compile in a session of a graph of its own
-      with tf.Graph().as_default(), tf.device("/device:CPU:0"):
-        result = compiled(tf.constant(0))
-        with tf.compat.v1.Session() as session:
-          session.run(result)
-    _xla_kernels_registered.append(True)
-  return any(k.device_type == "XLA_CPU_JIT"
-             for k in kernels.get_registered_kernels_for_op(op_type).kernel)
 
 
 def variable_of_handle(handle, like):

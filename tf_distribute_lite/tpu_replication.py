@@ -74,13 +74,13 @@ def replicate(strategy, fn, args, kwargs, device_assignment):
     for position, tensor in zip(positions, tensors):
       flat[position] = tensor
     replica_args, replica_kwargs = tf.nest.pack_sequence_as(per_replica[0], flat)
-    extended._in_tpu_computation = True  # pylint: disable=protected-access
+    extended._tpu_mode = "replicate"  # pylint: disable=protected-access
     extended._replicated_variables = {}  # pylint: disable=protected-access
     try:
       with TPUReplicaContext(strategy):
         result = fn(*replica_args, **replica_kwargs)
     finally:
-      extended._in_tpu_computation = False  # pylint: disable=protected-access
+      extended._tpu_mode = None  # pylint: disable=protected-access
     results.append(result)
     return [t for t in tf.nest.flatten(result, expand_composites=True) if tf.is_tensor(t)]
 

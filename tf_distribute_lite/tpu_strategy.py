@@ -8,8 +8,8 @@ device as a `MirroredStrategy` replica does; variables are mirrored on
 those devices. The logical-device annotations are checked as on a TPU; an
 emulated slice computes annotated tensors unsplit (a CPU cannot partition
 them), with the same values. On an emulated slice the step always runs as a
-`tf.function` (an eager `run` is wrapped, as on a TPU), and every op of it
-must have an XLA kernel, as a TPU compiles the whole step with XLA.
+`tf.function` (an eager `run` is wrapped, as on a TPU), and XLA must compile
+it, as on a TPU (`tpu_compilation`); it then runs on the CPU devices.
 """
 
 import weakref
@@ -207,7 +207,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     self._emulated = getattr(resolver, "emulated_slice", None) is not None
     self.steps_per_run = 1 if steps_per_run is None else steps_per_run
     self._step_functions = weakref.WeakKeyDictionary()
-    self._in_tpu_computation = False
+    self._tpu_mode = None  # "replicate" or "xla_check" while tracing those
     self._replicated_variables = {}
     super().__init__(container_strategy, [cores[0] for cores in self._tpu_devices], None)
 
@@ -240,11 +240,8 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     if not self._emulated:
       return tpu_replication.replicate(self._container_strategy(), fn, args, kwargs,
                                        self._device_assignment)
-    graph = tf.compat.v1.get_default_graph()
-    known = len(graph.get_operations())
-    result = super()._call_for_each_replica(fn, args, kwargs)
-    tpu_compilation.check_compilable(graph, graph.get_operations()[known:])
-    return result
+    tpu_compilation.check_compiles(self._container_strategy(), fn, args, kwargs)
+    return super()._call_for_each_replica(fn, args, kwargs)
 
   def _step_function(self, fn):
     """`fn`'s replicated step as a `tf.function`, made once per `fn`."""
@@ -263,7 +260,9 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     return step
 
   def _replica_local_variable(self, variable):
-    if not self._in_tpu_computation:
+    if self._tpu_mode == "xla_check":
+      return variable.values[0]
+    if self._tpu_mode != "replicate":
       return None
     key = id(variable)
     if key not in self._replicated_variables:
@@ -271,17 +270,19 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     return self._replicated_variables[key]
 
   def _update(self, var, fn, args, kwargs, group):
-    if self._in_tpu_computation:  # each replica updates its own component
+    if self._tpu_mode:  # each replica updates its own component
       return fn(self._replica_local_variable(var), *args, **kwargs)
     return super()._update(var, fn, args, kwargs, group)
 
   def _reduce_to(self, reduce_op, value, destinations, options):
-    if self._in_tpu_computation and not isinstance(value, tf.distribute.DistributedValues):
+    if self._tpu_mode and not isinstance(value, tf.distribute.DistributedValues):
+      if self._tpu_mode == "xla_check":
+        return value
       return tpu_replication.cross_replica(reduce_op, value, self._num_replicas_in_sync)
     return super()._reduce_to(reduce_op, value, destinations, options)
 
   def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
-    if self._in_tpu_computation:
+    if self._tpu_mode:
       return [self._reduce_to(reduce_op, v, d, options) for v, d in value_destination_pairs]
     return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
 
