@@ -12,9 +12,9 @@ from tf_distribute_lite import contexts
 from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
-from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import distributed_variables
 from tf_distribute_lite import mirrored_strategy
+from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import values as values_lib
 
 _LOCAL_CPU = "/device:CPU:0"

@@ -27,11 +27,11 @@ from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
-from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import distributed_variables
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import mirrored_strategy
+from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
 from tf_distribute_lite.collective_util import CommunicationImplementation

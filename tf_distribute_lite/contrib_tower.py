@@ -14,8 +14,9 @@ from tf_distribute_lite import contexts
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import one_device_strategy
 from tf_distribute_lite import strategy_v1
-from tf_distribute_lite import tpu_system
 from tf_distribute_lite import tpu_strategy
+from tf_distribute_lite import tpu_system
+from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
 
 _FACADE = "_contrib_strategy"
@@ -168,7 +169,7 @@ class DistributionStrategy:
       tower = i % len(results)
       with tf.device(self.worker_devices[tower]):
         results[tower].append(fn(element, *args, **kwargs))
-    return results[0] if len(results) == 1 else _per_replica(results)
+    return results[0] if len(results) == 1 else values_lib.PerReplica(tuple(results))
 
   def non_slot_devices(self, var_list):
     """Devices for variables that are not slots."""
@@ -369,8 +370,3 @@ def _facade(strategy):
 
 def _is_only_first(aggregation):
   return getattr(aggregation, "value", None) == tf.VariableAggregation.ONLY_FIRST_REPLICA.value
-
-
-def _per_replica(components):
-  from tf_distribute_lite import values as values_lib  # pylint: disable=g-import-not-at-top
-  return values_lib.PerReplica(tuple(components))

@@ -15,9 +15,9 @@ from tf_distribute_lite import contexts
 from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
-from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import distributed_variables
 from tf_distribute_lite import replica_runner
+from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.collective_util import CommunicationImplementation
 from tf_distribute_lite.collective_util import CommunicationOptions

@@ -17,11 +17,12 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
-from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import mirrored_strategy
+from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import tpu_compilation
 from tf_distribute_lite import tpu_replication
 from tf_distribute_lite.cluster_resolver import TPUClusterResolver
@@ -291,7 +292,6 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     slice, where each replica computes on one CPU device."""
     if self._emulated:
       return tensor
-    from tf_distribute_lite import _tf_bridge  # pylint: disable=g-import-not-at-top
     return _tf_bridge.xla_sharding_annotation(tensor, kind, detail)
 
 
