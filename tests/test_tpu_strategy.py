@@ -214,6 +214,11 @@ def test_spec_programs_on_emulated_v3_8(v3_8_programs):
                                        "loss_fell": True}
 
 
+def test_tf_2_0_spec_examples_on_emulated_v3_8(v3_8_programs):
+  assert v3_8_programs["spec_2_0"] == {"sums": [120.0, 376.0], "from_function": [16.0, 16.0],
+                                       "numpy": [16.0]}
+
+
 def test_tensorflows_tpu_strategy_docstring_examples_run_on_emulated_v3_8(v3_8_programs):
   assert v3_8_programs["tensorflow_docstring"]["examples"] >= 15
   assert v3_8_programs["tensorflow_docstring"]["failures"] == []

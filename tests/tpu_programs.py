@@ -80,6 +80,35 @@ def spec_values_on_worker_devices(resolver):
           "on_worker_devices": devices == list(worker_devices), "sum": float(total)}
 
 
+def spec_2_0_examples(resolver):
+  """The TF 2.0 TPUStrategy page's examples: `experimental_run_v2` over a
+  distributed dataset, over datasets from a function, and a numpy dataset."""
+  strategy = tfd.TPUStrategy(resolver)
+  sums = []
+
+  def train_step(x):
+    return tf.reduce_sum(x)
+  dataset = tf.data.Dataset.range(32).map(lambda v: tf.cast(v, tf.float32)).batch(16)
+  for x in strategy.experimental_distribute_dataset(dataset):
+    sums.append(float(strategy.reduce(
+        "SUM", strategy.experimental_run_v2(train_step, args=(x,)), axis=None)))
+
+  def dataset_fn(input_context):
+    batch_size = input_context.get_per_replica_batch_size(16)
+    d = tf.data.Dataset.from_tensors([[1.]]).repeat(32).batch(batch_size)
+    return d.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+  inputs = strategy.experimental_distribute_datasets_from_function(dataset_fn)
+  from_function = [float(strategy.reduce(
+      "SUM", strategy.experimental_run_v2(train_step, args=(batch,)), axis=None))
+                   for batch in inputs]
+  numpy_input = np.ones([16], dtype=np.float32)
+  numpy_dataset = strategy.experimental_make_numpy_dataset(numpy_input)
+  dist_dataset = strategy.experimental_distribute_dataset(numpy_dataset.batch(16))
+  numpy_sums = [float(strategy.reduce("SUM", strategy.experimental_run_v2(
+      train_step, args=(x,)), axis=None)) for x in dist_dataset]
+  return {"sums": sums, "from_function": from_function, "numpy": numpy_sums}
+
+
 def training_loop(resolver):
   """A linear model trained on a distributed dataset, against the same
   steps without a strategy."""
@@ -129,6 +158,7 @@ def main():
       "split": spec_split_to_logical_devices(topology, resolver),
       "values": spec_values_on_worker_devices(resolver),
       "training": training_loop(resolver),
+      "spec_2_0": spec_2_0_examples(resolver),
       "tensorflow_docstring": tensorflow_docstring_examples()}))
 
 
