@@ -4,7 +4,7 @@ Each entry on TensorFlow's per-thread strategy stack (see `_tf_bridge`) says
 which strategy is current and whether the thread is in its cross-replica
 context (inside `strategy.scope()`) or in a replica context (inside
 `strategy.run`). With the stack empty, the default strategy is current in its
-default replica context.
+default replica context; `distribute_lib` defines it and registers it here.
 """
 
 import threading
@@ -55,13 +55,22 @@ def pop():
   _tf_bridge.strategy_stack().pop()
 
 
+# How to get the default strategy and its context entry: `distribute_lib`,
+# which defines them, registers them here when imported.
+_defaults = {}
+
+
+def register_defaults(default_strategy, default_context_entry):
+  """Called once by `distribute_lib` with its two getters."""
+  _defaults.update(strategy=default_strategy, entry=default_context_entry)
+
+
 def current():
   """The innermost entry, or the default strategy's replica entry."""
   stack = _tf_bridge.strategy_stack()
   if stack:
     return stack[-1]
-  from tf_distribute_lite import distribute_lib  # pylint: disable=g-import-not-at-top
-  return distribute_lib.default_context_entry()
+  return _defaults["entry"]()
 
 
 def get_strategy():
@@ -79,8 +88,7 @@ def has_strategy():
   >>> has_strategy()
   False
   """
-  from tf_distribute_lite import distribute_lib  # pylint: disable=g-import-not-at-top
-  return get_strategy() is not distribute_lib.default_strategy()
+  return get_strategy() is not _defaults["strategy"]()
 
 
 def in_cross_replica_context():

@@ -963,6 +963,8 @@ def default_context_entry():
   return _defaults["entry"]
 
 
+contexts.register_defaults(default_strategy, default_context_entry)
+
 _global_scopes = weakref.WeakKeyDictionary()
 
 
