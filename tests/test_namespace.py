@@ -38,7 +38,9 @@ CLUSTER_RESOLVER = [
     "TFConfigClusterResolver", "SlurmClusterResolver", "KubernetesClusterResolver",
     "KubernetesExecutableLocation", "GCEClusterResolver", "TPUClusterResolver"]
 TPU_EXPERIMENTAL = ["initialize_tpu_system", "shutdown_tpu_system", "Topology",
-                    "DeviceAssignment", "TPUSystemMetadata"]
+                    "DeviceAssignment", "TPUSystemMetadata", "HardwareFeature",
+                    "DeviceOrderMode"]
+TPU = ["XLAOptions"]
 
 NAMESPACES = [
     (tfd, tf.distribute, TOP_LEVEL),
@@ -52,7 +54,37 @@ NAMESPACES = [
     (tfd.compat.v1.cluster_resolver, tf.compat.v1.distribute.cluster_resolver,
      CLUSTER_RESOLVER),
     (tfd.tpu.experimental, tf.tpu.experimental, TPU_EXPERIMENTAL),
+    (tfd.tpu, tf.tpu, TPU),
 ]
+
+
+def _public_names(namespace):
+  return sorted(name for name in dir(namespace) if not name.startswith("_"))
+
+
+@pytest.mark.parametrize("ours, theirs", [
+    (tfd.cluster_resolver, tf.distribute.cluster_resolver),
+    (tfd.compat.v1.cluster_resolver, tf.compat.v1.distribute.cluster_resolver),
+    (tfd.tpu, tf.tpu),
+    (tfd.tpu.experimental, tf.tpu.experimental)],
+                         ids=["cluster_resolver", "compat.v1.cluster_resolver", "tpu",
+                              "tpu.experimental"])
+def test_namespace_has_exactly_tensorflows_names(ours, theirs):
+  assert _public_names(ours) == _public_names(theirs)
+
+
+def test_tpu_names_we_do_not_rewrite_are_tensorflows():
+  assert tfd.tpu.XLAOptions is tf.tpu.XLAOptions
+  assert tfd.tpu.experimental.HardwareFeature is tf.tpu.experimental.HardwareFeature
+  assert tfd.tpu.experimental.DeviceOrderMode is tf.tpu.experimental.DeviceOrderMode
+  assert tfd.tpu.experimental.embedding.TPUEmbedding is (
+      tf.tpu.experimental.embedding.TPUEmbedding)
+
+
+def test_cluster_resolver_modules_stay_importable_by_their_full_names():
+  from tf_distribute_lite.cluster_resolver import tpu_discovery  # pylint: disable=g-import-not-at-top
+  assert tpu_discovery.__name__ == "tf_distribute_lite.cluster_resolver.tpu_discovery"
+  assert "tpu_discovery" not in dir(tfd.cluster_resolver)
 
 
 @pytest.mark.parametrize("ours, theirs, name", [
