@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from types import SimpleNamespace as Obj
 
 import pytest
@@ -40,6 +41,14 @@ def test_our_resolvers_are_tensorflows_cluster_resolvers(make):
   resolver = make()
   assert isinstance(resolver, TF.ClusterResolver)
   assert tf.config.experimental_connect_to_cluster(resolver) is None  # local: no server
+
+
+def test_tensorflows_resolvers_are_ours():
+  theirs = TF.SimpleClusterResolver(tf.train.ClusterSpec({}))
+  assert isinstance(theirs, OURS.ClusterResolver)
+  assert not isinstance(theirs, OURS.SimpleClusterResolver)
+  assert not issubclass(TF.ClusterResolver, OURS.ClusterResolver)  # the base itself is not
+  assert OURS.UnionResolver(theirs).cluster_spec().as_dict() == {}
 
 
 def test_tensorflow_connects_to_the_cluster_our_resolver_names():
@@ -122,6 +131,10 @@ def test_union_merges_like_tf(clusters):
                                                       num_accelerators={"GPU": 1}))),
     lambda m: m.UnionResolver(_simple(m, CLUSTER), task_type="worker",
                               task_id=1).task_id,
+    lambda m: (lambda r: (r.task_type, r.rpc_layer))(
+        m.UnionResolver(_simple(m, CLUSTER, task_type="ps", rpc_layer="grpc"),
+                        task_type="", rpc_layer="")),
+    lambda m: m.UnionResolver.__name__,
 ])
 def test_union_answers_like_tf(call):
   _same(call)
@@ -150,6 +163,7 @@ SPEC_CONFIG = {"cluster": {"chief": ["host0:2222"],
     {"cluster": {"worker": ["only:1"]}, "task": {"type": "worker", "index": "0"}},
     {},
     {"task": {"type": "evaluator", "index": 0}},
+    {"cluster": {"worker": {"1": "a:1"}}},  # one task, in slot 1
 ])
 def test_tf_config_resolver_like_tf(config, monkeypatch):
   monkeypatch.setenv("TF_CONFIG", json.dumps(config))
@@ -160,6 +174,14 @@ def test_tf_config_resolver_like_tf(config, monkeypatch):
       m.TFConfigClusterResolver()))
   _same(lambda m: m.TFConfigClusterResolver(task_type="ps", task_id=1,
                                             rpc_layer="grpc").master())
+  _same(lambda m: m.TFConfigClusterResolver().master("worker", 1, "grpc"))
+
+
+def test_a_sparse_job_of_one_task_is_not_a_local_master_like_tf(monkeypatch):
+  monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": {"1": "a:1"}}}')
+  assert _same(lambda m: m.TFConfigClusterResolver().master("worker", 1, "grpc")) == (
+      "grpc://a:1")
+  assert _same(lambda m: m.TFConfigClusterResolver().master()) is ValueError
 
 
 def test_tf_config_is_read_at_every_call(monkeypatch):
@@ -169,6 +191,25 @@ def test_tf_config_is_read_at_every_call(monkeypatch):
   monkeypatch.setenv("TF_CONFIG", json.dumps(dict(SPEC_CONFIG, task={"type": "ps", "index": 0})))
   assert (resolver.task_type, resolver.task_id) == ("ps", 0)
   assert resolver.master(rpc_layer="grpc") == "grpc://host4:2222"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[]", r"\$TF_CONFIG must be a JSON object with `cluster` and `task` entries; "
+           r"it is '\[\]'"),
+    ("5", r"\$TF_CONFIG must be a JSON object .*; it is '5'"),
+    ('{"task": null}', r"\$TF_CONFIG's `task` must be a JSON object such as "
+                       r"\{\"type\": \"worker\", \"index\": 0\}; it is null"),
+    ('{"cluster": ["a:1"]}', r"\$TF_CONFIG's `cluster` must be a JSON object .*; "
+                             r"it is \[\"a:1\"\]"),
+])
+def test_tf_config_that_is_not_an_object_gets_a_value_error_naming_the_field(
+    text, message, monkeypatch):
+  """TensorFlow reads "[]" as {} and fails with a TypeError on the others."""
+  monkeypatch.setenv("TF_CONFIG", text)
+  resolver = OURS.TFConfigClusterResolver()
+  for call in (resolver.cluster_spec, resolver.master, lambda: resolver.task_type):
+    with pytest.raises(ValueError, match=message):
+      call()
 
 
 def test_malformed_tf_config_names_the_variable(monkeypatch):
@@ -211,12 +252,28 @@ def test_slurm_resolver_like_tf(kwargs, slurm_env):
   _same(answers)
 
 
-@pytest.mark.parametrize("hostlist", ["node[01-03,07],gpu1", "a,b[8-10]", "x[1-2]y", "a,,b", "n[1-2"])
+@pytest.mark.parametrize("hostlist", ["node[01-03,07],gpu1", "a,b[8-10]", "x[1-2]y", "a,,b",
+                                      "n[1-2", "n[1-2]\n", "a\n,b[1-2]\n", "n[1-2\n]"])
 def test_slurm_hostlists_like_tf(hostlist):
   from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver  # pylint: disable=g-import-not-at-top
   from tf_distribute_lite.cluster_resolver import slurm_cluster_resolver as ours  # pylint: disable=g-import-not-at-top
   assert (outcome(lambda: ours.expand_hostlist(hostlist)) ==
           outcome(lambda: slurm_cluster_resolver.expand_hostlist(hostlist)))
+
+
+@pytest.mark.parametrize("tasks_per_node", ["2(x3),1", "2(x2)\n", "1\n,3\n", "2\n\n", "x"])
+def test_slurm_tasks_per_node_like_tf(tasks_per_node):
+  from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver  # pylint: disable=g-import-not-at-top
+  from tf_distribute_lite.cluster_resolver import slurm_cluster_resolver as ours  # pylint: disable=g-import-not-at-top
+  assert (outcome(lambda: ours.expand_tasks_per_node(tasks_per_node)) ==
+          outcome(lambda: slurm_cluster_resolver.expand_tasks_per_node(tasks_per_node)))
+
+
+def test_slurm_variables_ending_in_a_newline_like_tf(slurm_env):
+  slurm_env.setenv("SLURM_STEP_NODELIST", "node[07-08]\n")
+  slurm_env.setenv("SLURM_STEP_TASKS_PER_NODE", "2(x2)\n")
+  assert _same(lambda m: m.SlurmClusterResolver(gpus_per_node=4).cluster_spec())["worker"] == [
+      "node07:8888", "node07:8889", "node08:8888", "node08:8889"]
 
 
 def test_slurm_outside_a_step_raises_like_tf(monkeypatch):
@@ -262,6 +319,46 @@ def test_kubernetes_resolver_like_tf(pods, mapping):
     resolver.task_type, resolver.task_id = (mapping and "worker") or "worker", 0
     return resolver.cluster_spec().as_dict(), resolver.master()
   _same(answers)
+
+
+def test_executable_location_is_named_like_tfs():
+  assert _same(lambda m: (m.KubernetesExecutableLocation.__name__,
+                          repr(m.KubernetesExecutableLocation.OFF_CLUSTER),
+                          [m.value for m in m.KubernetesExecutableLocation])) == (
+                              "ExecutableLocation", "<ExecutableLocation.OFF_CLUSTER: 1>", [0, 1])
+
+
+@pytest.fixture
+def fake_kubernetes_package(monkeypatch):
+  """A `kubernetes` package whose config loaders record their calls."""
+  loaded = []
+  package = types.ModuleType("kubernetes")
+  package.config = Obj(load_kube_config=lambda: loaded.append("kube config"),
+                       load_incluster_config=lambda: loaded.append("in cluster"))
+  package.client = Obj(CoreV1Api=lambda: FakeKubernetes(
+      {"job-name=tensorflow": [_pod("a")]}))
+  monkeypatch.setitem(sys.modules, "kubernetes", package)
+  return loaded
+
+
+@pytest.mark.parametrize("location", [
+    TF.KubernetesExecutableLocation.OFF_CLUSTER, OURS.KubernetesExecutableLocation.OFF_CLUSTER,
+    TF.KubernetesExecutableLocation.WITHIN_CLUSTER,
+    OURS.KubernetesExecutableLocation.WITHIN_CLUSTER],
+                         ids=["tf-off", "tfd-off", "tf-within", "tfd-within"])
+def test_kubernetes_accepts_tensorflows_executable_locations(location, fake_kubernetes_package):
+  """TensorFlow accepts only its own enum (ValueError for ours)."""
+  resolver = OURS.KubernetesClusterResolver(executable_location=location)
+  assert fake_kubernetes_package == [
+      "kube config" if location.name == "OFF_CLUSTER" else "in cluster"]
+  assert resolver.cluster_spec().as_dict() == {"worker": ["10.0.0.1:8470"]}
+
+
+def test_kubernetes_rejects_other_executable_locations_like_tf(fake_kubernetes_package):
+  del fake_kubernetes_package
+  for location in (1, "OFF_CLUSTER"):
+    assert _same(lambda m: m.KubernetesClusterResolver(executable_location=location)) is (  # pylint: disable=cell-var-from-loop
+        ValueError)
 
 
 def test_kubernetes_without_its_package_raises_import_error_naming_it():

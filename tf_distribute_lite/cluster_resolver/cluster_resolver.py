@@ -6,7 +6,7 @@ task this process is (`task_type`, `task_id`), how to reach a task
 (`master()`) and how many accelerators a task has (`num_accelerators()`).
 Every resolver here counts as a `tf.distribute.cluster_resolver.ClusterResolver`,
 so TensorFlow's own functions, such as `tf.config.experimental_connect_to_cluster`,
-accept it.
+accept it; TensorFlow's resolvers count as ours.
 """
 
 import abc
@@ -71,7 +71,7 @@ class ClusterResolver(abc.ABC):
 
   Subclasses implement `cluster_spec()` and `master()`; `task_type`,
   `task_id` and `rpc_layer` are plain settable attributes unless a subclass
-  reads them from its environment.
+  reads them from its environment. TensorFlow's resolvers are instances too.
 
   >>> class OneTask(ClusterResolver):
   ...   def cluster_spec(self):
@@ -83,15 +83,36 @@ class ClusterResolver(abc.ABC):
   (None, None, '')
   >>> isinstance(resolver, tf.distribute.cluster_resolver.ClusterResolver)
   True
+  >>> theirs = tf.distribute.cluster_resolver.SimpleClusterResolver(
+  ...     tf.train.ClusterSpec({}))
+  >>> isinstance(theirs, ClusterResolver)
+  True
   """
+
+  @classmethod
+  def __subclasshook__(cls, subclass):
+    # TensorFlow's resolvers count as ours. Its base itself does not: ours
+    # is registered as its subclass, and ABCMeta refuses a cycle.
+    theirs = tf.distribute.cluster_resolver.ClusterResolver
+    if cls is ClusterResolver and theirs in subclass.__mro__[1:]:
+      return True
+    return NotImplemented
 
   @abc.abstractmethod
   def cluster_spec(self):
-    """The cluster as a `tf.train.ClusterSpec`, as it is now."""
+    """The cluster as a `tf.train.ClusterSpec`, as it is now.
+
+    >>> SimpleClusterResolver(tf.train.ClusterSpec({"ps": ["p0:1"]})).cluster_spec().as_dict()
+    {'ps': ['p0:1']}
+    """
 
   @abc.abstractmethod
   def master(self, task_type=None, task_id=None, rpc_layer=None):
-    """The address of a session master (TF 1.x sessions)."""
+    """The address of a session master (TF 1.x sessions).
+
+    >>> SimpleClusterResolver(tf.train.ClusterSpec({}), master="m:1").master(rpc_layer="grpc")
+    'grpc://m:1'
+    """
 
   def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
     """Accelerator cores per type, such as {"GPU": 2}; counts only the
@@ -166,11 +187,22 @@ class SimpleClusterResolver(ClusterResolver):
     self._rpc_layer = rpc_layer
 
   def cluster_spec(self):
+    """The cluster given to the constructor.
+
+    >>> SimpleClusterResolver(tf.train.ClusterSpec({"worker": ["w0:1"]})).cluster_spec()
+    ClusterSpec({'worker': ['w0:1']})
+    """
     return self._cluster_spec
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
     """The address of task `task_id` of `task_type` when both are given,
-    else the `master` given to the constructor."""
+    else the `master` given to the constructor.
+
+    >>> resolver = SimpleClusterResolver(tf.train.ClusterSpec({"worker": ["w0:1"]}),
+    ...                                  master="m:1")
+    >>> resolver.master(), resolver.master("worker", 0, "grpc")
+    ('m:1', 'grpc://w0:1')
+    """
     if task_type is not None and task_id is not None:
       master = self._cluster_spec.task_address(task_type, task_id)
     else:
@@ -187,16 +219,17 @@ class SimpleClusterResolver(ClusterResolver):
     return {} if self._num_accelerators is None else self._num_accelerators
 
 
-class UnionResolver(ClusterResolver):
+class UnionClusterResolver(ClusterResolver):
   """The union of the clusters of several resolvers; everything else comes
-  from the first one unless given here.
+  from the first one unless given here. Exported as `UnionResolver`.
 
   A job every resolver lists as a list of addresses is their concatenation;
   if any lists it by task index, the tasks are merged by index and an index
   given twice raises `KeyError`.
 
-  `task_type`, `task_id` and `rpc_layer` given here win even when they are
-  falsy (TensorFlow 2.21 ignores `task_id=0`).
+  `task_type` and `rpc_layer` given here win unless they are empty, as in
+  TensorFlow; `task_id` wins even when it is 0 (TensorFlow 2.21 ignores
+  `task_id=0`).
 
   >>> workers = SimpleClusterResolver(tf.train.ClusterSpec({"worker": ["w0:1"]}))
   >>> ps = SimpleClusterResolver(tf.train.ClusterSpec({"ps": ["p0:1", "p1:1"]}))
@@ -218,6 +251,13 @@ class UnionResolver(ClusterResolver):
     self._resolvers = args
 
   def cluster_spec(self):
+    """The resolvers' clusters merged.
+
+    >>> UnionResolver(SimpleClusterResolver(tf.train.ClusterSpec({"worker": ["w0:1"]})),
+    ...               SimpleClusterResolver(tf.train.ClusterSpec({"worker": {3: "w3:1"}}))
+    ...               ).cluster_spec().as_dict()
+    {'worker': {0: 'w0:1', 3: 'w3:1'}}
+    """
     clusters = [r.cluster_spec().as_dict() for r in self._resolvers]
     by_index = {job for cluster in clusters for job, tasks in cluster.items()
                 if isinstance(tasks, dict)}
@@ -238,23 +278,28 @@ class UnionResolver(ClusterResolver):
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
     """The address of the given task in the union, else the first
-    resolver's master."""
+    resolver's master.
+
+    >>> workers = SimpleClusterResolver(tf.train.ClusterSpec({"worker": ["w0:1"]}),
+    ...                                 master="w0:1")
+    >>> ps = SimpleClusterResolver(tf.train.ClusterSpec({"ps": ["p0:1"]}))
+    >>> union = UnionResolver(workers, ps, rpc_layer="grpc")
+    >>> union.master(), union.master("ps", 0)
+    ('w0:1', 'grpc://p0:1')
+    """
     if task_type is not None and task_id is not None:
       master = self.cluster_spec().task_address(task_type, task_id)
       return format_master_url(master, rpc_layer or self._rpc_layer)
     return self._resolvers[0].master(rpc_layer=rpc_layer)
 
-  def _own_or_first(self, name):
-    own = getattr(self, "_" + name)
-    return own if own is not None else getattr(self._resolvers[0], name)
-
-  task_type = property(lambda self: self._own_or_first("task_type"),
+  task_type = property(lambda self: self._task_type or self._resolvers[0].task_type,
                        ClusterResolver.task_type.fset,
                        doc="This task's job name, or the first resolver's.")
-  task_id = property(lambda self: self._own_or_first("task_id"),
+  task_id = property(lambda self: (self._resolvers[0].task_id if self._task_id is None
+                                   else self._task_id),
                      ClusterResolver.task_id.fset,
                      doc="This task's index, or the first resolver's.")
-  rpc_layer = property(lambda self: self._own_or_first("rpc_layer"),
+  rpc_layer = property(lambda self: self._rpc_layer or self._resolvers[0].rpc_layer,
                        ClusterResolver.rpc_layer.fset,
                        doc="The protocol given, or the first resolver's.")
 
@@ -265,3 +310,6 @@ class UnionResolver(ClusterResolver):
   def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
     """The first resolver's answer."""
     return self._resolvers[0].num_accelerators(task_type, task_id, config_proto)
+
+
+UnionResolver = UnionClusterResolver

@@ -59,7 +59,20 @@ class GCEClusterResolver(ClusterResolver):
     self._service = service if service is not None else _compute_service(credentials)
 
   def cluster_spec(self):
-    """Asks the Compute API for the group's running instances."""
+    """Asks the Compute API for the group's running instances.
+
+    >>> from types import SimpleNamespace as Obj
+    >>> answer = lambda value: Obj(execute=lambda: value)
+    >>> compute = Obj(
+    ...     instanceGroups=lambda: Obj(
+    ...         listInstances=lambda **kwargs: answer(
+    ...             {"items": [{"instance": f"zones/z/instances/vm-{i}"} for i in (1, 2)]}),
+    ...         listInstances_next=lambda previous_request, previous_response: None),
+    ...     instances=lambda: Obj(get=lambda project, zone, instance: answer(
+    ...         {"networkInterfaces": [{"networkIP": "10.0.0." + instance[-1]}]})))
+    >>> GCEClusterResolver("project", "zone", "group", 8470, service=compute).cluster_spec()
+    ClusterSpec({'worker': ['10.0.0.1:8470', '10.0.0.2:8470']})
+    """
     groups = self._service.instanceGroups()
     request = groups.listInstances(
         project=self._project, zone=self._zone, instanceGroup=self._instance_group,
@@ -77,6 +90,22 @@ class GCEClusterResolver(ClusterResolver):
     return tf.train.ClusterSpec({self._task_type: sorted(addresses)})
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
+    """The address of the given (by default this) task.
+
+    >>> from types import SimpleNamespace as Obj
+    >>> answer = lambda value: Obj(execute=lambda: value)
+    >>> compute = Obj(
+    ...     instanceGroups=lambda: Obj(
+    ...         listInstances=lambda **kwargs: answer(
+    ...             {"items": [{"instance": f"zones/z/instances/vm-{i}"} for i in (1, 2)]}),
+    ...         listInstances_next=lambda previous_request, previous_response: None),
+    ...     instances=lambda: Obj(get=lambda project, zone, instance: answer(
+    ...         {"networkInterfaces": [{"networkIP": "10.0.0." + instance[-1]}]})))
+    >>> resolver = GCEClusterResolver("project", "zone", "group", 8470, task_id=1,
+    ...                               service=compute)
+    >>> resolver.master(), resolver.master("worker", 0, rpc_layer="grpc+verbs")
+    ('grpc://10.0.0.2:8470', 'grpc+verbs://10.0.0.1:8470')
+    """
     return task_master(self, task_type, task_id, rpc_layer)
 
   @property

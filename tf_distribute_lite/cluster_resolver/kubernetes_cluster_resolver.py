@@ -14,15 +14,28 @@ _MISSING_CLIENT = (
     "`pip install kubernetes` on your command line.")
 
 
-class KubernetesExecutableLocation(enum.Enum):
+class ExecutableLocation(enum.Enum):
   """Where the program runs: inside the Kubernetes cluster, or outside it
-  (then `~/.kube/config` says how to reach it).
+  (then `~/.kube/config` says how to reach it). Exported as
+  `KubernetesExecutableLocation`.
 
-  >>> KubernetesExecutableLocation.WITHIN_CLUSTER.value
-  0
+  >>> KubernetesExecutableLocation.OFF_CLUSTER
+  <ExecutableLocation.OFF_CLUSTER: 1>
   """
   WITHIN_CLUSTER = 0
   OFF_CLUSTER = 1
+
+
+KubernetesExecutableLocation = ExecutableLocation
+
+
+def _executable_location(given):
+  """Our member for `given`, ours or TensorFlow's (the same name and value)."""
+  for location in ExecutableLocation:
+    if given is location or (isinstance(given, enum.Enum) and
+                             (given.name, given.value) == (location.name, location.value)):
+      return location
+  raise ValueError("The executable location provided is invalid.")
 
 
 def _kubernetes():
@@ -39,7 +52,8 @@ class KubernetesClusterResolver(ClusterResolver):
 
   `override_client` replaces the Kubernetes API client (any object with
   `list_pod_for_all_namespaces(label_selector=...)`); without it the
-  `kubernetes` package must be installed.
+  `kubernetes` package must be installed. `executable_location` may also be
+  TensorFlow's `KubernetesExecutableLocation`.
 
   >>> from types import SimpleNamespace as Obj
   >>> class FakeClient:
@@ -54,15 +68,13 @@ class KubernetesClusterResolver(ClusterResolver):
 
   def __init__(self, job_to_label_mapping=None, tf_server_port=8470,
                rpc_layer="grpc", override_client=None,
-               executable_location=KubernetesExecutableLocation.WITHIN_CLUSTER):
+               executable_location=ExecutableLocation.WITHIN_CLUSTER):
     if not override_client:
       config = _kubernetes().config
-      if executable_location == KubernetesExecutableLocation.OFF_CLUSTER:
+      if _executable_location(executable_location) == ExecutableLocation.OFF_CLUSTER:
         config.load_kube_config()
-      elif executable_location == KubernetesExecutableLocation.WITHIN_CLUSTER:
-        config.load_incluster_config()
       else:
-        raise ValueError("The executable location provided is invalid.")
+        config.load_incluster_config()
     self._job_to_label_mapping = job_to_label_mapping or {
         "worker": ["job-name=tensorflow"]}
     self._tf_server_port = tf_server_port
@@ -72,11 +84,35 @@ class KubernetesClusterResolver(ClusterResolver):
     self.rpc_layer = rpc_layer
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
+    """The address of the given (by default this) task; "" when no task is
+    given or set.
+
+    >>> from types import SimpleNamespace as Obj
+    >>> class FakeClient:
+    ...   def list_pod_for_all_namespaces(self, label_selector):
+    ...     pods = [Obj(metadata=Obj(name=f"tf-{i}"),
+    ...                 status=Obj(phase="Running", host_ip=f"10.1.0.{i}")) for i in (1, 2)]
+    ...     return Obj(items=pods)
+    >>> resolver = KubernetesClusterResolver(override_client=FakeClient())
+    >>> resolver.master(), resolver.master("worker", 1)
+    ('', 'grpc://10.1.0.2:8470')
+    """
     return task_master(self, task_type, task_id, rpc_layer)
 
   def cluster_spec(self):
     """Asks the Kubernetes API for the pods; a pod that is not running
-    raises `RuntimeError` naming it and its phase."""
+    raises `RuntimeError` naming it and its phase.
+
+    >>> from types import SimpleNamespace as Obj
+    >>> class FakeClient:
+    ...   def list_pod_for_all_namespaces(self, label_selector):
+    ...     pod = Obj(metadata=Obj(name="tf-ps"), status=Obj(phase="Pending", host_ip=""))
+    ...     return Obj(items=[pod])
+    >>> KubernetesClusterResolver(override_client=FakeClient()).cluster_spec()
+    Traceback (most recent call last):
+    ...
+    RuntimeError: Pod "tf-ps" is not running; phase: "Pending"
+    """
     client = self._override_client
     if not client:
       kubernetes = _kubernetes()

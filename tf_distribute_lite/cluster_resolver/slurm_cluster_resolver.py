@@ -46,7 +46,8 @@ def _top_level_parts(hostlist):
 
 
 def _expand_part(part):
-  match = re.fullmatch(r"([^,\[\]]*)(?:\[([^\]]+)\])?", part)
+  # As in TensorFlow, a part may end in a newline (Slurm's own output does).
+  match = re.fullmatch(r"([^,\[\]]*)(?:\[([^\]]+)\])?\n?", part)
   if match is None:
     raise ValueError(f"Invalid part: {part}")
   prefix, ranges = match.group(1), match.group(2)
@@ -64,14 +65,15 @@ def _expand_part(part):
 
 
 def expand_tasks_per_node(tasks_per_node):
-  """Tasks on each node, from Slurm's compressed form.
+  """Tasks on each node, from Slurm's compressed form (each part may end in
+  a newline, as in TensorFlow).
 
-  >>> expand_tasks_per_node("2(x3),1")
+  >>> expand_tasks_per_node("2(x3),1\\n")
   [2, 2, 2, 1]
   """
   counts = []
   for part in tasks_per_node.split(","):
-    match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part)
+    match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?\n?", part)
     if match is None:
       raise ValueError(f'Invalid tasks-per-node list format "{tasks_per_node}": '
                        f"cannot read {part!r}")
@@ -157,7 +159,17 @@ class SlurmClusterResolver(ClusterResolver):
 
   def cluster_spec(self):
     """The cluster; also sets `task_type` and `task_id`, and (with
-    `auto_set_gpu`) `CUDA_VISIBLE_DEVICES` to this task's GPUs."""
+    `auto_set_gpu`) `CUDA_VISIBLE_DEVICES` to this task's GPUs.
+
+    >>> import os
+    >>> os.environ["SLURM_PROCID"] = "0"
+    >>> resolver = SlurmClusterResolver({"ps": 1, "worker": 2}, port_base=9000,
+    ...                                 tasks_per_node={"n1": 2, "n2": 1},
+    ...                                 gpus_per_node=0, auto_set_gpu=False)
+    >>> resolver.cluster_spec().as_dict()
+    {'ps': ['n1:9000'], 'worker': ['n1:9001', 'n2:9000']}
+    >>> del os.environ["SLURM_PROCID"]
+    """
     addresses, gpus = [], []
     for host, num_tasks in sorted(self._tasks_per_node.items()):
       for offset in range(num_tasks):
@@ -177,10 +189,34 @@ class SlurmClusterResolver(ClusterResolver):
     return tf.train.ClusterSpec(cluster)
 
   def get_task_info(self):
-    """(task_type, task_id), set by `cluster_spec()`."""
+    """(task_type, task_id), set by `cluster_spec()`.
+
+    >>> import os
+    >>> os.environ["SLURM_PROCID"] = "2"
+    >>> resolver = SlurmClusterResolver({"ps": 1, "worker": 2},
+    ...                                 tasks_per_node={"n1": 3},
+    ...                                 gpus_per_node=0, auto_set_gpu=False)
+    >>> resolver.get_task_info()
+    (None, None)
+    >>> _ = resolver.cluster_spec()
+    >>> resolver.get_task_info()
+    ('worker', 1)
+    >>> del os.environ["SLURM_PROCID"]
+    """
     return self.task_type, self.task_id
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
+    """The address of the given (by default this) task; "" before
+    `cluster_spec()` has found this task.
+
+    >>> import os
+    >>> os.environ["SLURM_PROCID"] = "0"
+    >>> resolver = SlurmClusterResolver({"worker": 3}, tasks_per_node={"n1": 3},
+    ...                                 gpus_per_node=0, auto_set_gpu=False)
+    >>> resolver.master(), resolver.master("worker", 2)
+    ('', 'grpc://n1:8890')
+    >>> del os.environ["SLURM_PROCID"]
+    """
     return task_master(self, task_type, task_id, rpc_layer)
 
   def num_accelerators(self, task_type=None, task_id=None, config_proto=None):

@@ -10,16 +10,29 @@ from tf_distribute_lite.cluster_resolver.cluster_resolver import ClusterResolver
 from tf_distribute_lite.cluster_resolver.cluster_resolver import format_master_url
 
 _VARIABLE = "TF_CONFIG"
+_OBJECT_FIELDS = {"cluster": '{"worker": ["host:port"]}',
+                  "task": '{"type": "worker", "index": 0}'}
 
 
 def load_tf_config():
-  """`TF_CONFIG` as a dict ({} when unset); malformed JSON raises
-  `json.JSONDecodeError` (a `ValueError`) naming the variable.
+  """`TF_CONFIG` as a dict ({} when unset).
+
+  Malformed JSON raises `json.JSONDecodeError` (a `ValueError`) naming the
+  variable. Unlike TensorFlow, which reads a JSON list as an empty config and
+  fails with a `TypeError` on other values, JSON that is not an object, or a
+  `cluster` or `task` entry that is not one, raises `ValueError` naming what
+  is wrong.
 
   >>> import os
   >>> os.environ.pop("TF_CONFIG", None) and None
   >>> load_tf_config()
   {}
+  >>> os.environ["TF_CONFIG"] = '{"task": null}'
+  >>> load_tf_config()
+  Traceback (most recent call last):
+  ...
+  ValueError: $TF_CONFIG's `task` must be a JSON object such as {"type": "worker", "index": 0}; it is null in '{"task": null}'.
+  >>> del os.environ["TF_CONFIG"]
   """
   text = os.environ.get(_VARIABLE, "{}")
   try:
@@ -31,6 +44,10 @@ def load_tf_config():
   if not isinstance(config, dict):
     raise ValueError(f"${_VARIABLE} must be a JSON object with `cluster` and "
                      f"`task` entries; it is {text!r}.")
+  for field, example in _OBJECT_FIELDS.items():
+    if field in config and not isinstance(config[field], dict):
+      raise ValueError(f"${_VARIABLE}'s `{field}` must be a JSON object such as "
+                       f"{example}; it is {json.dumps(config[field])} in {text!r}.")
   return config
 
 
@@ -98,17 +115,34 @@ class TFConfigClusterResolver(ClusterResolver):
     return self._environment
 
   def cluster_spec(self):
+    """The `cluster` of `TF_CONFIG`, read now.
+
+    >>> import os
+    >>> os.environ["TF_CONFIG"] = '{"cluster": {"ps": ["p0:1"], "worker": ["w0:1"]}}'
+    >>> TFConfigClusterResolver().cluster_spec().as_dict()
+    {'ps': ['p0:1'], 'worker': ['w0:1']}
+    >>> del os.environ["TF_CONFIG"]
+    """
     return tf.train.ClusterSpec(load_tf_config().get("cluster", {}))
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
-    """`session_master` from `TF_CONFIG`; else "" for a cluster of at most
-    one task; else the address of the given (by default this) task."""
+    """`session_master` from `TF_CONFIG`; else "" for an empty cluster or
+    one job of one task slot; else the address of the given (by default
+    this) task.
+
+    >>> import os
+    >>> os.environ["TF_CONFIG"] = '{"cluster": {"worker": ["w0:1", "w1:1"]}}'
+    >>> TFConfigClusterResolver().master("worker", 1, "grpc")
+    'grpc://w1:1'
+    >>> del os.environ["TF_CONFIG"]
+    """
     config = load_tf_config()
     if config.get("session_master") is not None:
       return config["session_master"]
     cluster = self.cluster_spec()
+    # A sparse job such as {"1": "a:1"} has two task slots, as TF counts them.
     if not cluster.jobs or (len(cluster.jobs) == 1 and
-                            cluster.num_tasks(cluster.jobs[0]) == 1):
+                            len(cluster.job_tasks(cluster.jobs[0])) == 1):
       return ""
     task_type = self.task_type if task_type is None else task_type
     task_id = self.task_id if task_id is None else task_id
