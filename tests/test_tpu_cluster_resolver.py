@@ -13,10 +13,13 @@ import tensorflow as tf
 
 import tf_distribute_lite as tfd
 from tf_distribute_lite import tpu_system
+from tf_distribute_lite.cluster_resolver import tpu_cluster_resolver
 
 from cloud_fakes import FakeCloud
 from cloud_fakes import FakeTpuService
 from cloud_fakes import node
+from multi_worker import free_ports
+from outcomes import outcome
 from outcomes import same
 
 OURS = tfd.cluster_resolver.TPUClusterResolver
@@ -35,7 +38,8 @@ def cloud(monkeypatch, tmp_path):
   fake.metadata("instance/service-accounts/default/token",
                 {"access_token": "secret", "token_type": "Bearer"})
   for name in ("TPU_NAME", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "TPU_CONFIG",
-               "GCE_METADATA_IP", "TPU_API_DISCOVERY_URL"):
+               "GCE_METADATA_IP", "TPU_API_DISCOVERY_URL",
+               "TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS"):
     monkeypatch.delenv(name, raising=False)
   monkeypatch.setenv("GCE_METADATA_HOST", fake.address)
   monkeypatch.setenv("TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT", f"http://{fake.address}")
@@ -129,6 +133,34 @@ def test_a_failed_lookup_raises_value_error_like_tf(cloud):
   assert _same(lambda r: r("my-tpu", service=service).master()) is ValueError
 
 
+def test_a_node_without_endpoints_raises_value_error_like_tf(cloud):
+  del cloud
+  service = FakeTpuService({FULL_NAME: {"state": "READY", "networkEndpoints": []}})
+  assert _same(lambda r: r("my-tpu", service=service).cluster_spec()) == {"worker": {}}
+  assert _same(lambda r: r("my-tpu", service=service).master()) is ValueError
+
+
+def test_project_and_zone_may_be_bytes_like_tf(cloud):
+  service = FakeTpuService({FULL_NAME: node(hosts=2)})
+  answers = _same(lambda r: _answers(r(b"my-tpu", project=PROJECT.encode(),
+                                       zone=ZONE.encode(), service=service)))
+  assert answers[0] == "grpc://10.240.1.2:8470"
+  assert not cloud.hits  # nothing asked of the metadata server
+
+
+def test_with_statement_gives_the_resolver(cloud):
+  """TensorFlow 2.21's `__enter__` raises AttributeError."""
+  del cloud
+  with OURS("grpc://10.0.0.2") as resolver:
+    assert resolver.master() == "grpc://10.0.0.2:8470"
+  with pytest.raises(KeyError):  # exceptions in the block propagate
+    with OURS("grpc://10.0.0.2"):
+      raise KeyError("inside")
+  with pytest.raises(AttributeError):
+    with THEIRS("grpc://10.0.0.2"):
+      pass
+
+
 @pytest.mark.parametrize("hosts", [1, 4])
 def test_name_lookup_over_http(hosts, cloud):
   cloud.node(PROJECT, ZONE, "my-tpu", (200, node(hosts=hosts)))
@@ -153,6 +185,70 @@ def test_a_ready_node_is_looked_up_once(cloud):
     resolver.master()
     resolver.cluster_spec()
   assert cloud.hits[f"/v1/{FULL_NAME}"] == 1
+
+
+class FakeClock:
+
+  def __init__(self):
+    self.now = 1000.0
+
+  def __call__(self):
+    return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+  fake = FakeClock()
+  monkeypatch.setattr(tpu_cluster_resolver, "clock", fake)
+  return fake
+
+
+def test_a_stale_answer_is_asked_again_and_notices_preemption(cloud, clock):
+  """As TensorFlow (which asks at every call), a preempted or recreated node
+  is noticed once the cached answer is older than the cache time (10 s)."""
+  del cloud
+  nodes = {FULL_NAME: node(hosts=2)}
+  service = FakeTpuService(nodes)
+  resolver = OURS("my-tpu", service=service)
+  assert resolver.master() == "grpc://10.240.1.2:8470"
+  nodes[FULL_NAME] = node("PREEMPTED")
+  clock.now += 9.9
+  assert resolver.cluster_spec().num_tasks("worker") == 2  # still fresh
+  assert service.calls == 1
+  clock.now += 0.1
+  with pytest.raises(RuntimeError, match='TPU "my-tpu" is not yet ready; state: "PREEMPTED"'):
+    resolver.master()
+  nodes[FULL_NAME] = {"state": "READY", "networkEndpoints": [{"ipAddress": "10.9.9.9",
+                                                              "port": 8470}]}
+  assert resolver.master() == "grpc://10.9.9.9:8470"
+  assert service.calls == 3
+
+
+def test_preemption_and_recreation_like_tf_when_the_cache_is_off(cloud, monkeypatch):
+  del cloud
+  monkeypatch.setenv("TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS", "0")
+
+  def answers(r):
+    nodes = {FULL_NAME: node(hosts=1)}
+    service = FakeTpuService(nodes)
+    resolver = r("my-tpu", service=service)
+    first = resolver.master()
+    nodes[FULL_NAME] = node("PREEMPTED")
+    preempted = outcome(resolver.master)
+    nodes[FULL_NAME] = {"state": "READY", "networkEndpoints": [{"ipAddress": "10.9.9.9",
+                                                                "port": 8470}]}
+    return first, preempted, resolver.master(), resolver.cluster_spec().as_dict(), service.calls
+  assert _same(answers) == ("grpc://10.240.1.2:8470", RuntimeError, "grpc://10.9.9.9:8470",
+                            {"worker": ["10.9.9.9:8470"]}, 4)
+
+
+def test_cache_time_must_be_a_number(cloud, monkeypatch):
+  del cloud
+  monkeypatch.setenv("TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS", "soon")
+  resolver = OURS("my-tpu", service=FakeTpuService({FULL_NAME: node()}))
+  with pytest.raises(ValueError, match=r"\$TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS must be a "
+                                       r"non-negative number; it is 'soon'"):
+    resolver.master()
 
 
 def test_a_node_not_ready_is_asked_again(cloud):
@@ -248,7 +344,9 @@ def test_nothing_found_lists_every_source(cloud):
                  "$KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS: not set", "$TPU_CONFIG: not set",
                  "TPU chips on the PCI bus", "Cloud TPU VM metadata", "HTTP 404"):
     assert source in message
-  assert _same(lambda r: r()) is ValueError  # TensorFlow's class
+  assert isinstance(raised.value, ValueError)
+  with pytest.raises(ValueError):  # TensorFlow's class
+    THEIRS()
 
 
 def test_tpu_chips_on_the_pci_bus_mean_local(cloud, tmp_path):
@@ -267,6 +365,48 @@ def test_tpu_vm_metadata_means_local(cloud):
   cloud.metadata("instance/attributes/agent-worker-number", "0")
   assert OURS("").master() == ""
   assert cloud.hits["/computeMetadata/v1/instance/attributes/accelerator-type"] == 1
+
+
+def _tpu_vm(cloud, hosts, worker=None):
+  cloud.metadata("instance/attributes/accelerator-type", f"v4-{8 * hosts}")
+  cloud.metadata("instance/attributes/worker-network-endpoints",
+                 ",".join(f"unknown:unknown:10.130.0.{i + 2}" for i in range(hosts)))
+  if worker is not None:
+    cloud.metadata("instance/attributes/agent-worker-number", str(worker))
+
+
+def test_a_multi_host_tpu_vm_slice_gives_one_worker_per_host(cloud, tmp_path):
+  _pci_device(tmp_path / "pci", "0000:00:05.0", "0x1ae0", "0x005e")  # this host's chips
+  _tpu_vm(cloud, hosts=4, worker=2)
+  resolver = OURS()
+  assert resolver.cluster_spec().as_dict() == {
+      "worker": [f"10.130.0.{i + 2}:8470" for i in range(4)]}
+  assert (resolver.task_type, resolver.task_id) == ("worker", 2)
+  assert resolver.master() == "grpc://10.130.0.4:8470"
+  assert resolver.master("worker", 0) == "grpc://10.130.0.2:8470"
+
+
+def test_a_single_host_tpu_vm_is_local(cloud):
+  _tpu_vm(cloud, hosts=1, worker=0)
+  resolver = OURS()
+  assert (resolver.master(), resolver.cluster_spec().as_dict(), resolver.task_id) == ("", {}, 0)
+
+
+def test_a_slice_host_without_its_worker_number_says_so(cloud):
+  _tpu_vm(cloud, hosts=2)
+  with pytest.raises(ValueError, match="lists 2 hosts in `worker-network-endpoints` but not "
+                                       "this host's `agent-worker-number`"):
+    OURS()
+
+
+def test_an_empty_tpu_name_counts_as_unset(cloud, monkeypatch):
+  """TensorFlow looks up a TPU named "" instead."""
+  monkeypatch.setenv("TPU_NAME", "")
+  with pytest.raises(ValueError, match=r"\$TPU_NAME: empty"):
+    OURS()
+  monkeypatch.setenv("TPU_CONFIG", '{"tpu_node_name": "my-tpu"}')
+  cloud.node(PROJECT, ZONE, "my-tpu", (200, node(hosts=2)))
+  assert OURS().cluster_spec().num_tasks("worker") == 2
 
 
 def test_an_unreachable_metadata_server_is_reported(cloud, monkeypatch):
@@ -309,6 +449,27 @@ def test_set_topology_and_hardware_feature_like_tf(cloud):
     resolver.set_tpu_topology(serialized)
     return before, resolver.tpu_hardware_feature
   assert _same(feature)[0] is None
+
+
+def test_system_metadata_devices_have_tensorflows_attributes(cloud):
+  del cloud
+
+  def devices(r):
+    return [(d.name, d.device_type, d.memory_limit_bytes, d.incarnation)
+            for d in r("local").get_tpu_system_metadata().devices]
+  assert _same(devices)[0] == ("/job:localhost/replica:0/task:0/device:CPU:0", "CPU", 0, 0)
+
+
+def test_asking_an_unreachable_master_is_bounded(cloud):
+  """TensorFlow tries 120 times, each try unbounded unless the config sets
+  a timeout."""
+  del cloud
+  (port,) = free_ports(1)
+  config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=100)
+  with tf.Graph().as_default():
+    with pytest.raises(RuntimeError, match=f"Failed to connect to master.*localhost:{port}.*"
+                                           "3 tries of 0.1 s each timed out"):
+      OURS(f"grpc://localhost:{port}").num_accelerators(config_proto=config)
 
 
 # --- Emulated slices.

@@ -11,6 +11,9 @@ Settings (environment variables, read at each call):
   error or a timeout (default 2; the wait doubles from 0.2 s);
 * `TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT`: the Cloud TPU API's root URL
   (default https://tpu.googleapis.com), for tests and private endpoints;
+* `TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS`: how long the addresses of a READY
+  TPU node are reused before the API is asked again (default 10; 0 asks at
+  every call, as TensorFlow does);
 * `TPU_API_DISCOVERY_URL`: as in TensorFlow, a discovery document to take
   that root from, overriding `TPUClusterResolver(discovery_url=...)`.
 """
@@ -25,9 +28,11 @@ import urllib.request
 TIMEOUT_VARIABLE = "TF_DISTRIBUTE_LITE_HTTP_TIMEOUT"
 RETRIES_VARIABLE = "TF_DISTRIBUTE_LITE_HTTP_RETRIES"
 ENDPOINT_VARIABLE = "TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT"
+CACHE_VARIABLE = "TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS"
 DISCOVERY_VARIABLE = "TPU_API_DISCOVERY_URL"
 DEFAULT_TIMEOUT_SECONDS = 5.0
 DEFAULT_RETRIES = 2
+DEFAULT_CACHE_SECONDS = 10.0
 DEFAULT_TPU_API_ENDPOINT = "https://tpu.googleapis.com"
 _FIRST_BACKOFF_SECONDS = 0.2
 
@@ -43,6 +48,17 @@ def _setting(name, default, kind):
   if value < 0:
     raise ValueError(f"${name} must be a non-negative number; it is {given!r}.")
   return value
+
+
+def cache_seconds():
+  """Seconds a READY TPU node's addresses are reused.
+
+  >>> import os
+  >>> os.environ.pop(CACHE_VARIABLE, None) and None
+  >>> cache_seconds()
+  10.0
+  """
+  return _setting(CACHE_VARIABLE, DEFAULT_CACHE_SECONDS, float)
 
 
 def metadata_root():

@@ -11,8 +11,11 @@ accept it; TensorFlow's resolvers count as ours.
 
 import abc
 import collections
+import dataclasses
 
 import tensorflow as tf
+
+from tf_distribute_lite import device_util
 
 _HOST_DEVICE_TYPES = ("CPU", "XLA_CPU")
 
@@ -40,30 +43,43 @@ def task_master(resolver, task_type=None, task_id=None, rpc_layer=None):
                            rpc_layer or resolver.rpc_layer)
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceAttributes:
+  """A device, with the attributes `tf.compat.v1.Session.list_devices()`
+  gives (a session's devices are its own objects with the same attributes).
+
+  >>> DeviceAttributes("/job:localhost/replica:0/task:0/device:CPU:0", "CPU")
+  DeviceAttributes(name='/job:localhost/replica:0/task:0/device:CPU:0', device_type='CPU', memory_limit_bytes=0, incarnation=0)
+  """
+  name: str
+  device_type: str
+  memory_limit_bytes: int = 0
+  incarnation: int = 0
+
+
 def devices_of(master, config_proto=None):
-  """(name, device type) of every device `master` reaches: this process's
-  logical devices when executing eagerly, else the devices of a session on
+  """Every device `master` reaches: this process's logical devices (fully
+  qualified names) when executing eagerly, else the devices of a session on
   `master`.
 
-  >>> devices_of("")[0][1]
+  >>> devices_of("")[0].device_type
   'CPU'
   """
   if tf.executing_eagerly():
-    devices = tf.config.list_logical_devices()
-  else:
-    with tf.Graph().as_default(), tf.compat.v1.Session(master, config=config_proto) as session:
-      devices = session.list_devices()
-  return [(d.name, d.device_type) for d in devices]
+    return [DeviceAttributes(device_util.canonicalize(d.name), d.device_type)
+            for d in tf.config.list_logical_devices()]
+  with tf.Graph().as_default(), tf.compat.v1.Session(master, config=config_proto) as session:
+    return session.list_devices()
 
 
 def accelerator_devices(master, config_proto=None):
-  """`devices_of(master)` but the host's CPUs.
+  """(name, device type) of `devices_of(master)` but the host's CPUs.
 
   >>> accelerator_devices("")  # no accelerator on this machine
   []
   """
-  return [(name, kind) for name, kind in devices_of(master, config_proto)
-          if kind not in _HOST_DEVICE_TYPES]
+  return [(d.name, d.device_type) for d in devices_of(master, config_proto)
+          if d.device_type not in _HOST_DEVICE_TYPES]
 
 
 class ClusterResolver(abc.ABC):

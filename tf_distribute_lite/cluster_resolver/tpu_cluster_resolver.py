@@ -4,20 +4,26 @@ slice of logical CPU devices."""
 
 import collections
 import re
+import time
 
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
-from tf_distribute_lite import device_util
 from tf_distribute_lite.cluster_resolver import cloud_http
 from tf_distribute_lite.cluster_resolver import tpu_discovery
-from tf_distribute_lite.cluster_resolver.cluster_resolver import accelerator_devices
 from tf_distribute_lite.cluster_resolver.cluster_resolver import ClusterResolver
+from tf_distribute_lite.cluster_resolver.cluster_resolver import DeviceAttributes
 from tf_distribute_lite.cluster_resolver.cluster_resolver import devices_of
 from tf_distribute_lite.cluster_resolver.cluster_resolver import format_master_url
 
 _TPU_DEVICE = re.compile(r".*task:(?P<task>\d+)/.*device:TPU:(?P<core>\d+)$")
-_QUERY_TIMEOUT_MS = 5 * 60 * 1000  # a TPU host may still be starting
+# Asking a TPU master for its devices: a few tries, each bounded (a host may
+# still be starting), where TensorFlow tries 120 times, without a bound
+# unless the caller's config sets one.
+_MASTER_TRIES = 3
+_MASTER_TIMEOUT_MS = 60 * 1000
+# The clock the node address cache reads; tests replace it.
+clock = time.monotonic
 
 
 class TPUClusterResolver(ClusterResolver):
@@ -31,11 +37,19 @@ class TPUClusterResolver(ClusterResolver):
   as in TensorFlow, and then, unlike TensorFlow, this machine is searched for
   TPU chips, so that on a Cloud TPU VM no argument is needed.
 
+  On a host of a multi-host Cloud TPU VM slice, every host is a worker and
+  `task_id` is this host's.
+
   `service` replaces the Cloud TPU API client (an object with
   `projects().locations().nodes().get(name=...).execute()`); without it the
-  API is called over HTTP with timeouts and retries (see `cloud_http`). A
-  node's addresses are looked up once it is READY, not at every `master()`
-  or `cluster_spec()`.
+  API is called over HTTP with timeouts and retries (see `cloud_http`).
+  Unlike TensorFlow, which asks the API at every `master()` and
+  `cluster_spec()`, a READY node's addresses are reused for
+  `$TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS` (10 s by default); after that the
+  API is asked again, so a preempted or recreated TPU is noticed.
+
+  `with TPUClusterResolver(...) as resolver:` gives the resolver (in
+  TensorFlow 2.21 entering the block raises `AttributeError`).
 
   >>> resolver = TPUClusterResolver(tpu="grpc://10.0.0.2:8470")
   >>> resolver.master(), resolver.cluster_spec().as_dict()
@@ -57,9 +71,9 @@ class TPUClusterResolver(ClusterResolver):
       self._zone = self._target.zone or cloud_http.metadata("instance/zone").split("/")[-1]
     if self._target.kind == "emulated":
       self._target.emulated_slice.ensure_devices()
-    self._ready_endpoints = None
+    self._ready_node = None  # (when asked, endpoints) of the node once READY
     self.task_type = job_name
-    self.task_id = 0
+    self.task_id = self._target.task_id
     self._coordinator_name = coordinator_name
     self._coordinator_address = coordinator_address
     if coordinator_name and not coordinator_address:
@@ -88,17 +102,27 @@ class TPUClusterResolver(ClusterResolver):
   def _is_local(self):
     return self._target.kind in ("local", "emulated")
 
+  def __enter__(self):
+    return self
+
+  def __exit__(self, exc_type, exc_value, traceback):
+    del exc_type, exc_value, traceback
+
   def _endpoints(self):
     if self._target.kind == "grpc":
       return self._target.endpoints
-    if self._ready_endpoints is None:
+    lifetime, now = cloud_http.cache_seconds(), clock()
+    if self._ready_node is None or now - self._ready_node[0] >= lifetime:
       node = self._node()
       if node.get("state") != "READY":
         raise RuntimeError(f'TPU "{self._target.name}" is not yet ready; '
                            f'state: "{node.get("state")}"')
-      self._ready_endpoints = tuple(node.get("networkEndpoints") or (
-          {"ipAddress": node["ipAddress"], "port": node["port"]},))
-    return self._ready_endpoints
+      if "networkEndpoints" in node:
+        endpoints = tuple(node["networkEndpoints"])
+      else:
+        endpoints = ({"ipAddress": node["ipAddress"], "port": node["port"]},)
+      self._ready_node = (now, endpoints)
+    return self._ready_node[1]
 
   def _node(self):
     """The Cloud TPU API's description of the node."""
@@ -119,7 +143,13 @@ class TPUClusterResolver(ClusterResolver):
 
   def cluster_spec(self):
     """One task per TPU host in job `task_type` (plus the coordinator's job,
-    if any); empty for a local or emulated TPU."""
+    if any); empty for a local or emulated TPU.
+
+    >>> TPUClusterResolver("grpc://10.0.0.2,grpc://10.0.0.3").cluster_spec()
+    ClusterSpec({'worker': ['10.0.0.2:8470', '10.0.0.3:8470']})
+    >>> TPUClusterResolver("emulated:v4-8").cluster_spec()
+    ClusterSpec({})
+    """
     if self._is_local():
       return tf.train.ClusterSpec({})
     cluster = {self.task_type: [f"{e['ipAddress']}:{e['port']}"
@@ -129,8 +159,13 @@ class TPUClusterResolver(ClusterResolver):
     return tf.train.ClusterSpec(cluster)
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
-    """The gRPC address of the given (by default the first) TPU host; "" for
-    a local or emulated TPU."""
+    """The gRPC address of the given (by default this) TPU host; "" for a
+    local or emulated TPU.
+
+    >>> resolver = TPUClusterResolver("grpc://10.0.0.2,grpc://10.0.0.3")
+    >>> resolver.master(), resolver.master("worker", 1)
+    ('grpc://10.0.0.2:8470', 'grpc://10.0.0.3:8470')
+    """
     del rpc_layer  # TPU hosts always speak gRPC.
     if self._is_local():
       return ""
@@ -147,11 +182,19 @@ class TPUClusterResolver(ClusterResolver):
     return format_master_url(address, "grpc")
 
   def get_master(self):
-    """`master()`."""
+    """`master()`.
+
+    >>> TPUClusterResolver("grpc://10.0.0.2:8471").get_master()
+    'grpc://10.0.0.2:8471'
+    """
     return self.master()
 
   def get_job_name(self):
-    """The job of the TPU hosts (`task_type`)."""
+    """The job of the TPU hosts (`task_type`).
+
+    >>> TPUClusterResolver("grpc://10.0.0.2", job_name="tpu_worker").get_job_name()
+    'tpu_worker'
+    """
     return self.task_type
 
   def get_coordination_service_leader(self):
@@ -163,15 +206,21 @@ class TPUClusterResolver(ClusterResolver):
     return f"/job:{self.get_job_name()}/task:0"
 
   def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
-    """{"TPU": cores per host}."""
+    """{"TPU": cores per host}. Asking a TPU master takes at most 3 tries,
+    each bounded by `config_proto`'s `operation_timeout_in_ms` (by default a
+    minute), then raises `RuntimeError`.
+
+    >>> TPUClusterResolver("emulated:v4-8").num_accelerators()
+    {'TPU': 4}
+    """
     if self.emulated_slice is not None:
       return {"TPU": self.emulated_slice.num_cores}
     if self._target.kind == "local":
       return {"TPU": len(tf.config.list_logical_devices("TPU"))}
     cores = collections.Counter(
         match.group("task") for match in (
-            _TPU_DEVICE.match(name) for name, _ in
-            accelerator_devices(self.master(), config_proto)) if match)
+            _TPU_DEVICE.match(device.name) for device in
+            self._master_devices(config_proto, RuntimeError)) if match)
     if not cores:
       return {"TPU": 0}
     if len(set(cores.values())) != 1:
@@ -180,22 +229,30 @@ class TPUClusterResolver(ClusterResolver):
     return {"TPU": next(iter(cores.values()))}
 
   def get_tpu_system_metadata(self):
-    """The TPU system as `tf.tpu.experimental.TPUSystemMetadata`; for an
-    emulated slice its topology and CPU devices."""
+    """The TPU system as `tf.tpu.experimental.TPUSystemMetadata`, its
+    devices sorted, each with `name`, `device_type`, `memory_limit_bytes`
+    and `incarnation`; for an emulated slice its topology and CPU devices.
+    Asking a TPU master is bounded as in `num_accelerators()`, then raises
+    `ValueError`, as TensorFlow does.
+
+    >>> metadata = TPUClusterResolver("emulated:v4-8").get_tpu_system_metadata()
+    >>> metadata.num_cores, metadata.num_hosts, metadata.topology.mesh_shape.tolist()
+    (4, 1, [2, 2, 1, 1])
+    >>> metadata.devices[1]
+    DeviceAttributes(name='/job:localhost/replica:0/task:0/device:CPU:1', device_type='CPU', memory_limit_bytes=0, incarnation=0)
+    """
     emulated = self.emulated_slice
     if emulated is not None:
-      devices = tuple(tf.config.LogicalDevice(name, "CPU") for name in emulated.devices)
+      devices = tuple(DeviceAttributes(name, "CPU") for name in emulated.devices)
       return tf.tpu.experimental.TPUSystemMetadata(
           num_cores=emulated.num_cores, num_hosts=1,
           num_of_cores_per_host=emulated.num_cores,
           topology=emulated.topology(), devices=devices)
     cluster = self.cluster_spec()
-    config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=_QUERY_TIMEOUT_MS)
+    config = tf.compat.v1.ConfigProto()
     if cluster.jobs:
       config.cluster_def.CopyFrom(cluster.as_cluster_def())
-    devices = sorted((tf.config.LogicalDevice(device_util.canonicalize(name), kind)
-                      for name, kind in devices_of(self.master(), config)),
-                     key=_device_order)
+    devices = sorted(self._master_devices(config, ValueError), key=_device_order)
     per_task = collections.Counter(tf.DeviceSpec.from_string(d.name).task
                                    for d in devices if d.device_type == "TPU")
     if len(set(per_task.values())) > 1:
@@ -205,13 +262,44 @@ class TPUClusterResolver(ClusterResolver):
         num_of_cores_per_host=next(iter(per_task.values()), 0), topology=None,
         devices=tuple(devices))
 
+  def _master_devices(self, config_proto, error):
+    """The devices the master reaches, asking at most `_MASTER_TRIES` times,
+    each try bounded by the config's operation timeout (by default
+    `_MASTER_TIMEOUT_MS`); raises `error` when every try times out."""
+    config = tf.compat.v1.ConfigProto()
+    if config_proto is not None:
+      config.CopyFrom(config_proto)
+    config.operation_timeout_in_ms = config.operation_timeout_in_ms or _MASTER_TIMEOUT_MS
+    master = self.master()
+    for _ in range(_MASTER_TRIES):
+      try:
+        return devices_of(master, config)
+      except tf.errors.DeadlineExceededError:
+        continue
+    raise error(f"Failed to connect to master. The TPU might not be ready (e.g. still "
+                f"scheduling) or the master address is incorrect: got ({master}); "
+                f"{_MASTER_TRIES} tries of {config.operation_timeout_in_ms / 1000:g} s "
+                f"each timed out.")
+
   def set_tpu_topology(self, serialized_tpu_topology):
-    """Keeps the topology `initialize_tpu_system` returned (serialized)."""
+    """Keeps the topology `initialize_tpu_system` returned (serialized).
+
+    >>> resolver = TPUClusterResolver("grpc://10.0.0.2")
+    >>> topology = tf_distribute_lite.tpu_emulation.PRESETS["v4-8"].topology()
+    >>> resolver.set_tpu_topology(topology.serialized())
+    >>> type(resolver.tpu_hardware_feature).__name__
+    'TPUHardwareFeature'
+    """
     self._tpu_topology = _tf_bridge.parse_topology_proto(serialized_tpu_topology)
 
   @property
   def tpu_hardware_feature(self):
-    """The TPU's hardware features, known once the system is initialized."""
+    """The TPU's hardware features, known once the system is initialized
+    (`set_tpu_topology`), else None.
+
+    >>> TPUClusterResolver("grpc://10.0.0.2").tpu_hardware_feature is None
+    True
+    """
     if self._tpu_topology is None:
       return None
     return self._tpu_topology.tpu_hardware_feature

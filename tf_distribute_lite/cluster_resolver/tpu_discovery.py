@@ -2,11 +2,16 @@
 
 Sources, in order: the `tpu` argument; `$KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS`
 and `$TPU_NAME`; `$TPU_CONFIG` (JSON with `tpu_node_name`, `project`,
-`zone`), as TensorFlow reads them. Beyond TensorFlow, when none gives a
-TPU: TPU chips on this machine's PCI bus (vendor 0x1ae0 with a TPU device
-id, under `$TF_DISTRIBUTE_LITE_PCI_DEVICES`, by default
-/sys/bus/pci/devices), then the Cloud TPU VM attributes of the metadata
-server. The error when nothing is found lists every source and its answer.
+`zone`), as TensorFlow reads them, except that a variable set to "" counts
+as unset (TensorFlow looks up a TPU named ""). Beyond TensorFlow, when none
+gives a TPU: TPU chips on this machine's PCI bus (vendor 0x1ae0 with a TPU
+device id, under `$TF_DISTRIBUTE_LITE_PCI_DEVICES`, by default
+/sys/bus/pci/devices) and the Cloud TPU VM attributes of the metadata
+server. A TPU VM whose `worker-network-endpoints` list several hosts is one
+host of a multi-host slice: every host is a worker (gRPC port 8470, as the
+Cloud TPU API lists TPU VM hosts) and this one is task
+`agent-worker-number`. The error when nothing is found lists every source
+and its answer.
 """
 
 import dataclasses
@@ -33,17 +38,24 @@ class Target:
   """What a TPU name means.
 
   `kind` is "local" (TPU chips on this machine), "grpc" (TensorFlow servers
-  at `endpoints`), "api" (a Cloud TPU node `name` to look up) or "emulated"
-  (`emulated_slice`); `source` says where it was found.
+  at `endpoints`, this process being task `task_id`), "api" (a Cloud TPU
+  node `name` to look up) or "emulated" (`emulated_slice`); `source` says
+  where it was found.
   """
   kind: str
   name: str
   source: str
   endpoints: tuple = ()
+  task_id: int = 0
   project: str = None
   zone: str = None
   emulated_slice: tpu_emulation.EmulatedSlice = None
   details: dict = dataclasses.field(default_factory=dict)
+
+
+class NoTpuFoundError(ValueError):
+  """No source names a TPU; the message lists each source and its answer.
+  A `ValueError`, as TensorFlow raises."""
 
 
 def grpc_endpoints(addresses):
@@ -76,10 +88,13 @@ def _as_text(value):
 
 
 def find(tpu=None, project=None, zone=None):
-  """The `Target` for a `TPUClusterResolver(tpu, zone, project)`.
+  """The `Target` for a `TPUClusterResolver(tpu, zone, project)`; each
+  argument may be bytes.
 
   >>> find("grpc://10.0.0.2:8470").kind, find("emulated:v3-8").kind
   ('grpc', 'emulated')
+  >>> find(b"my-tpu", project=b"my-project", zone="us-central1-b").project
+  'my-project'
   """
   if isinstance(tpu, list):
     if not tpu:
@@ -88,14 +103,14 @@ def find(tpu=None, project=None, zone=None):
       raise NotImplementedError(
           "Using multiple TPUs in a single session is not yet implemented")
     tpu = tpu[0]
-  tpu = _as_text(tpu)
+  tpu, project, zone = _as_text(tpu), _as_text(project), _as_text(zone)
   if tpu:
     return _from_name(tpu, "the tpu argument", project, zone)
   tried = ["the tpu argument: not given"]
   for variable in ("KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "TPU_NAME"):
     if os.environ.get(variable):
       return _from_name(os.environ[variable], f"${variable}", project, zone)
-    tried.append(f"${variable}: not set")
+    tried.append(_unset(variable))
   if os.environ.get("TPU_CONFIG"):
     config = json.loads(os.environ["TPU_CONFIG"])
     if config.get("tpu_node_name"):
@@ -103,18 +118,51 @@ def find(tpu=None, project=None, zone=None):
                         project or config.get("project"), zone or config.get("zone"))
     tried.append("$TPU_CONFIG: no tpu_node_name")
   else:
-    tried.append("$TPU_CONFIG: not set")
+    tried.append(_unset("TPU_CONFIG"))
   chips, pci_root = local_tpu_chips()
+  attributes, answer = tpu_vm_attributes()
+  hosts = slice_hosts(attributes)
+  if len(hosts) > 1:
+    return _slice_host(hosts, attributes)
   if chips:
     return Target("local", "local", f"{len(chips)} TPU chips under {pci_root}",
-                  details={"pci_devices": chips})
-  tried.append(f"TPU chips on the PCI bus ({pci_root}): none")
-  attributes, answer = tpu_vm_attributes()
+                  details={"pci_devices": chips, **attributes})
   if attributes:
     return Target("local", "local", "the Cloud TPU VM metadata", details=attributes)
+  tried.append(f"TPU chips on the PCI bus ({pci_root}): none")
   tried.append(f"Cloud TPU VM metadata ({cloud_http.metadata_root()}): {answer}")
-  raise ValueError("Please provide a TPU Name to connect to. No TPU was found "
-                   "in any of these places: " + "; ".join(tried) + ".")
+  raise NoTpuFoundError("Please provide a TPU Name to connect to. No TPU was found "
+                        "in any of these places: " + "; ".join(tried) + ".")
+
+
+def _unset(variable):
+  return f"${variable}: {'empty' if variable in os.environ else 'not set'}"
+
+
+def slice_hosts(attributes):
+  """The IP addresses of the hosts of the TPU VM slice whose metadata
+  attributes are `attributes` (each entry of `worker-network-endpoints` is
+  "<id>:<hostname>:<ip>").
+
+  >>> slice_hosts({"worker-network-endpoints": "x:y:10.0.0.11,x:y:10.0.0.12"})
+  ['10.0.0.11', '10.0.0.12']
+  >>> slice_hosts({})
+  []
+  """
+  endpoints = attributes.get("worker-network-endpoints", "").strip()
+  return [entry.strip().split(":")[-1] for entry in endpoints.split(",")] if endpoints else []
+
+
+def _slice_host(hosts, attributes):
+  """The target of this host of a multi-host TPU VM slice."""
+  if "agent-worker-number" not in attributes:
+    raise ValueError(f"The Cloud TPU VM metadata lists {len(hosts)} hosts in "
+                     f"`worker-network-endpoints` but not this host's "
+                     f"`agent-worker-number`.")
+  name = ",".join(f"grpc://{host}:{DEFAULT_PORT}" for host in hosts)
+  return Target("grpc", name, f"the Cloud TPU VM metadata ({len(hosts)} hosts)",
+                endpoints=grpc_endpoints(name),
+                task_id=int(attributes["agent-worker-number"]), details=attributes)
 
 
 def local_tpu_chips():
