@@ -426,17 +426,74 @@ def test_initialize_without_a_tpu_raises_not_found(cloud):
     tfd.tpu.experimental.shutdown_tpu_system(OURS("local"))
 
 
+@pytest.mark.parametrize("system_function", ["initialize_tpu_system", "shutdown_tpu_system"])
+def test_without_a_resolver_or_a_tpu_not_found_lists_the_places(system_function, cloud):
+  """TensorFlow raises ValueError("Please provide a TPU Name to connect to.")."""
+  del cloud
+  with pytest.raises(tf.errors.NotFoundError) as raised:
+    getattr(tfd.tpu.experimental, system_function)()
+  for place in ("No TPU was found", "$TPU_NAME: not set", "TPU chips on the PCI bus",
+                "Cloud TPU VM metadata"):
+    assert place in raised.value.message
+
+
+def _system_ops(graph):
+  return [(op.type, op.device) for op in graph.get_operations()
+          if op.type.endswith("DistributedTPU")]
+
+
+@pytest.mark.parametrize("tpu, device", [
+    ("local", "/device:TPU_SYSTEM:0"),
+    ("grpc://10.0.0.2:8470", "/job:worker/replica:0/task:0/device:TPU_SYSTEM:0")])
+def test_initialize_in_a_function_adds_the_op_and_returns_the_topology_like_tf(
+    tpu, device, cloud):
+  del cloud
+
+  def traced(r, initialize):
+    function = tf.function(lambda: initialize(r(tpu)))
+    concrete = function.get_concrete_function()
+    return _system_ops(concrete.graph), concrete.structured_outputs.dtype
+  ours = traced(OURS, tfd.tpu.experimental.initialize_tpu_system)
+  assert ours == traced(THEIRS, tf.tpu.experimental.initialize_tpu_system)
+  assert ours == ([("ConfigureDistributedTPU", device)], tf.string)
+
+
+def test_shutdown_in_a_function_raises_runtime_error_like_tf(cloud):
+  del cloud
+  for r, shutdown in ((OURS, tfd.tpu.experimental.shutdown_tpu_system),
+                      (THEIRS, tf.tpu.experimental.shutdown_tpu_system)):
+    with pytest.raises(RuntimeError, match="not supported within"):
+      tf.function(lambda: shutdown(r("local"))).get_concrete_function()  # pylint: disable=cell-var-from-loop
+
+
 @pytest.mark.parametrize("tpu, job, device", [
     ("local", None, "/device:TPU_SYSTEM:0"),
-    ("grpc://10.0.0.2:8470", "worker", "/job:worker/replica:0/task:0/device:TPU_SYSTEM:0")])
-def test_initialize_builds_tensorflows_tpu_system_op(tpu, job, device, cloud):
+    ("grpc://10.0.0.2:8470", "worker/replica:0/task:0",
+     "/job:worker/replica:0/task:0/device:TPU_SYSTEM:0")])
+def test_the_system_functions_build_tensorflows_tpu_system_ops(tpu, job, device, cloud):
   del cloud
   assert tpu_system.system_device(OURS(tpu)) == device
-  with tf.device(device):
-    graph = tpu_system.initialize_function(job).get_concrete_function().graph
-  (op,) = [op for op in graph.get_operations() if op.type == "ConfigureDistributedTPU"]
-  assert tf.DeviceSpec.from_string(op.device).device_type == "TPU_SYSTEM"
+  initialize = tpu_system.initialize_function(job).get_concrete_function().graph
+  shutdown = tpu_system.shutdown_function(job).get_concrete_function().graph
+  assert _system_ops(initialize) == [("ConfigureDistributedTPU", device)]
+  assert _system_ops(shutdown) == [("ShutdownDistributedTPU", device)]
+  (op,) = [op for op in initialize.get_operations() if op.type == "ConfigureDistributedTPU"]
   assert op.get_attr("compilation_failure_closes_chips") is False
+
+
+@pytest.mark.parametrize("system_function", ["initialize_tpu_system", "shutdown_tpu_system"])
+def test_tf1_graphs_run_the_system_op_in_a_session(system_function, cloud):
+  """TensorFlow runs the op in a session too, and raises its
+  InvalidArgumentError; ours says no TPU was found."""
+  del cloud
+  with tf.Graph().as_default():
+    with pytest.raises(tf.errors.InvalidArgumentError) as theirs:
+      getattr(tf.tpu.experimental, system_function)(THEIRS("local"))
+    with pytest.raises(tf.errors.NotFoundError, match="TPUs not found in the cluster "
+                                                      "\\(master ''\\)") as ours:
+      getattr(tfd.tpu.experimental, system_function)(OURS("local"))
+  assert "DistributedTPU" in theirs.value.message
+  assert "DistributedTPU" in ours.value.message
 
 
 def test_set_topology_and_hardware_feature_like_tf(cloud):

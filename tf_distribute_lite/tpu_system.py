@@ -3,12 +3,18 @@ resolvers: TensorFlow's own `tf.tpu.experimental.initialize_tpu_system`
 accepts only TensorFlow's resolver class.
 
 On a TPU these run TensorFlow's TPU system ops (`ConfigureDistributedTPU`,
-`ShutdownDistributedTPU`) on the TPU_SYSTEM device; on an emulated slice
-they give the slice's topology.
+`ShutdownDistributedTPU`) on the TPU_SYSTEM device, as TensorFlow does:
+eagerly through a `tf.function`; in a TF1 graph through a session on the
+resolver's master; traced inside a `tf.function`, `initialize_tpu_system`
+adds its op and returns the serialized topology. On an emulated slice they
+give the slice's topology.
 """
+
+import contextlib
 
 import tensorflow as tf
 
+from tf_distribute_lite.cluster_resolver import tpu_discovery
 from tf_distribute_lite.cluster_resolver.tpu_cluster_resolver import TPUClusterResolver
 
 _initialized = {}
@@ -16,11 +22,27 @@ _initialized = {}
 
 def _resolver(cluster_resolver):
   if cluster_resolver is None:
-    return TPUClusterResolver("")
+    try:
+      return TPUClusterResolver("")
+    except tpu_discovery.NoTpuFoundError as e:
+      raise tf.errors.NotFoundError(None, None, str(e)) from None
   if not isinstance(cluster_resolver, tf.distribute.cluster_resolver.ClusterResolver):
     raise TypeError(f"cluster_resolver must be a TPUClusterResolver; got "
                     f"{cluster_resolver!r}.")
   return cluster_resolver
+
+
+def _tracing_a_function():
+  """True inside a `tf.function` being traced; False when executing eagerly
+  and in a TF1 graph."""
+  return not tf.executing_eagerly() and tf.compat.v1.executing_eagerly_outside_functions()
+
+
+def _job(cluster_resolver):
+  """The task running the system ops: the first TPU host, None when local."""
+  if cluster_resolver.master():
+    return f"{cluster_resolver.get_job_name()}/replica:0/task:0"
+  return None
 
 
 def system_device(cluster_resolver):
@@ -29,9 +51,8 @@ def system_device(cluster_resolver):
   >>> system_device(TPUClusterResolver("grpc://10.0.0.2:8470"))
   '/job:worker/replica:0/task:0/device:TPU_SYSTEM:0'
   """
-  if cluster_resolver.master():
-    return f"/job:{cluster_resolver.get_job_name()}/replica:0/task:0/device:TPU_SYSTEM:0"
-  return "/device:TPU_SYSTEM:0"
+  job = _job(cluster_resolver)
+  return f"/job:{job}/device:TPU_SYSTEM:0" if job else "/device:TPU_SYSTEM:0"
 
 
 def _require_tpu_system(cluster_resolver):
@@ -45,37 +66,92 @@ def _require_tpu_system(cluster_resolver):
         f"TPUClusterResolver('emulated:v3-8').")
 
 
+@contextlib.contextmanager
+def _missing_tpu_is_not_found(cluster_resolver, step):
+  """Turns the `InvalidArgumentError` of a system op that finds no TPU into
+  `NotFoundError`, as TensorFlow does."""
+  try:
+    yield
+  except tf.errors.InvalidArgumentError as e:
+    raise tf.errors.NotFoundError(
+        None, None, f"TPUs not found in the cluster (master "
+        f"{cluster_resolver.master()!r}). Failed in {step}: {e.message}") from None
+
+
+def _run_on_master(cluster_resolver, make_op):
+  """Runs `make_op()` in a TF1 session on the resolver's master."""
+  config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+  cluster = cluster_resolver.cluster_spec()
+  if cluster.jobs:
+    config.cluster_def.CopyFrom(cluster.as_cluster_def())
+  with tf.Graph().as_default(), tf.compat.v1.Session(cluster_resolver.master(),
+                                                     config=config) as session:
+    return session.run(make_op())
+
+
+def _configure_op(job):
+  return tf.compat.v1.tpu.initialize_system(
+      job=job, compilation_failure_closes_chips=False,
+      tpu_cancellation_closes_chips=False)
+
+
 def initialize_function(job=None):
   """The `tf.function` that initializes the TPU system and returns its
-  serialized topology."""
+  serialized topology.
+
+  >>> graph = initialize_function().get_concrete_function().graph
+  >>> [op.type for op in graph.get_operations()][0]
+  'ConfigureDistributedTPU'
+  """
+  return tf.function(lambda: _configure_op(job), autograph=False)
+
+
+def shutdown_function(job=None):
+  """The `tf.function` that shuts the TPU system down.
+
+  >>> graph = shutdown_function().get_concrete_function().graph
+  >>> [op.type for op in graph.get_operations()]
+  ['ShutdownDistributedTPU']
+  """
   @tf.function(autograph=False)
-  def initialize():
-    return tf.compat.v1.tpu.initialize_system(
-        job=job, compilation_failure_closes_chips=False,
-        tpu_cancellation_closes_chips=False)
-  return initialize
+  def shutdown():
+    tf.compat.v1.tpu.shutdown_system(job=job)
+  return shutdown
 
 
 def initialize_tpu_system(cluster_resolver=None):
   """Initializes the TPU system of `cluster_resolver` (by default the TPU
   `TPUClusterResolver("")` finds) and returns its
-  `tf.tpu.experimental.Topology`. Without a TPU, raises
-  `tf.errors.NotFoundError` saying where it looked.
+  `tf.tpu.experimental.Topology`; traced inside a `tf.function`, returns the
+  serialized topology tensor instead, as TensorFlow does.
+
+  Without a TPU, raises `tf.errors.NotFoundError` saying where it looked,
+  also in a TF1 graph, where TensorFlow 2.21 raises `InvalidArgumentError`.
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> initialize_tpu_system(resolver).mesh_shape.tolist()
   [2, 2, 1, 1]
+  >>> tf.function(lambda: initialize_tpu_system(resolver))().dtype
+  tf.string
   """
   resolver = _resolver(cluster_resolver)
   emulated = getattr(resolver, "emulated_slice", None)
   if emulated is not None:
     emulated.ensure_devices()
     topology = emulated.topology()
+    if _tracing_a_function():
+      return tf.constant(topology.serialized())
+  elif _tracing_a_function():
+    return _configure_op(_job(resolver))
   else:
-    _require_tpu_system(resolver)
-    job = resolver.get_job_name() if resolver.master() else None
-    with tf.device(system_device(resolver)):
-      serialized = initialize_function(job)().numpy()
+    with _missing_tpu_is_not_found(resolver, "initialization"):
+      if tf.executing_eagerly():
+        _require_tpu_system(resolver)
+        # The function's call must run where its op does.
+        with tf.device(system_device(resolver)):
+          serialized = initialize_function(_job(resolver))().numpy()
+      else:
+        serialized = _run_on_master(resolver, tf.compat.v1.tpu.initialize_system)
     topology = tf.tpu.experimental.Topology(serialized=serialized)
     resolver.set_tpu_topology(serialized)
   _initialized[resolver.master()] = topology
@@ -83,22 +159,27 @@ def initialize_tpu_system(cluster_resolver=None):
 
 
 def shutdown_tpu_system(cluster_resolver=None):
-  """Shuts down the TPU system `initialize_tpu_system` started.
+  """Shuts down the TPU system `initialize_tpu_system` started. Without a
+  TPU, raises `tf.errors.NotFoundError` as `initialize_tpu_system` does
+  (TensorFlow 2.21 raises `InvalidArgumentError`). Not available inside a
+  `tf.function` (`RuntimeError`, as in TensorFlow).
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> _ = initialize_tpu_system(resolver)
   >>> shutdown_tpu_system(resolver)
   """
+  if _tracing_a_function():
+    raise RuntimeError("shutdown_tpu_system is not supported within a tf.function; "
+                       "call it outside the function.")
   resolver = _resolver(cluster_resolver)
   if getattr(resolver, "emulated_slice", None) is None:
-    _require_tpu_system(resolver)
-    job = resolver.get_job_name() if resolver.master() else None
-
-    @tf.function(autograph=False)
-    def shutdown():
-      tf.compat.v1.tpu.shutdown_system(job=job)
-    with tf.device(system_device(resolver)):
-      shutdown()
+    with _missing_tpu_is_not_found(resolver, "shutdown"):
+      if tf.executing_eagerly():
+        _require_tpu_system(resolver)
+        with tf.device(system_device(resolver)):
+          shutdown_function(_job(resolver))()
+      else:
+        _run_on_master(resolver, tf.compat.v1.tpu.shutdown_system)
   _initialized.pop(resolver.master(), None)
 
 
