@@ -5,6 +5,7 @@ values and exception classes, in eager mode and inside a `tf.function`.
 
 import collections
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -164,6 +165,43 @@ def test_run_returning_a_python_object_from_a_function_raises():
   def snippet(a):
     return tf.function(lambda: a.mirrored.run(object))()
   assert isinstance(both(snippet), TypeError)
+
+
+def test_run_takes_keras_variables_as_arguments(run_mode):
+  """Keras variables, tensors to `tf.is_tensor` but not to `tf.group`, go
+  through args, kwargs, nests and `call_for_each_replica` in a merge."""
+  def results(a):
+    with a.mirrored.scope():
+      mirrored = keras.Variable([1.0, 2.0])
+    plain = keras.Variable([3.0, 4.0])
+
+    def merge_fn(strategy, v):
+      return strategy.extended.call_for_each_replica(lambda w: w + 1.0, args=(v,))
+
+    def replica_fn(v, nested, w=None):
+      merged = a.mod.get_replica_context().merge_call(merge_fn, args=(v,))
+      return v * 2.0, nested[0][0] + w, merged
+    step = lambda: a.mirrored.run(replica_fn, args=(mirrored, [[plain]]),
+                                  kwargs={"w": mirrored})
+    return [local(a.mirrored, r) for r in run_mode(step)]
+  assert results(TFD) == results(TF) == [
+      [[2.0, 4.0]] * 4, [[4.0, 6.0]] * 4, [[2.0, 3.0]] * 4]
+
+
+def test_replica_ops_of_every_run_in_a_graph_share_one_scope():
+  """A second `run` in one graph names replica 1's ops `replica_1/..._1`,
+  as TF does, not `replica_1_1/...`."""
+  def names(a):
+    traced = []
+
+    @tf.function
+    def two_runs():
+      for _ in range(2):
+        result = a.pair.run(lambda: tf.identity(a.replica_id(), name="own"))
+        traced.append(result.values[1].op.name)
+    two_runs.get_concrete_function()
+    return traced
+  assert names(TFD) == names(TF) == ["replica_1/own", "replica_1/own_1"]
 
 
 # --- experimental_distribute_values_from_function.

@@ -488,3 +488,47 @@ def test_a_step_without_input_changes_nothing(kind):
       model.optimizer.iterations.value)]
   assert iterations == [3 * steps] * 4
   assert _replica_spread(strategy, model.variables + model.optimizer.variables) == 0.0
+
+
+def _fit_mixed_precision(strategy):
+  """`fit` under the "mixed_float16" policy: the history, the weights, the
+  optimizer and its steps."""
+  keras.mixed_precision.set_global_policy("mixed_float16")
+  try:
+    with strategy.scope():
+      model = keras.Sequential([
+          keras.Input(shape=(NUM_FEATURES,)),
+          keras.layers.Dense(8, activation="relu"),
+          keras.layers.Dense(NUM_CLASSES),
+          keras.layers.Activation("linear", dtype="float32")])
+      model.set_weights(initial_weights())
+      model.compile(
+          optimizer=keras.optimizers.Adam(learning_rate=0.01),
+          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+          metrics=["accuracy"])
+  finally:
+    keras.mixed_precision.set_global_policy("float32")
+  x, y = _data(FULL_BATCHES)
+  history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=NUM_EPOCHS,
+                      shuffle=False, verbose=0).history
+  return (history, model.get_weights(), model.optimizer,
+          int(model.optimizer.iterations.numpy()))
+
+
+def test_mixed_precision_fit_matches_tf_distribute():
+  """Keras wraps the optimizer in a LossScaleOptimizer, which applies the
+  gradients through `call_for_each_replica` with the model's variables."""
+  history, weights, optimizer, iterations = _fit_mixed_precision(
+      tfd.MirroredStrategy(["CPU:0", "CPU:1"]))
+  tf_history, tf_weights, tf_optimizer, tf_iterations = _fit_mixed_precision(
+      oracle.new_tf_mirrored(["CPU:0", "CPU:1"]))
+  assert type(optimizer).__name__ == type(tf_optimizer).__name__ == "LossScaleOptimizer"
+  assert iterations == tf_iterations == NUM_EPOCHS * FULL_BATCHES // GLOBAL_BATCH
+  assert optimizer.dynamic_scale.numpy() == tf_optimizer.dynamic_scale.numpy()
+  # float16 activations: agreement to float16 precision.
+  for name in ["accuracy", "loss"]:
+    np.testing.assert_allclose(history[name], tf_history[name], atol=1e-3,
+                               err_msg=name)
+  for ours, theirs in zip(weights, tf_weights):
+    np.testing.assert_allclose(ours, theirs, atol=1e-3)
+  assert not np.allclose(weights[0], initial_weights()[0])

@@ -17,7 +17,8 @@ import tf_distribute_lite as tfd
 import oracle
 
 OPTIMIZERS = ["SGD", "Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad",
-              "Adadelta", "Ftrl", "Lion", "Lamb", "Adafactor"]
+              "Adadelta", "Ftrl", "Lion", "Lamb", "Adafactor", "Muon",
+              "ScheduleFreeAdamW"]
 FEATURES = {
     "weight_decay": dict(weight_decay=0.1),
     "ema": dict(use_ema=True, ema_momentum=0.9, ema_overwrite_frequency=2),
@@ -87,3 +88,37 @@ def test_issue_numbers_for_sgd():
     for _ in range(3):
       strategy.run(lambda: opt.apply_gradients([(g, v)]))  # pylint: disable=cell-var-from-loop
     np.testing.assert_allclose(v.numpy(), expected, atol=1e-3)
+
+
+def _train_loss_scaled(strategy, gradients):
+  """Adam in a LossScaleOptimizer, one `tf.function` step per gradient: the
+  variable, the loss scale and the steps applied."""
+  with strategy.scope():
+    variable = keras.Variable(INITIAL)
+    optimizer = keras.mixed_precision.LossScaleOptimizer(
+        keras.optimizers.Adam(learning_rate=0.5), initial_scale=4.0,
+        dynamic_growth_steps=2)
+
+  @tf.function
+  def step(g):
+    strategy.run(lambda g: optimizer.apply_gradients([(g, variable)]), args=(g,))
+  for gradient in gradients:
+    step(gradient)
+  return (variable.numpy(), float(optimizer.dynamic_scale.numpy()),
+          int(optimizer.iterations.numpy()))
+
+
+def test_loss_scale_optimizer_in_a_function_matches_tf():
+  """The loss scale grows after 2 finite steps and halves at a non-finite
+  one, whose update is skipped, as under TF and without a strategy."""
+  finite = tf.constant([[4.0, -8.0], [2.0, 12.0]])
+  infinite = tf.constant([[np.inf, 1.0], [1.0, 1.0]])
+  gradients = [finite, finite, infinite, finite]
+  actual = _train_loss_scaled(tfd.MirroredStrategy(["CPU:0", "CPU:1"]), gradients)
+  for reference in [oracle.new_tf_mirrored(["CPU:0", "CPU:1"]),
+                    tf.distribute.get_strategy()]:
+    expected = _train_loss_scaled(reference, gradients)
+    np.testing.assert_allclose(actual[0], expected[0], rtol=1e-5)
+    assert actual[1:] == expected[1:]
+  assert actual[1:] == (4.0, 3)
+  assert not np.allclose(actual[0], INITIAL)

@@ -112,8 +112,10 @@ def _input_barrier(replica_inputs):
   """
   if tf.executing_eagerly():
     return []
+  # Only tensors: variables (Keras ones too, which `tf.group` refuses) are
+  # never input that fails at run time.
   tensors = [t for t in tf.nest.flatten(replica_inputs, expand_composites=True)
-             if tf.is_tensor(t)]
+             if isinstance(t, tf.Tensor)]
   return [tf.group(tensors, name="replica_inputs")] if tensors else []
 
 
@@ -181,7 +183,11 @@ class ReplicaRunner:
       with replica_context, tf.device(self._devices[replica_id]), \
           tf.control_dependencies(self._input_barrier):
         if replica_id > 0 and not tf.executing_eagerly():
-          with tf.name_scope(f"replica_{replica_id}"):
+          # Every `run` in a graph shares one scope per replica, as in
+          # TensorFlow: the trailing "/" re-enters it rather than adding
+          # "replica_1_1".
+          outer = tf.compat.v1.get_default_graph().get_name_scope()
+          with tf.name_scope(f"{outer}/replica_{replica_id}/".lstrip("/")):
             return self._fn(*args, **kwargs)
         return self._fn(*args, **kwargs)
     finally:
