@@ -330,6 +330,48 @@ def test_is_tensor_like():
   assert compare(snippet) == (True, "float32", [1.0, 2.0])
 
 
+# TF 2.21's variables take no `copy`, which numpy 2 warns about.
+@pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy")
+def test_scalar_variables_become_numpy_arrays():
+  """`np.array` of a scalar gives a 0-d array, with a dtype or `copy` asked
+  for, as for a plain variable."""
+  def snippet(dist, strategy):
+    with strategy.scope():
+      v = tf.Variable(2.5)
+    arrays = [np.array(v), np.asarray(v, dtype=np.float64), np.array(v, copy=True),
+              np.float32(v)]
+    return [(type(a).__name__, str(a.dtype), a.shape, a.tolist()) for a in arrays]
+
+  assert compare(snippet) == [("ndarray", "float32", (), 2.5),
+                              ("ndarray", "float64", (), 2.5),
+                              ("ndarray", "float32", (), 2.5),
+                              ("float32", "float32", (), 2.5)]
+
+
+@pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy")
+def test_keras_scalar_variables_print_their_value():
+  """Keras prints a scalar's value, which it reads through `np.array`."""
+  def reprs(strategy):
+    with strategy.scope():
+      optimizer = keras.optimizers.Adam(0.01, name="probe_adam")
+      optimizer.build([keras.Variable([1.0])])
+      metric = keras.metrics.Mean(name="probe_mean")
+      scale = keras.Variable(2.5, name="probe_scale")
+    metric.update_state([1.0, 2.0])
+    return repr(optimizer.iterations), repr(scale), repr(metric.variables[0])
+
+  ours = reprs(_strategy(tfd, 2))
+  assert ours == ("<Variable path=probe_adam/iteration, shape=(), dtype=int64, value=0>",
+                  "<Variable path=probe_scale, shape=(), dtype=float32, value=2.5>",
+                  "<Variable path=probe_mean/total, shape=(), dtype=float32, value=3.0>")
+  theirs = reprs(_strategy(tf.distribute, 2))
+  # TF 2.21 cannot make an on-read scalar (a metric's total) a numpy array,
+  # so Keras prints it without its value; ours prints it as without a strategy.
+  assert theirs[:2] == ours[:2]
+  assert theirs[2] == "<Variable path=probe_mean/total, shape=(), dtype=float32>"
+  assert reprs(tf.distribute.get_strategy())[2] == ours[2]
+
+
 def test_operators():
   """Arithmetic, matmul, indexing and comparisons act on the value."""
   def snippet(dist, strategy):

@@ -14,6 +14,7 @@ SavedModels (saved as the single variable they stand for).
 import copy
 import weakref
 
+import numpy as np
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
@@ -162,8 +163,12 @@ class DistributedVariable(values_lib.DistributedValues, tf.Variable,
   def __tf_tensor__(self, dtype=None, name=None):
     return tf.convert_to_tensor(self.value(), dtype=dtype, name=name)
 
-  def __array__(self, dtype=None):
-    return self.numpy() if dtype is None else self.numpy().astype(dtype)
+  def __array__(self, dtype=None, copy=None):
+    """The value as a numpy array, a 0-d one for a scalar (TensorFlow 2.21
+    fails on an on-read scalar, so Keras prints a metric's total without
+    its value). Every read is a fresh array, so any `copy` is already met."""
+    del copy
+    return np.asarray(self.numpy(), dtype=dtype)
 
   def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
     del as_ref
