@@ -443,6 +443,65 @@ def test_all_gather(run_mode):
   assert local(TFD.mirrored, flat["q"]) == [[0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0]] * 4
 
 
+def test_all_gather_of_a_shared_value_gives_each_replica_a_copy(run_mode):
+  shared = tf.constant([1.0])
+  result = both(lambda a: a.mirrored.run(
+      lambda: a.mod.get_replica_context().all_gather(shared, axis=0)), run_mode)
+  assert isinstance(result, tfd.values.PerReplica)
+  assert local(TFD.mirrored, result) == [[1.0]] * 4
+
+
+def _gather_weights(axis):
+  """The weights of the gathered value in `_gathered_loss`: 10 rows (or
+  columns) of 2, for replicas holding 1, 2, 3 and 4 of them."""
+  weights = np.arange(20.0, dtype=np.float32).reshape(10, 2)
+  return weights if axis == 0 else weights.T
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_gradient_of_all_gather_is_its_slice_of_the_summed_gradients(run_mode, axis):
+  def snippet(a):
+    def replica_fn():
+      context = a.mod.get_replica_context()
+      scale = a.replica_id() + 1.0
+      rows = context.replica_id_in_sync_group + 1
+      x = tf.ones([rows, 2] if axis == 0 else [2, rows]) * scale
+      with tf.GradientTape() as tape:
+        tape.watch(x)
+        gathered = context.all_gather(x, axis=axis)
+        loss = tf.reduce_sum(gathered * _gather_weights(axis)) * scale
+      return tape.gradient(loss, x)
+    return a.mirrored.run(replica_fn)
+  gradients = local(TFD.mirrored, both(snippet, run_mode))
+  # Replica i's loss weighs the gathered value by i + 1: 10 in all.
+  summed = 10.0 * _gather_weights(axis)
+  begin = 0
+  for i, gradient in enumerate(gradients):
+    own = summed[begin:begin + i + 1] if axis == 0 else summed[:, begin:begin + i + 1]
+    assert gradient == own.tolist()
+    begin += i + 1
+
+
+def test_gradient_of_all_gather_of_shared_and_mixed_rank_values(run_mode):
+  # TF 2.21 fails on both: it slices the shared value's gradient as if every
+  # replica had gathered its own, and packs gradients of different ranks.
+  shared = tf.constant([1.0, 2.0])
+
+  def replica_fn():
+    context = tfd.get_replica_context()
+    scale = TFD.replica_id() + 1.0
+    own = tf.constant([[3.0]]) * scale
+    with tf.GradientTape() as tape:
+      tape.watch([shared, own])
+      gathered_shared, gathered_own = context.all_gather([shared, own], axis=0)
+      loss = (tf.reduce_sum(gathered_shared * [1.0, 10.0]) * scale
+               + tf.reduce_sum(gathered_own * [[1.0], [2.0], [3.0], [4.0]]))
+    return tape.gradient(loss, [shared, own])
+  shared_gradient, own_gradient = run_mode(lambda: TFD.mirrored.run(replica_fn))
+  assert local(TFD.mirrored, shared_gradient) == [[i, 10.0 * i] for i in (1.0, 2.0, 3.0, 4.0)]
+  assert local(TFD.mirrored, own_gradient) == [[[4.0 * i]] for i in (1.0, 2.0, 3.0, 4.0)]
+
+
 def test_merge_call_regroups_arguments_and_distributes_the_result(run_mode):
   def snippet(a):
     def merge_fn(strategy, value, scale=1.0):

@@ -722,6 +722,29 @@ class StrategyExtended:
         dataset_fn, self.worker_devices, self._input_host, options)
 
 
+def _own_copies(inputs, results):
+  """`results`, where one is its own input (a value every replica shares,
+  already in sync) as a copy on this replica's device, as TensorFlow's are."""
+  return [tf.identity(r) if r is x else r for x, r in zip(inputs, results)]
+
+
+def _with_gradient(xs, ys, gradient):
+  """`ys` (collective results of `xs`), with `gradient(dys)` as their
+  gradient with respect to `xs`.
+
+  The gradient flows from here, not through the merge, which reads other
+  replicas' values (and records on another thread's tape). Taking `ys` as
+  arguments keeps TensorFlow's search for variables used inside the function
+  from walking every replica's graph.
+  """
+  @tf.custom_gradient
+  def with_gradient(*xs_and_ys):
+    def grad(*dys):
+      return list(gradient(list(dys))) + [None] * len(ys)
+    return list(xs_and_ys[len(xs):]), grad
+  return with_gradient(*xs, *ys)
+
+
 class ReplicaContextBase:
   """What code inside `strategy.run` sees: its replica and the collectives.
 
@@ -829,26 +852,11 @@ class ReplicaContextBase:
       return tf.nest.pack_sequence_as(
           value, self.merge_call(batch_all_reduce, args=flat))
 
-    reduced = self.merge_call(batch_all_reduce, args=flat)
-    if not _tf_bridge.gradient_tape_active():
-      # A shared value comes back as itself; each replica gets its own copy,
-      # on its own device, as TensorFlow's results are.
-      return tf.nest.pack_sequence_as(
-          value, [tf.identity(r) if r is x else r for x, r in zip(flat, reduced)])
-
-    # The results take their gradient from here, not through the merge, which
-    # reads other replicas' values (and records on another thread's tape).
-    # Taking `reduced` as arguments keeps TensorFlow's search for variables
-    # used inside the function from walking every replica's graph.
-    @tf.custom_gradient
-    def with_gradient(*xs_and_ys):
-      ys = xs_and_ys[len(flat):]
-
-      def gradient(*dys):
-        return (self.all_reduce(reduce_op, list(dys), options) +
-                [None] * len(ys))
-      return list(ys), gradient
-    return tf.nest.pack_sequence_as(value, with_gradient(*flat, *reduced))
+    reduced = _own_copies(flat, self.merge_call(batch_all_reduce, args=flat))
+    if _tf_bridge.gradient_tape_active():
+      reduced = _with_gradient(
+          flat, reduced, lambda dys: self.all_reduce(reduce_op, dys, options))
+    return tf.nest.pack_sequence_as(value, reduced)
 
   def _update(self, var, fn, args=(), kwargs=None, group=True):
     """Runs `fn(component, *args, **kwargs)` on each component of `var`,
@@ -878,7 +886,28 @@ class ReplicaContext(ReplicaContextBase):
   """
 
   def all_gather(self, value, axis, options=None):
-    """Concatenates every replica's `value` (a nest of tensors) along `axis`."""
+    """Concatenates every replica's `value` (a nest of tensors) along `axis`.
+
+    Replicas may differ in their size along `axis`. A value that is the very
+    same object in every replica is already in sync and comes back unchanged,
+    as with `all_reduce`. The gradient with respect to a replica's value is
+    its own slice of the SUM all-reduce of the gathered value's gradients.
+    (TensorFlow 2.21 fails to take that gradient of a shared value, or of
+    values of different ranks gathered at once.)
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> def step():
+    ...   context = tf_distribute_lite.get_replica_context()
+    ...   x = tf.ones([context.replica_id_in_sync_group + 1])
+    ...   with tf.GradientTape() as tape:
+    ...     tape.watch(x)
+    ...     gathered = context.all_gather(x, axis=0)
+    ...     loss = tf.reduce_sum(gathered * [1.0, 2.0, 3.0])
+    ...   return gathered, tape.gradient(loss, x)
+    >>> gathered, gradient = strategy.run(step)
+    >>> gathered.values[1].numpy(), gradient.values[1].numpy()
+    (array([1., 1., 1.], dtype=float32), array([4., 6.], dtype=float32))
+    """
     flat = tf.nest.flatten(value)
     if self.num_replicas_in_sync == 1:
       return value
@@ -886,7 +915,28 @@ class ReplicaContext(ReplicaContextBase):
     def gather(strategy, *per_replica):
       return [strategy.extended._gather_to(v, v, axis, options)  # pylint: disable=protected-access
               for v in per_replica]
-    return tf.nest.pack_sequence_as(value, self.merge_call(gather, args=flat))
+    merged = self.merge_call(gather, args=flat)
+    gathered = _own_copies(flat, merged)
+    if _tf_bridge.gradient_tape_active():
+      shared = [m is x for x, m in zip(flat, merged)]
+      gathered = _with_gradient(
+          flat, gathered,
+          lambda dys: self._gather_gradients(flat, shared, dys, axis, options))
+    return tf.nest.pack_sequence_as(value, gathered)
+
+  def _gather_gradients(self, xs, shared, dys, axis, options):
+    """Per `x` in `xs`, its slice of the summed gradients `dys` of its
+    gathered value (`dy` itself where `x` was shared)."""
+    gathered = [i for i, is_shared in enumerate(shared) if not is_shared]
+    summed = self.all_reduce(ReduceOp.SUM, [dys[i] for i in gathered], options)
+    sizes = self.all_gather([tf.shape(xs[i])[axis:][:1] for i in gathered],
+                            axis=0, options=options)
+    gradients = list(dys)
+    for i, dy, size in zip(gathered, summed, sizes):
+      begin = tf.reduce_sum(size[:self._replica_id])
+      gradients[i] = tf.gather(dy, tf.range(begin, begin + size[self._replica_id]),
+                               axis=axis)
+    return gradients
 
 
 class _DefaultReplicaContext(ReplicaContext):
