@@ -323,17 +323,38 @@ def test_reduce_a_nest():
   assert float(result["b"][0]) == 6.0
 
 
+def _messages_start_alike(snippet, error_class):
+  """Runs `snippet(api)` with TF and tfd: both raise `error_class`, and
+  ours says what TF's says first."""
+  messages = []
+  for api in (TF, TFD):
+    with pytest.raises(error_class) as raised:
+      snippet(api)
+    messages.append(str(raised.value))
+  theirs, ours = messages
+  assert ours.startswith(theirs), f"\nTF: {theirs}\nours: {ours}"
+
+
 def test_reduce_a_value_every_replica_shares():
   assert float(both(lambda a: a.mirrored.reduce("MEAN", tf.constant(2.0), axis=None))) == 2.0
-  assert isinstance(both(lambda a: a.mirrored.reduce("SUM", tf.constant(2.0), axis=None)),
-                    ValueError)
+  _messages_start_alike(
+      lambda a: a.mirrored.reduce("SUM", tf.ones([3]), axis=None), ValueError)
+  _messages_start_alike(
+      lambda a: a.mirrored.extended.reduce_to("SUM", tf.ones([3]), "CPU:0"), ValueError)
 
 
-def test_reduce_with_an_unknown_op_raises():
-  assert isinstance(both(lambda a: a.mirrored.reduce("MAX", a.replica_ids(), axis=None)),
-                    ValueError)
-  with pytest.raises(ValueError, match="MAX"):
-    TFD.mirrored.reduce("MAX", TFD.replica_ids(), axis=None)
+@pytest.mark.parametrize("op", ["MAX", "max", ""])
+def test_reduce_with_an_unknown_op_raises(op):
+  _messages_start_alike(
+      lambda a: a.mirrored.reduce(op, a.replica_ids(), axis=None), ValueError)
+  _messages_start_alike(
+      lambda a: a.mirrored.reduce(op, a.replica_ids(), axis=0), ValueError)
+  _messages_start_alike(
+      lambda a: a.mirrored.extended.reduce_to(op, a.replica_ids(), "CPU:0"), ValueError)
+  _messages_start_alike(lambda a: a.mirrored.run(
+      lambda: a.mod.get_replica_context().all_reduce(op, tf.constant(1.0))), ValueError)
+  with pytest.raises(ValueError, match="use tf.distribute.ReduceOp.SUM or MEAN"):
+    TFD.mirrored.reduce(op, TFD.replica_ids(), axis=None)
 
 
 @pytest.mark.parametrize("axis", [2, -3])

@@ -226,9 +226,9 @@ class MirroredExtended(distribute_lib.StrategyExtended):
       return value
     if len(self._devices) != 1:
       raise ValueError(
-          f"A non-DistributedValues value {value} cannot be reduced with the "
-          f"given reduce op {reduce_op}: summing one value that every "
-          f"replica shares is ambiguous. Pass per-replica values (from "
+          f"A non-DistributedValues value {value!s} cannot be reduced with "
+          f"the given reduce op {reduce_op}. Summing one value that every "
+          f"replica shares is ambiguous: pass per-replica values (from "
           f"strategy.run) or use ReduceOp.MEAN.")
     return cross_device_ops_lib.simple_broadcast(value, destinations)
 

@@ -35,13 +35,27 @@ class ReduceOp(enum.Enum):
 
   @staticmethod
   def from_any(reduce_op):
-    """Our `ReduceOp` for `reduce_op`: ours, TensorFlow's, or a string."""
+    """Our `ReduceOp` for `reduce_op`: ours, TensorFlow's, or a string in
+    any case.
+
+    Anything else is a `ValueError`, where TensorFlow 2.21 raises an empty
+    `AssertionError` or a `TypeError` from some methods.
+
+    >>> ReduceOp.from_any("max")
+    Traceback (most recent call last):
+      ...
+    ValueError: 'MAX' is not a valid ReduceOp: use tf.distribute.ReduceOp.SUM or MEAN (or the string 'SUM' or 'MEAN').
+    """
     if isinstance(reduce_op, ReduceOp):
       return reduce_op
     if isinstance(reduce_op, enum.Enum) and type(reduce_op).__name__ == "ReduceOp":
       reduce_op = reduce_op.value  # TensorFlow's own tf.distribute.ReduceOp
-    if isinstance(reduce_op, str) and reduce_op.upper() in ("SUM", "MEAN"):
-      return ReduceOp(reduce_op.upper())
+    if isinstance(reduce_op, str):
+      if reduce_op.upper() in ("SUM", "MEAN"):
+        return ReduceOp(reduce_op.upper())
+      raise ValueError(
+          f"{reduce_op.upper()!r} is not a valid ReduceOp: use "
+          f"tf.distribute.ReduceOp.SUM or MEAN (or the string 'SUM' or 'MEAN').")
     raise ValueError(
         f"`reduce_op` must be tf.distribute.ReduceOp.SUM or MEAN (or the "
         f"string 'SUM' or 'MEAN'); got {reduce_op!r}.")
