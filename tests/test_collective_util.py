@@ -27,7 +27,10 @@ def test_hints_are_communication_options_as_in_tf(kwargs):
   theirs = tf.distribute.experimental.CollectiveHints(**kwargs)
   assert type(ours) is type(tfd.experimental.CommunicationOptions())
   assert type(theirs) is type(tf.distribute.experimental.CommunicationOptions())
+  assert type(ours).__name__ == type(theirs).__name__ == "Options"
   assert str(ours) == str(theirs)
+  # TF 2.21's options are no instances of CommunicationOptions; ours are.
+  assert isinstance(ours, tfd.experimental.CommunicationOptions)
   assert (ours.bytes_per_pack, ours.timeout_seconds) == (
       kwargs.get("bytes_per_pack", 0), kwargs.get("timeout_seconds"))
   assert ours.implementation is tfd.experimental.CommunicationImplementation.AUTO

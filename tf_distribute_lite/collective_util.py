@@ -24,8 +24,11 @@ class CommunicationImplementation(enum.Enum):
 CollectiveCommunication = CommunicationImplementation
 
 
-class CommunicationOptions:
-  """Hints for cross-device communication such as all-reduce.
+class Options:
+  """Hints for cross-device communication such as all-reduce:
+  `tf.distribute.experimental.CommunicationOptions`.
+
+  Options are of a class named `Options`, as TensorFlow's are.
 
   Args:
     bytes_per_pack: a non-negative number. Collectives on many tensors are
@@ -38,6 +41,8 @@ class CommunicationOptions:
   >>> options = CommunicationOptions(bytes_per_pack=1024, implementation="ring")
   >>> print(options)
   Options(bytes_per_pack=1024,timeout_seconds=None, implementation=CommunicationImplementation.RING)
+  >>> type(options).__name__
+  'Options'
   """
 
   def __init__(self, bytes_per_pack=0, timeout_seconds=None,
@@ -67,9 +72,9 @@ class CommunicationOptions:
     """These options, where the fields `options` sets (not default) win."""
     fields = ("bytes_per_pack", "timeout_seconds", "implementation")
     if options is None:
-      return CommunicationOptions(**{f: getattr(self, f) for f in fields})
-    unset = CommunicationOptions()
-    return CommunicationOptions(**{
+      return Options(**{f: getattr(self, f) for f in fields})
+    unset = Options()
+    return Options(**{
         f: getattr(self if getattr(options, f) == getattr(unset, f) else options, f)
         for f in fields})
 
@@ -77,6 +82,9 @@ class CommunicationOptions:
     return (f"Options(bytes_per_pack={self.bytes_per_pack},"
             f"timeout_seconds={self.timeout_seconds}, "
             f"implementation={self.implementation})")
+
+
+CommunicationOptions = Options
 
 
 class CollectiveHints:
