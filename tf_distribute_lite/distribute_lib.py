@@ -267,6 +267,13 @@ class StrategyBase:
     `dataset_fn` gets a `tf.distribute.InputContext` and returns a dataset
     batched per replica.
 
+    As in TensorFlow, its `cardinality` counts the batches of the datasets,
+    not the steps, and Keras `fit` takes it for its steps per epoch; so
+    without `steps_per_epoch` an epoch ends at a step that finds no input.
+    That step updates nothing; in TensorFlow 2.21 it may still count one more
+    `optimizer.iterations` per epoch. Repeat the dataset and pass
+    `steps_per_epoch`, as TensorFlow's tutorials do, for the same numbers.
+
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> def dataset_fn(context):
     ...   batch_size = context.get_per_replica_batch_size(4)
