@@ -381,6 +381,21 @@ def test_gather(run_mode, axis, shape):
   assert float(tf.reduce_sum(result)) == 4 * 15.0 + 6 * 60.0
 
 
+def test_gather_of_a_nest_gathers_each_element(run_mode):
+  # TF 2.21 returns replica 0's components of a nest, so each element is
+  # compared with TF's gather of it alone.
+  def elements(a):
+    return [_blocks(a), a.mirrored.run(lambda: tf.reshape(a.replica_id(), [1])),
+            tf.constant([7.0])]
+  ours = run_mode(lambda: TFD.mirrored.gather(
+      dict(zip("abc", elements(TFD))), axis=0))
+  theirs = [TF.mirrored.gather(e, axis=0) for e in elements(TF)]
+  assert sorted(ours) == ["a", "b", "c"]
+  for name, expected in zip("abc", theirs):
+    assert ours[name].numpy().tolist() == expected.numpy().tolist()
+  assert ours["b"].numpy().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_gather_in_a_replica_context_raises():
   error = both(lambda a: a.mirrored.run(lambda: a.mirrored.gather(tf.constant([1.0]), axis=0)))
   assert isinstance(error, RuntimeError)

@@ -324,6 +324,9 @@ class Strategy(StrategyBase):
   def gather(self, value, axis):
     """Concatenates the replicas' components of `value` along `axis`.
 
+    `value` may be a nest; each element is gathered. (TensorFlow 2.21
+    returns replica 0's components of a nest instead.)
+
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> parts = strategy.experimental_distribute_values_from_function(
     ...     lambda ctx: tf.fill([1, 2], ctx.replica_id_in_sync_group))
