@@ -554,6 +554,21 @@ def test_merge_call_regroups_arguments_and_distributes_the_result(run_mode):
   assert local(TFD.mirrored, each) == [0.0, 1.0, 2.0, 3.0]
 
 
+def test_merge_call_on_a_branch_of_each_replica_raises_like_tf():
+  """Each replica's `tf.cond` branch is a graph of its own, which the merge
+  cannot read: a RuntimeError, as in TF (Keras optimizers with gradient
+  accumulation do this)."""
+  def snippet(a):
+    def replica_fn(x):
+      return tf.cond(x > -1.0,
+                     lambda: a.mod.get_replica_context().all_reduce("SUM", x * 2.0),
+                     lambda: x)
+    return tf.function(lambda: a.mirrored.run(replica_fn, args=(a.replica_ids(),)))()
+  error = both(snippet)
+  assert isinstance(error, RuntimeError)
+  assert "`merge_call` called while defining a new graph" in str(error)
+
+
 def test_merge_call_hands_out_a_mirrored_result(run_mode):
   def snippet(a):
     def merge_fn(strategy, value):

@@ -122,3 +122,32 @@ def test_loss_scale_optimizer_in_a_function_matches_tf():
     assert actual[1:] == expected[1:]
   assert actual[1:] == (4.0, 3)
   assert not np.allclose(actual[0], INITIAL)
+
+
+def _train_accumulating(strategy, use_function):
+  """SGD accumulating 2 steps' gradients, in 4 steps."""
+  with strategy.scope():
+    variable = keras.Variable(INITIAL)
+    optimizer = keras.optimizers.SGD(learning_rate=0.5,
+                                     gradient_accumulation_steps=2)
+    optimizer.build([variable])
+
+  def step(g):
+    strategy.run(lambda g: optimizer.apply_gradients([(g, variable)]), args=(g,))
+  step = tf.function(step) if use_function else step
+  for scale in [1.0, 2.0, 3.0, 4.0]:
+    step(tf.constant([[1.0, -2.0], [0.5, 3.0]]) * scale)
+  return variable.numpy()
+
+
+def test_gradient_accumulation_matches_tf():
+  """Eagerly the same numbers; in a function the same RuntimeError, as each
+  replica all-reduces inside a `tf.cond` branch of its own."""
+  expected = _train_accumulating(oracle.new_tf_mirrored(["CPU:0", "CPU:1"]), False)
+  actual = _train_accumulating(tfd.MirroredStrategy(["CPU:0", "CPU:1"]), False)
+  np.testing.assert_allclose(actual, expected, rtol=1e-5)
+  assert not np.allclose(actual, INITIAL)
+  for strategy in [oracle.new_tf_mirrored(["CPU:0", "CPU:1"]),
+                   tfd.MirroredStrategy(["CPU:0", "CPU:1"])]:
+    with pytest.raises(RuntimeError, match="`merge_call` called while defining"):
+      _train_accumulating(strategy, True)

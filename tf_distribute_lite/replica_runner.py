@@ -240,6 +240,7 @@ class ReplicaRunner:
             f"replica {thread.replica_id} returned without calling it: every "
             f"replica must call merge_call the same number of times.")
       requests.append(thread.merge_request)
+    self._check_readable(requests)
     merged_args = values_lib.regroup([r[0] for r in requests])
     merged_kwargs = values_lib.regroup([r[1] for r in requests])
     try:
@@ -252,6 +253,33 @@ class ReplicaRunner:
     for thread in self._threads:
       thread.merge_result = values_lib.select_replica(thread.replica_id, result)
     return values_lib.select_replica(0, result)
+
+  def _check_readable(self, requests):
+    """Raises TensorFlow's RuntimeError where a replica hands `merge_call`
+    a tensor of its own control-flow branch or nested function, which the
+    merge, in replica 0's graph, cannot read."""
+    if self._state.eager:
+      return
+    readable = []
+    outer = tf.compat.v1.get_default_graph()
+    while outer is not None:
+      readable.append(outer)
+      outer = getattr(outer, "outer_graph", None)
+    for replica_id, request in enumerate(requests):
+      for tensor in tf.nest.flatten(request, expand_composites=True):
+        if not isinstance(tensor, tf.Tensor):
+          continue
+        graph = getattr(tensor, "graph", None)  # None for eager tensors
+        if graph is not None and not any(graph is g for g in readable):
+          self._abort()
+          raise RuntimeError(
+              f"`merge_call` called while defining a new graph or a "
+              f"tf.function: replica {replica_id} passes it {tensor.name} of "
+              f"graph {graph.name}, a control-flow branch or nested "
+              f"function of its own, which other replicas cannot read. Move "
+              f"the synchronization (all_reduce, optimizer.apply_gradients) "
+              f"out of the branch or nested tf.function, or the control flow "
+              f"out of the function passed to strategy.run.")
 
   def _advance(self, thread):
     thread.advance()
