@@ -191,3 +191,16 @@ def test_a_variable_over_an_existing_handle_reads_updates_and_differentiates():
       assert session.run(grad).tolist() == [3.0, 3.0]
       session.run(update)
       assert session.run(original.read_value()).tolist() == [0.5, 1.5]
+
+
+def test_hlo_text_lowers_with_the_captured_values_given():
+  device = "/job:localhost/replica:0/task:0/device:CPU:0"
+  v = tf.Variable([1.0, 2.0])
+  traced = tf.function(lambda x: x * v, jit_compile=True).get_concrete_function(
+      tf.TensorSpec([None, 2]))
+  hlo = _tf_bridge.hlo_text(traced, [tf.TensorSpec([3, 2])], traced.captured_inputs, device)
+  assert "f32[3,2]" in hlo and "multiply" in hlo
+  uncompilable = tf.function(tf.strings.as_string, jit_compile=True).get_concrete_function(
+      tf.TensorSpec([]))
+  with pytest.raises(ValueError, match="AsString"):
+    _tf_bridge.hlo_text(uncompilable, [tf.TensorSpec([])], [], device)

@@ -270,3 +270,120 @@ def test_a_shape_xla_cannot_know_at_compile_time_fails(strategy):
     return tf.reshape(x, [tf.cast(tf.reduce_sum(x), tf.int32)])
   with pytest.raises(tf.errors.InvalidArgumentError, match="compile-time constant"):
     strategy.run(step, args=(tf.constant([1.0]),))
+
+
+def test_a_captured_tensor_is_an_input_of_the_step_not_a_constant(strategy):
+  @tf.function
+  def step(x, size):
+    doubled = x * 2.0
+    length = size + 0
+    values = strategy.run(lambda: doubled + 1.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="compile-time constant"):
+      strategy.run(lambda: tf.reshape(x, [length]))
+    return values
+  results = strategy.experimental_local_results(step(tf.constant(1.0), tf.constant(1)))
+  assert [float(r) for r in results] == [3.0] * 4
+
+
+def test_a_jit_compiled_step_runs_as_on_a_tpu(strategy):
+  with strategy.scope():
+    v = tf.Variable([1.0, 2.0])
+
+  @tf.function(jit_compile=True)
+  def step(x):
+    v.assign_add(x)
+    return v * 2.0
+  result = strategy.run(step, args=(tf.constant([1.0, 1.0]),))
+  assert [r.numpy().tolist() for r in strategy.experimental_local_results(result)] == [
+      [4.0, 6.0]] * 4
+  with pytest.raises(tf.errors.InvalidArgumentError, match="AsString"):
+    strategy.run(tf.function(lambda: tf.strings.as_string(v), jit_compile=True))
+
+
+# --- Steps that make variables: run whole, never stopped partway, checked.
+
+@pytest.mark.parametrize("make_optimizer", [
+    lambda: keras.optimizers.Adam(0.1), lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    lambda: keras.optimizers.RMSprop(0.1), lambda: keras.optimizers.AdamW(0.1)],
+                         ids=["Adam", "SGD_momentum", "RMSprop", "AdamW"])
+def test_optimizers_that_make_slots_on_their_first_step(strategy, make_optimizer):
+  with strategy.scope():
+    w = tf.Variable([1.0, 2.0])
+    optimizer = make_optimizer()
+
+  @tf.function
+  def train():
+    def step():
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * w)
+      optimizer.apply_gradients([(tape.gradient(loss, w), w)])
+    strategy.run(step)
+  plain_w = tf.Variable([1.0, 2.0])
+  plain_optimizer = make_optimizer()
+  for _ in range(3):
+    train()
+    # Without a strategy: the 4 replicas' gradients summed.
+    plain_optimizer.apply_gradients([(4 * 2 * plain_w, plain_w)])
+  for component in w.values:
+    np.testing.assert_allclose(component.numpy(), plain_w.numpy(), rtol=1e-6)
+
+
+def test_variables_made_in_the_step_or_its_function(strategy):
+  made_in_function = []
+
+  @tf.function
+  def in_function():
+    if not made_in_function:
+      with strategy.scope():
+        made_in_function.append(tf.Variable(3.0))
+    return strategy.run(lambda: made_in_function[0] * 2.0)
+  made_in_step = []
+
+  def in_step():
+    if not made_in_step:
+      made_in_step.append(tf.Variable(4.0))
+    return made_in_step[0] * 2.0
+  with strategy.scope():
+    layer = keras.layers.Dense(2, kernel_initializer="ones")
+  built_lazily = tf.function(lambda x: strategy.run(layer, args=(x,)))
+  local = strategy.experimental_local_results
+  assert [float(r) for r in local(in_function())] == [6.0] * 4
+  assert [float(r) for r in local(strategy.run(in_step))] == [8.0] * 4
+  assert [r.numpy().tolist() for r in local(built_lazily(tf.ones([1, 3])))] == [[[3.0, 3.0]]] * 4
+  assert len(made_in_step[0].values) == 4 and len(layer.weights) == 2
+
+
+def test_a_step_that_makes_variables_is_still_compiled(strategy):
+  made = []
+
+  def step():
+    if not made:
+      made.append(tf.Variable(3.0))
+    return tf.strings.as_string(made[0])
+  with pytest.raises(tf.errors.InvalidArgumentError, match="XLA cannot compile.*AsString"):
+    strategy.run(step)
+
+
+# --- Errors of the step's own code keep their class, as on a TPU.
+
+@pytest.mark.parametrize("step", [
+    lambda: int("x"), lambda: tf.ones([2]) + tf.ones([3]),
+    lambda: tf.reshape(tf.ones([4]), [3]), lambda: {}["missing"]],
+                         ids=["python", "shapes", "reshape", "key"])
+def test_errors_of_the_step_keep_their_class(strategy, step):
+  with pytest.raises(Exception) as expected:
+    tf.distribute.OneDeviceStrategy("CPU:0").run(tf.function(step))
+  with pytest.raises(type(expected.value)) as raised:
+    strategy.run(step)
+  assert "XLA" not in str(raised.value)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda s, x: s.experimental_split_to_logical_devices(x, [2, 2]),
+     r"number of logical devices \(=2\)"),
+    (lambda s, x: s.experimental_split_to_logical_devices(x, [2]), "rank of `tensor.shape`"),
+    (lambda s, x: s.experimental_assign_to_logical_device(x, 2), "logical device id 2")])
+def test_annotation_errors_inside_run(two_core_strategy, call, message):
+  with pytest.raises(ValueError, match=message):
+    two_core_strategy.run(lambda x: call(two_core_strategy, x), args=(tf.ones([4, 4]),))
+

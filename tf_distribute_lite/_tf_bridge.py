@@ -22,7 +22,8 @@ MultiWorkerMirroredStrategy does: there is no public call for it.
 `TPUClusterResolver.tpu_hardware_feature` reads TensorFlow's TPU topology
 proto (`parse_topology_proto`), and `TPUStrategy`'s logical-device
 annotations are XLA sharding ops (`xla_sharding_annotation`): no public
-module exports either. Inside a TPU computation a mirrored variable is a
+module exports either. An emulated TPU lowers each step to XLA's HLO with
+the values it captured given explicitly (`hlo_text`). Inside a TPU computation a mirrored variable is a
 variable over a replicated handle (`variable_of_handle`).
 
 Two contacts answer Keras rather than TensorFlow: Keras 3 recognises a
@@ -299,6 +300,26 @@ def xla_sharding_annotation(tensor, kind, detail):
     tiles = np.arange(int(np.prod(detail))).reshape(detail)
     return xla_sharding.tile(tensor, tiles, use_sharding_op=True)
   return xla_sharding.replicate(tensor, use_sharding_op=True)
+
+
+def hlo_text(concrete_function, arg_specs, captured_inputs, device):
+  """The HLO XLA compiles `concrete_function` (traced with `jit_compile=True`)
+  to on `device`, for arguments of `arg_specs` (static shapes) and with
+  `captured_inputs` in place of what it captured (eager values, in the order
+  of `concrete_function.captured_inputs`). Raises `ValueError` with XLA's
+  message where XLA cannot compile it.
+
+  `tf.function.experimental_get_compiler_ir` lowers with the captured values
+  themselves, which inside another function's trace are symbolic.
+  """
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  if not hasattr(context.Context, "get_compiler_ir"):
+    raise ImportError(f"TensorFlow {tf.__version__} has no compiler IR export "
+                      "(tensorflow.python.eager.context.Context.get_compiler_ir).")
+  return context.context().get_compiler_ir(
+      device_name=device, platform_name=None, function_name=concrete_function.name,
+      flat_args=list(arg_specs), captured_inputs=list(captured_inputs),
+      stage="hlo").decode("utf-8")
 
 
 def variable_of_handle(handle, like):

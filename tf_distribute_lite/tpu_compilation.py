@@ -1,28 +1,38 @@
 """What an emulated TPU checks of a step: that XLA compiles it, as a TPU
 compiles every step with XLA.
 
-The check traces the function given to `strategy.run` once more, for replica
-0 alone, in a `tf.function(jit_compile=True)`, and lowers it to XLA's HLO
-without running it (unknown dimensions of the inputs as 1, as a TPU pads
-dynamic batches to a static shape). Inside that trace the cross-replica
-operations are stand-ins of the same shapes (a CPU cannot run TPU
-collectives), and variables are replica 0's components. So an op XLA has no
-kernel for, or a shape XLA needs to know at compile time and cannot, fails
-on the emulation as it would on a TPU: `tf.errors.InvalidArgumentError` with
-XLA's message. TF 1.x graphs (run by a Session) are not checked: XLA
-compiles functions, which such graphs cannot capture their variables into.
+Once the replicas' step is traced, the function given to `strategy.run` is
+traced once more, for replica 0 alone, in a `tf.function(jit_compile=True)`
+with the input shapes the replicas saw, and lowered to XLA's HLO without
+running it (unknown dimensions as 1, as a TPU pads a dynamic batch to a
+static shape). In that trace the cross-replica operations are stand-ins of
+the same shapes (a CPU cannot run TPU collectives), variables are replica
+0's components, and a variable the step creates is the one its replicas
+created: the check creates nothing and never stops the step's code partway.
+An op XLA has no kernel for, or a shape XLA needs at compile time and cannot
+know, fails as on a TPU: `tf.errors.InvalidArgumentError` with XLA's
+message. An error of the step's own code is raised by the replicas' trace,
+before the check, with its own class.
+
+The emulation checks what XLA compiles but computes with TensorFlow's
+kernels on the CPU devices: XLA on a CPU has no collectives, so no replica's
+step can run as one XLA program. Where XLA's semantics are laxer (it clamps
+an out-of-range gather index, which TensorFlow rejects), the emulation is
+the stricter of the two.
+
+Not checked: TF 1.x graphs (run by a Session; XLA compiles functions, which
+such graphs cannot capture their variables into), steps with an input that
+is not a dense tensor of known rank, and steps that capture a resource made
+inside the step's function (a table, an iterator).
 """
 
 import contextlib
 
 import tensorflow as tf
 
+from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import tpu_replication
 from tf_distribute_lite import values as values_lib
-
-
-class _CreatesVariables(Exception):
-  """The step creates variables: nothing to check until they exist."""
 
 
 class XlaCheckReplicaContext(tpu_replication.TPUReplicaContext):
@@ -37,9 +47,10 @@ class XlaCheckReplicaContext(tpu_replication.TPUReplicaContext):
     return tf.nest.map_structure(tf.identity, value)
 
 
-def check_compiles(strategy, fn, args, kwargs):
+def check_compiles(strategy, fn, args, kwargs, created_variables=()):
   """Raises `tf.errors.InvalidArgumentError` if XLA cannot compile
-  `fn(*args, **kwargs)` as replica 0 runs it.
+  `fn(*args, **kwargs)` as replica 0 runs it. `created_variables` are the
+  variables the replicas' trace of `fn` created, in order.
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> strategy = tf_distribute_lite.TPUStrategy(resolver)
@@ -52,45 +63,87 @@ def check_compiles(strategy, fn, args, kwargs):
   """
   if not tf.compat.v1.get_default_graph().building_function and not tf.executing_eagerly():
     return  # a TF 1.x graph
-  extended = strategy.extended
   inputs = values_lib.select_replica(0, (tuple(args), dict(kwargs)))
   leaves = tf.nest.flatten(inputs)
   positions = [i for i, leaf in enumerate(leaves) if tf.is_tensor(leaf)]
-  specs = [_static(tf.type_spec_from_value(leaves[i])) for i in positions]
-  if None in specs:
-    return  # an input of unknown rank or structure: XLA would need its shape
+  specs = [tf.type_spec_from_value(leaves[i]) for i in positions]
+  static_specs = [_static(spec) for spec in specs]
+  if None in static_specs:
+    return
+  reused = iter(created_variables)
 
-  def replica_step(*tensors):
+  def reuse_variable(next_creator, **kwargs):
+    variable = next(reused, None)
+    return next_creator(**kwargs) if variable is None else variable
+
+  def replica_step(unused, *tensors):
+    del unused
     flat = list(leaves)
     for position, tensor in zip(positions, tensors):
       flat[position] = tensor
     replica_args, replica_kwargs = tf.nest.pack_sequence_as(inputs, flat)
-    with tf.variable_creator_scope(_refuse_variables), XlaCheckReplicaContext(strategy):
+    with tf.variable_creator_scope(reuse_variable), XlaCheckReplicaContext(strategy):
       result = fn(*replica_args, **replica_kwargs)
     return [t for t in tf.nest.flatten(result, expand_composites=True) if tf.is_tensor(t)]
 
-  with _mode(extended, "xla_check"):
-    try:
-      tf.function(replica_step, jit_compile=True).experimental_get_compiler_ir(*specs)(
-          stage="hlo")
-    except _CreatesVariables:
-      return
-    except (ValueError, tf.errors.OpError) as e:
-      message = str(e).split("Failed getting HLO text: ", 1)[-1]
-      raise tf.errors.InvalidArgumentError(
-          None, None,
-          f"XLA cannot compile the step, as a TPU must: {message}") from None
+  with _mode(strategy.extended, "xla_check"):
+    traced = tf.function(replica_step, jit_compile=True).get_concrete_function(
+        _UNUSED, *specs)
+  captured = _lowerable(traced)
+  if captured is None:
+    return
+  try:
+    _tf_bridge.hlo_text(traced, [_UNUSED] + static_specs, captured,
+                        strategy.extended.worker_devices[0])
+  except (ValueError, tf.errors.OpError) as e:
+    message = str(e).split("Failed getting HLO text: ", 1)[-1]
+    raise tf.errors.InvalidArgumentError(
+        None, None,
+        f"XLA cannot compile the step, as a TPU must: {message}") from None
+
+
+# Given argument specs, XLA compiles a step's captured values as inputs, as a
+# TPU does; given none, as constants. So every checked step takes one.
+_UNUSED = tf.TensorSpec([], tf.int32)
 
 
 def _static(spec):
   """`spec` with its unknown dimensions as 1: a TPU pads a dynamic batch to
   a static shape, so any size shows whether the step compiles. None where
-  the rank is unknown or the spec is not a dense tensor's."""
-  if isinstance(spec, tf.TensorSpec) and spec.shape.rank is not None:
-    return tf.TensorSpec([1 if d is None else d for d in spec.shape.as_list()], spec.dtype)
-  if isinstance(spec, tf.TensorSpec):
+  the spec is not a dense tensor's of known rank."""
+  if not isinstance(spec, tf.TensorSpec) or spec.shape.rank is None:
     return None
-  return spec if spec.shape.is_fully_defined() else None
+  return tf.TensorSpec([1 if d is None else d for d in spec.shape.as_list()], spec.dtype)
+
+
+def _lowerable(traced):
+  """The values to compile `traced` with, for what it captured (XLA needs
+  their shapes, not their values); None where a capture has no stand-in."""
+  variables = {id(v.handle): v for v in traced.variables}
+  with tf.init_scope():
+    values = [_lowerable_value(value, variables.get(id(value)))
+              for value in traced.captured_inputs]
+  return None if any(value is None for value in values) else values
+
+
+def _lowerable_value(value, variable):
+  """An eager `value` itself, unless it is a variable not yet initialized
+  (`variable`): a variable of zeros of its shape. A tensor of the enclosing
+  trace: zeros of its shape (a TPU computation takes such a tensor as an
+  input, not a constant). None for a resource of the enclosing trace, or a
+  shape of unknown rank."""
+  if tf.is_symbolic_tensor(value):
+    spec = _static(tf.TensorSpec(value.shape, value.dtype))
+    if spec is None or value.dtype in (tf.resource, tf.variant):
+      return None
+    return tf.zeros(spec.shape, spec.dtype)
+  if value.dtype != tf.resource or tf.raw_ops.VarIsInitializedOp(resource=value):
+    return value
+  spec = None if variable is None else _static(tf.TensorSpec(variable.shape, variable.dtype))
+  if spec is None:
+    return None
+  return _tf_bridge.plain_variable(tf.zeros(spec.shape, spec.dtype), variable.device,
+                                   "uninitialized_stand_in").handle
 
 
 @contextlib.contextmanager
@@ -100,8 +153,3 @@ def _mode(extended, mode):
     yield
   finally:
     extended._tpu_mode = None  # pylint: disable=protected-access
-
-
-def _refuse_variables(next_creator, **kwargs):
-  del next_creator, kwargs
-  raise _CreatesVariables()

@@ -8,8 +8,9 @@ device as a `MirroredStrategy` replica does; variables are mirrored on
 those devices. The logical-device annotations are checked as on a TPU; an
 emulated slice computes annotated tensors unsplit (a CPU cannot partition
 them), with the same values. On an emulated slice the step always runs as a
-`tf.function` (an eager `run` is wrapped, as on a TPU), and XLA must compile
-it, as on a TPU (`tpu_compilation`); it then runs on the CPU devices.
+`tf.function` (an eager `run` is wrapped, as on a TPU), on the CPU devices
+with TensorFlow's kernels, and XLA must compile it, as on a TPU
+(`tpu_compilation`).
 """
 
 import weakref
@@ -241,8 +242,22 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     if not self._emulated:
       return tpu_replication.replicate(self._container_strategy(), fn, args, kwargs,
                                        self._device_assignment)
-    tpu_compilation.check_compiles(self._container_strategy(), fn, args, kwargs)
-    return super()._call_for_each_replica(fn, args, kwargs)
+    if isinstance(fn, tf.types.experimental.PolymorphicFunction):
+      if not fn.function_spec.jit_compile:
+        # Run as one function, which calls this with its Python function.
+        return super()._call_for_each_replica(fn, args, kwargs)
+      # One XLA program cannot span the CPU devices standing for the cores:
+      # the step runs as its Python function, which the check compiles.
+      fn = fn.python_function
+    created = []
+
+    def record_variable(next_creator, **kwargs):
+      created.append(next_creator(**kwargs))
+      return created[-1]
+    with tf.variable_creator_scope(record_variable):
+      result = super()._call_for_each_replica(fn, args, kwargs)
+    tpu_compilation.check_compiles(self._container_strategy(), fn, args, kwargs, created)
+    return result
 
   def _step_function(self, fn):
     """`fn`'s replicated step as a `tf.function`, made once per `fn`."""
