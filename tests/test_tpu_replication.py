@@ -4,12 +4,14 @@ metadata, replicated inputs and outputs, and XLA sharding attributes."""
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.compiler.xla import xla_data_pb2
 
 import tf_distribute_lite as tfd
 from tf_distribute_lite import tpu_emulation
+from tf_distribute_lite import tpu_replication
 
 TOPOLOGY = tpu_emulation.PRESETS["v3-8"].topology()
 
@@ -143,3 +145,62 @@ def test_variables_are_each_replicas_own_component():
   assert {"ReadVariableOp", "AssignSubVariableOp"} <= users
   assert [op.type for op in graph.get_operations() if op.type == "CrossReplicaSum"] == [
       "CrossReplicaSum"]
+
+
+def _traced_run(fn, shape, dtype=tf.float32, options=None, **strategy_kwargs):
+  """The graph of `strategy.run(fn)` on a v3-8, each replica's input a
+  placeholder of `shape`; and the replicas' results."""
+  with tf.Graph().as_default() as graph:
+    strategy = tfd.TPUStrategy(_tpu_resolver(), **strategy_kwargs)
+    x = strategy.extended._distribute_values_from_function(  # pylint: disable=protected-access
+        lambda ctx: tf.compat.v1.placeholder(dtype, shape))
+    result = strategy.run(fn, args=(x,), options=options)
+  return graph, strategy.experimental_local_results(result)
+
+
+@pytest.mark.parametrize("dtype, collective", [(tf.float32, "CrossReplicaSum"),
+                                               (tf.int64, "AllToAll")])
+def test_all_gather_is_a_tpu_collective(dtype, collective):
+  graph, results = _traced_run(
+      lambda x: tfd.get_replica_context().all_gather({"a": x, "b": [x]}, axis=1),
+      [2, 3], dtype)
+  assert [r["a"].shape.as_list() for r in results] == [[2, 24]] * 8
+  assert results[0]["b"][0].shape.as_list() == [2, 24]
+  assert len(_ops(graph, collective)) == 2
+  # Replica i's value lands at its own offset: one-hot of its id, or tiled.
+  assert _ops(graph, "OneHot" if collective == "CrossReplicaSum" else "Tile")
+
+
+def test_all_gather_refuses_what_it_cannot_gather():
+  with pytest.raises(NotImplementedError, match="IndexedSlices"):
+    _traced_run(lambda x: tfd.get_replica_context().all_gather(
+        tf.IndexedSlices(x, tf.constant([0, 1])), axis=0), [2, 3])
+  with pytest.raises(ValueError, match=r"axis=2 for shape \(2, 3\)"):
+    _traced_run(lambda x: tfd.get_replica_context().all_gather(x, axis=2), [2, 3])
+
+
+def test_all_gather_places_each_replica_at_its_offset(monkeypatch):
+  """The sum path's arithmetic, with `CrossReplicaSum` done by hand: each
+  replica's contribution is recorded, then every replica gets their sum."""
+  strategy = tfd.TPUStrategy(tfd.cluster_resolver.TPUClusterResolver("emulated:v4-8"))
+  values = [tf.reshape(tf.range(6.0), [2, 3]) + 10.0 * i for i in range(4)]
+
+  class Replica(tpu_replication.TPUReplicaContext):
+
+    def __init__(self, replica_id):
+      super().__init__(strategy)
+      self.replica_id = replica_id
+
+    @property
+    def replica_id_in_sync_group(self):
+      return tf.constant(self.replica_id)
+
+  contributions = []
+  monkeypatch.setattr(tpu_replication, "cross_replica",
+                      lambda op, value, count: contributions.append(value) or value)
+  for i in range(4):
+    Replica(i).all_gather(values[i], axis=1)
+  total = tf.add_n(contributions)
+  monkeypatch.setattr(tpu_replication, "cross_replica", lambda op, value, count: total)
+  gathered = Replica(2).all_gather(values[2], axis=1)
+  np.testing.assert_array_equal(gathered.numpy(), tf.concat(values, axis=1).numpy())

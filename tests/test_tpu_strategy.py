@@ -387,3 +387,21 @@ def test_annotation_errors_inside_run(two_core_strategy, call, message):
   with pytest.raises(ValueError, match=message):
     two_core_strategy.run(lambda x: call(two_core_strategy, x), args=(tf.ones([4, 4]),))
 
+
+# --- Collectives.
+
+def test_all_gather_gives_every_replica_the_whole(strategy):
+  @tf.function
+  def step():
+    def replica():
+      context = tfd.get_replica_context()
+      replica_id = tf.cast(context.replica_id_in_sync_group, tf.float32)
+      gathered = context.all_gather({"rows": tf.fill([1, 2], replica_id),
+                                     "ids": tf.cast([replica_id], tf.int64)}, axis=0)
+      return tf.reshape(gathered["rows"], [8]), gathered["ids"]
+    return strategy.run(replica)
+  rows, ids = step()
+  for r, i in zip(strategy.experimental_local_results(rows),
+                  strategy.experimental_local_results(ids)):
+    assert r.numpy().tolist() == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
+    assert i.numpy().tolist() == [0, 1, 2, 3]

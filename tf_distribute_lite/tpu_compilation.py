@@ -36,7 +36,8 @@ from tf_distribute_lite import values as values_lib
 
 
 class XlaCheckReplicaContext(tpu_replication.TPUReplicaContext):
-  """Replica 0 of the compile check: collectives keep their input's shape."""
+  """Replica 0 of the compile check: collectives give results of the right
+  shapes (the input itself, or replica 0's value for every replica)."""
 
   @property
   def replica_id_in_sync_group(self):
@@ -45,6 +46,11 @@ class XlaCheckReplicaContext(tpu_replication.TPUReplicaContext):
   def all_reduce(self, reduce_op, value, options=None):
     del reduce_op, options
     return tf.nest.map_structure(tf.identity, value)
+
+  def all_gather(self, value, axis, options=None):
+    del options
+    count = self.num_replicas_in_sync
+    return tf.nest.map_structure(lambda v: tf.concat([v] * count, axis), value)
 
 
 def check_compiles(strategy, fn, args, kwargs, created_variables=()):

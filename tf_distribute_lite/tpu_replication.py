@@ -40,6 +40,47 @@ class TPUReplicaContext(distribute_lib.ReplicaContext):
                                 self.num_replicas_in_sync), value)
 
 
+  def all_gather(self, value, axis, options=None):
+    """Each tensor of `value` concatenated along `axis` over the replicas:
+    the `CrossReplicaSum` of the tensor placed at this replica's slot of
+    zeros, or for types that sum cannot carry, an `AllToAll`."""
+    del options
+    if any(isinstance(v, tf.IndexedSlices) for v in tf.nest.flatten(value)):
+      raise NotImplementedError("all_gather does not support IndexedSlices")
+    count = self.num_replicas_in_sync
+    if count == 1:
+      return value
+
+    def gather(tensor):
+      tensor = tf.convert_to_tensor(tensor)
+      rank = tensor.shape.rank
+      if not rank or not -rank <= axis < rank:
+        raise ValueError(f"all_gather needs a tensor of known rank of at least 1 "
+                         f"and `axis` within it; got axis={axis} for shape "
+                         f"{tensor.shape}.")
+      at = axis % rank
+      # [..., replicas, d_axis, ...], replica i's tensor at index i.
+      slots = [1] * (rank + 1)
+      slots[at] = count
+      expanded = tf.expand_dims(tensor, at)
+      if tensor.dtype in _CROSS_REPLICA_SUM_DTYPES:
+        mask = tf.reshape(tf.one_hot(self.replica_id_in_sync_group, count,
+                                     dtype=tensor.dtype), slots)
+        stacked = cross_replica(ReduceOp.SUM, expanded * mask, count)
+      else:
+        stacked = tf.raw_ops.AllToAll(
+            input=tf.tile(expanded, slots), group_assignment=[list(range(count))],
+            concat_dimension=at, split_dimension=at, split_count=count)
+      shape = tf.shape(tensor)
+      return tf.reshape(stacked, tf.concat([shape[:at], [-1], shape[at + 1:]], 0))
+    return tf.nest.map_structure(gather, value)
+
+
+# The types `CrossReplicaSum` adds.
+_CROSS_REPLICA_SUM_DTYPES = (tf.bfloat16, tf.float16, tf.float32, tf.float64,
+                             tf.int32, tf.uint32)
+
+
 def replicated_variable(variable):
   """Distributed `variable` inside a TPU computation: a variable whose one
   resource handle is each replica's own component (`TPUReplicatedInput` of
