@@ -179,6 +179,43 @@ def test_all_gather_refuses_what_it_cannot_gather():
     _traced_run(lambda x: tfd.get_replica_context().all_gather(x, axis=2), [2, 3])
 
 
+@pytest.mark.parametrize("strategy_kwargs, options, spmd", [
+    ({}, None, False),
+    ({"experimental_spmd_xla_partitioning": True}, None, True),
+    ({}, tfd.RunOptions(experimental_xla_options=tf.tpu.XLAOptions(
+        use_spmd_for_xla_partitioning=True)), True),
+    ({"experimental_spmd_xla_partitioning": True},
+     tf.distribute.RunOptions(experimental_xla_options=tf.tpu.XLAOptions(
+         use_spmd_for_xla_partitioning=False)), False)])
+def test_spmd_partitioning_reaches_the_metadata(strategy_kwargs, options, spmd):
+  graph, _ = _traced_run(lambda x: x * 2.0, [2, 3], options=options, **strategy_kwargs)
+  assert _metadata(graph)["use_spmd_for_xla_partitioning"].b is spmd
+
+
+@pytest.mark.parametrize("options, padded, bucketized", [
+    (None, True, False),
+    (tfd.RunOptions(experimental_enable_dynamic_batch_size=False), False, False),
+    (tfd.RunOptions(experimental_bucketizing_dynamic_shape=True), True, True)])
+def test_run_options_pad_dynamic_batches(options, padded, bucketized):
+  graph, results = _traced_run(lambda x: x * 2.0, [None, 3], options=options)
+  assert results[0].shape.as_list() == [None, 3]
+  assert bool(_ops(graph, "XlaSetDynamicDimensionSize")) is padded
+  assert bool(_ops(graph, "Log")) is bucketized  # rounding up to a power of two
+
+
+def test_inputs_of_unknown_rank_are_refused_with_dynamic_batches():
+  with pytest.raises(ValueError, match="to TPUStrategy.run.. has unknown rank"):
+    _traced_run(lambda x: x * 2.0, None)
+  graph, _ = _traced_run(lambda x: x * 2.0, None,
+                         options=tfd.RunOptions(experimental_enable_dynamic_batch_size=False))
+  assert _metadata(graph)["num_replicas"].i == 8
+
+
+def test_run_options_must_be_run_options():
+  with pytest.raises(TypeError, match="`options` must be a tf_distribute_lite.RunOptions"):
+    _traced_run(lambda x: x, [2], options={"experimental_xla_options": None})
+
+
 def test_all_gather_places_each_replica_at_its_offset(monkeypatch):
   """The sum path's arithmetic, with `CrossReplicaSum` done by hand: each
   replica's contribution is recorded, then every replica gets their sum."""

@@ -99,9 +99,16 @@ def cross_replica(reduce_op, value, num_replicas):
   return total
 
 
-def replicate(strategy, fn, args, kwargs, device_assignment):
+def replicate(strategy, fn, args, kwargs, device_assignment, options):
   """`fn(*args, **kwargs)` as one `tpu.replicate` computation; returns the
-  replicas' results grouped into distributed values."""
+  replicas' results grouped into distributed values.
+
+  `options` (`RunOptions`): with `experimental_enable_dynamic_batch_size`
+  every dimension of the inputs may vary (XLA pads them), with
+  `experimental_bucketizing_dynamic_shape` to the next power of two;
+  `experimental_xla_options` default to partitioning with SPMD exactly when
+  the strategy was made with `experimental_spmd_xla_partitioning`.
+  """
   extended = strategy.extended
   count = strategy.num_replicas_in_sync
   per_replica = [values_lib.select_replica(i, (args, kwargs)) for i in range(count)]
@@ -125,11 +132,28 @@ def replicate(strategy, fn, args, kwargs, device_assignment):
     results.append(result)
     return [t for t in tf.nest.flatten(result, expand_composites=True) if tf.is_tensor(t)]
 
-  outputs = tf.compat.v1.tpu.replicate(computation, inputs=inputs,
-                                       device_assignment=device_assignment)
+  outputs = tf.compat.v1.tpu.replicate(
+      computation, inputs=inputs, device_assignment=device_assignment,
+      maximum_shapes=_maximum_shapes(inputs[0], options),
+      padding_spec=(tf.compat.v1.tpu.PaddingSpec.POWER_OF_TWO
+                    if options.experimental_bucketizing_dynamic_shape else None),
+      xla_options=options.experimental_xla_options or tf.tpu.XLAOptions(
+          use_spmd_for_xla_partitioning=extended._use_spmd_for_xla_partitioning))  # pylint: disable=protected-access
   structure = results[0]
   if not [t for t in tf.nest.flatten(structure, expand_composites=True) if tf.is_tensor(t)]:
     return structure
   return values_lib.regroup(
       [tf.nest.pack_sequence_as(structure, replica_outputs, expand_composites=True)
        for replica_outputs in outputs])
+
+
+def _maximum_shapes(replica_inputs, options):
+  """Each input's shape with every dimension unknown, so that XLA pads
+  inputs whose shapes vary between steps; None without dynamic batches."""
+  if not options.experimental_enable_dynamic_batch_size or not replica_inputs:
+    return None
+  for tensor in replica_inputs:
+    if tensor.shape.rank is None:
+      raise ValueError(f"input tensor {tensor} to TPUStrategy.run() has unknown "
+                       f"rank, which is not allowed")
+  return [tf.TensorShape([None] * t.shape.rank) for t in replica_inputs]

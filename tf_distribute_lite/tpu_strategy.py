@@ -29,8 +29,28 @@ from tf_distribute_lite import tpu_replication
 from tf_distribute_lite.cluster_resolver import TPUClusterResolver
 
 
-class _LogicalDevices:
-  """The logical-device annotations of the TPU strategies."""
+class _TPUStrategyMethods:
+  """What the TPU strategies add: run options and logical devices."""
+
+  def run(self, fn, args=(), kwargs=None, options=None):
+    """Runs `fn` on each replica, as one step compiled by XLA (see
+    `tf_distribute_lite.Strategy.run`). `options`, a `RunOptions`, say how
+    `tpu.replicate` pads dynamic shapes and partitions the step.
+
+    >>> strategy = TPUStrategy(TPUClusterResolver("emulated:v4-8"))
+    >>> options = tf_distribute_lite.RunOptions(experimental_enable_dynamic_batch_size=False)
+    >>> strategy.run(lambda: tf.constant(1.0), options=options).values[3]
+    <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
+    """
+    options = options or distribute_lib.RunOptions()
+    if not all(hasattr(options, field) for field in distribute_lib.RunOptions._fields):
+      raise TypeError(f"`options` must be a tf_distribute_lite.RunOptions; got {options!r}.")
+    extended = self.extended
+    extended._run_options = options  # pylint: disable=protected-access
+    try:
+      return super().run(fn, args, kwargs)
+    finally:
+      extended._run_options = distribute_lib.RunOptions()  # pylint: disable=protected-access
 
   def experimental_assign_to_logical_device(self, tensor, logical_device_id):
     """Places the ops on `tensor` on logical device `logical_device_id` of
@@ -99,7 +119,7 @@ class _LogicalDevices:
     return self.extended._annotated(tensor, "replicated", None)  # pylint: disable=protected-access
 
 
-class TPUStrategy(_LogicalDevices, distribute_lib.Strategy):
+class TPUStrategy(_TPUStrategyMethods, distribute_lib.Strategy):
   """Synchronous training on TPU cores.
 
   Args:
@@ -165,7 +185,7 @@ class ExperimentalTPUStrategy(TPUStrategy, metaclass=_AnyTPUStrategy):
 ExperimentalTPUStrategy.__name__ = "TPUStrategy"
 
 
-class TPUStrategyV1(_LogicalDevices, strategy_v1.StrategyV1):
+class TPUStrategyV1(_TPUStrategyMethods, strategy_v1.StrategyV1):
   """`TPUStrategy` with the TF 1.x API
   (`tf.compat.v1.distribute.experimental.TPUStrategy`).
 
@@ -210,6 +230,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     self.steps_per_run = 1 if steps_per_run is None else steps_per_run
     self._step_functions = weakref.WeakKeyDictionary()
     self._tpu_mode = None  # "replicate" or "xla_check" while tracing those
+    self._run_options = distribute_lib.RunOptions()  # those of the current `run`
     self._replicated_variables = {}
     super().__init__(container_strategy, [cores[0] for cores in self._tpu_devices], None)
 
@@ -236,12 +257,13 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     return min(self._device_assignment.num_replicas, per_host)
 
   def _call_for_each_replica(self, fn, args, kwargs):
+    options = self._run_options
     if tf.executing_eagerly():
       # As on a TPU, an eager `run` runs the step as a function, compiled.
-      return self._step_function(fn)(args, kwargs)
+      return self._step_function(fn, options)(args, kwargs)
     if not self._emulated:
       return tpu_replication.replicate(self._container_strategy(), fn, args, kwargs,
-                                       self._device_assignment)
+                                       self._device_assignment, options)
     if isinstance(fn, tf.types.experimental.PolymorphicFunction):
       if not fn.function_spec.jit_compile:
         # Run as one function, which calls this with its Python function.
@@ -259,21 +281,18 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     tpu_compilation.check_compiles(self._container_strategy(), fn, args, kwargs, created)
     return result
 
-  def _step_function(self, fn):
-    """`fn`'s replicated step as a `tf.function`, made once per `fn`."""
+  def _step_function(self, fn, options):
+    """`fn`'s replicated step as a `tf.function`, made once per `fn` and
+    `options`."""
     try:
-      step = self._step_functions.get(fn)
+      steps = self._step_functions.setdefault(fn, {})
     except TypeError:  # not weakly referenceable
-      step = None
-    if step is None:
+      steps = {}
+    if options not in steps:
       def replicated_step(args, kwargs):
         return self._call_for_each_replica(fn, args, kwargs)
-      step = tf.function(replicated_step)
-      try:
-        self._step_functions[fn] = step
-      except TypeError:
-        pass
-    return step
+      steps[options] = tf.function(replicated_step)
+    return steps[options]
 
   def _replica_local_variable(self, variable):
     if self._tpu_mode == "xla_check":
