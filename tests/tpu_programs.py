@@ -6,6 +6,7 @@ strategy. Prints one JSON object; tests/test_tpu_strategy.py runs it.
 """
 
 import json
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -165,20 +166,52 @@ def main():
 def tensorflow_docstring_examples():
   """The `>>>` examples of TensorFlow's own `tf.distribute.TPUStrategy`,
   ported (`tf.distribute.` -> `tfd.`, `tf.tpu.experimental.` ->
-  `tfd.tpu.experimental.`) and run in order; the names of those that raise."""
+  `tfd.tpu.experimental.`) and run in order: the names of those that raise,
+  and whether the model after `train_step` and the last `strategy.run`'s
+  result equal the same computations without a strategy."""
   import doctest  # pylint: disable=g-import-not-at-top
   source = tf.distribute.TPUStrategy.__doc__
   source = source.replace("tf.distribute.", "tfd.").replace(
       "tf.tpu.experimental.", "tfd.tpu.experimental.")
   examples = doctest.DocTestParser().get_examples(source)
   namespace = {"tf": tf, "np": np, "tfd": tfd}
-  failures = []
-  for example in examples:
-    try:
-      exec(compile(example.source, "<TPUStrategy docstring>", "single"), namespace)  # pylint: disable=exec-used
-    except Exception as e:  # pylint: disable=broad-except
-      failures.append(f"{example.source.strip().splitlines()[0]}: {type(e).__name__}: {e}")
-  return {"examples": len(examples), "failures": failures}
+  failures, shown, random_states, weights = [], [], [], None
+  tf.keras.utils.set_random_seed(0)  # the model's weights and dataset_fn's data
+  display, sys.displayhook = sys.displayhook, shown.append
+  try:
+    for example in examples:
+      if "distribute_datasets_from_function" in example.source:
+        random_states.append(np.random.get_state())  # dataset_fn draws its data
+      if example.source.startswith("train_step("):
+        weights = [w.numpy() for w in namespace["model"].weights]
+        replicas = namespace["strategy"].num_replicas_in_sync
+      try:
+        exec(compile(example.source, "<TPUStrategy docstring>", "single"), namespace)  # pylint: disable=exec-used
+      except Exception as e:  # pylint: disable=broad-except
+        failures.append(f"{example.source.strip().splitlines()[0]}: {type(e).__name__}: {e}")
+  finally:
+    sys.displayhook = display
+  if failures:
+    return {"examples": len(examples), "failures": failures}
+
+  def data(random_state):
+    np.random.set_state(random_state)
+    return list(namespace["dataset_fn"](None).take(2))
+
+  # train_step: replica i takes element i % 2; the gradients are summed.
+  plain = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(5,))])
+  plain.set_weights(weights)
+  with tf.GradientTape() as tape:
+    loss = sum(tf.reduce_sum(tf.keras.losses.sparse_categorical_crossentropy(y, plain(x)))
+               for x, y in data(random_states[0])) * (replicas // 2)
+  trained = [w - 0.1 * g for w, g in
+             zip(plain.get_weights(), tape.gradient(loss, plain.trainable_variables))]
+  (features, _), _ = data(random_states[1])
+  return {"examples": len(examples), "failures": failures,
+          "trained_like_plain": all(np.allclose(a, b, atol=1e-6) for a, b in
+                                    zip(namespace["model"].get_weights(), trained)),
+          "model_changed": not all(np.allclose(a, b) for a, b in zip(trained, weights)),
+          "run_like_plain": bool(np.allclose(shown[-1], features * 2))}
 
 
 if __name__ == "__main__":
