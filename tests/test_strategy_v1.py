@@ -238,3 +238,84 @@ def test_spec_train_epoch_and_input_functions():
   dist = strategy.experimental_distribute_dataset(numpy_dataset.batch(4))
   assert [float(strategy.reduce("SUM", strategy.run(tf.reduce_sum, args=(b,)))) for b in dist] == [
       4.0, 4.0, 2.0]
+
+
+# --- Checkpoints of TF1 graphs: tf.compat.v1.train.Saver and
+# MonitoredTrainingSession save a distributed variable as the variable it
+# stands for.
+
+def _tf1_model(mod):
+  """A strategy, a mirrored `w`, a sync-on-read `count`, and a train op."""
+  strategy = _mirrored(mod)
+  with strategy.scope():
+    w = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.constant_initializer(3.0))
+    count = tf.compat.v1.get_variable(
+        "count", [], initializer=tf.compat.v1.zeros_initializer(),
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.SUM)
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+
+    def step():
+      with tf.control_dependencies([count.assign_add(1.0)]):
+        return optimizer.minimize(tf.reduce_sum(w * w), global_step=global_step)
+    train_op = tf.group(strategy.experimental_local_results(
+        strategy.extended.call_for_each_replica(step)))
+  return strategy, w, count, train_op
+
+
+@pytest.mark.parametrize("restore_into", ["plain", "strategy"])
+@pytest.mark.parametrize("apis", [(TF1, OURS), (tf.distribute, tfd)], ids=["v1", "v2"])
+def test_saver_saves_and_restores_distributed_variables_like_tf(tmp_path, apis, restore_into):
+  def run(mod):
+    path = str(tmp_path / mod.__name__.replace(".", "_") / "ckpt")
+    with tf.Graph().as_default():
+      _, _, _, train_op = _tf1_model(mod)
+      saver = tf.compat.v1.train.Saver()
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        session.run(train_op)
+        saver.save(session, path)
+    saved = {name: tf.train.load_checkpoint(path).get_tensor(name).tolist()
+             for name, _ in tf.train.list_variables(path)}
+    with tf.Graph().as_default():
+      if restore_into == "plain":
+        w = tf.compat.v1.get_variable("w", [2])
+        count = tf.compat.v1.get_variable("count", [])
+        fetches = [w, count]
+      else:
+        strategy, w, count, _ = _tf1_model(mod)
+        fetches = [strategy.experimental_local_results(w),
+                   strategy.experimental_local_results(count), count]
+      with tf.compat.v1.Session() as session:
+        tf.compat.v1.train.Saver([w, count]).restore(session, path)
+        restored = session.run(fetches)
+    return saved, tf.nest.map_structure(lambda a: np.asarray(a).tolist(), restored)
+  saved, restored = same(run, *apis)
+  assert saved == {"w": [pytest.approx(1.8)] * 2, "count": 2.0, "global_step": 1}
+  if restore_into == "strategy":  # each replica's count holds its share
+    assert restored[1:] == [(1.0, 1.0), 2.0]
+
+
+def test_monitored_training_session_checkpoints_and_resumes_like_tf(tmp_path):
+  def train(mod, checkpoint_dir, last_step):
+    with tf.Graph().as_default():
+      strategy, w, count, train_op = _tf1_model(mod)
+      values = [strategy.experimental_local_results(w), strategy.extended.read_var(count)]
+      hooks = [tf.compat.v1.train.StopAtStepHook(last_step=last_step)]
+      with tf.compat.v1.train.MonitoredTrainingSession(
+          checkpoint_dir=checkpoint_dir, hooks=hooks, save_summaries_steps=None,
+          log_step_count_steps=None) as session:
+        while not session.should_stop():
+          session.run(train_op)
+        final = session.run_step_fn(lambda step_context: step_context.session.run(values))
+    return tf.nest.map_structure(lambda a: np.asarray(a).tolist(), final)
+
+  def run(mod):
+    checkpoint_dir = str(tmp_path / mod.__name__.replace(".", "_"))
+    first = train(mod, checkpoint_dir, last_step=2)
+    resumed = train(mod, checkpoint_dir, last_step=3)
+    return first, resumed, tf.train.latest_checkpoint(checkpoint_dir).rsplit("/", 1)[1]
+  first, resumed, latest = same(run, TF1, OURS)
+  assert first[1] == 4.0 and resumed[1] == 6.0 and latest == "model.ckpt-3"
+  assert resumed[0][0] == resumed[0][1] != first[0][0]

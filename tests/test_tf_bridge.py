@@ -204,3 +204,21 @@ def test_hlo_text_lowers_with_the_captured_values_given():
       tf.TensorSpec([]))
   with pytest.raises(ValueError, match="AsString"):
     _tf_bridge.hlo_text(uncompilable, [tf.TensorSpec([])], [], device)
+
+
+def test_tf1_saveable_saves_and_restores_through_a_saver(tmp_path):
+  with tf.Graph().as_default():
+    v = tf.Variable([1.0, 2.0])
+    restored = []
+
+    def restore(tensor):
+      restored.append(tensor)
+      return v.assign(tensor * 10.0)
+    saveable = _tf_bridge.tf1_saveable(v, "saved_as", v.device, v.read_value, restore)
+    saver = tf.compat.v1.train.Saver({"saved_as": saveable})
+    with tf.compat.v1.Session() as session:
+      session.run(v.initializer)
+      path = saver.save(session, str(tmp_path / "ckpt"))
+      saver.restore(session, path)
+      assert session.run(v).tolist() == [10.0, 20.0] and len(restored) == 1
+  assert tf.train.list_variables(path) == [("saved_as", [2])]

@@ -333,3 +333,31 @@ def variable_of_handle(handle, like):
       trainable=like.trainable, shape=like.shape, dtype=like.dtype, handle=handle,
       name=like.name.split(":")[0], unique_id=f"{like.name}_replicated",
       handle_name=like.name.split(":")[0], in_graph_mode=True)
+
+
+def tf1_saveable(variable, name, device, read, restore):
+  """What `tf.compat.v1.train.Saver` saves for `variable`, a `tf.Variable`
+  that is not a resource variable: `read()` (a tensor on `device`) under
+  `name`, restored by `restore(tensor)` (an op).
+
+  The Saver asks such a variable for these through
+  `_gather_saveables_for_checkpoint`, whose entries must subclass a private
+  base class; given the variable itself it recurses without end.
+  """
+  try:
+    from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ImportError(f"TensorFlow {tf.__version__} has no saveable objects "
+                      "(tensorflow.python.training.saving.saveable_object); "
+                      "tf.compat.v1.train.Saver cannot save distributed "
+                      "variables.") from None
+
+  class VariableSaveable(saveable_object.SaveableObject):
+
+    def restore(self, restored_tensors, restored_shapes):
+      del restored_shapes
+      return restore(restored_tensors[0])
+
+  spec = saveable_object.SaveSpec(read, "", name, dtype=variable.dtype,
+                                  device=device)
+  return VariableSaveable(variable, [spec], name)

@@ -276,6 +276,18 @@ class DistributedVariable(values_lib.DistributedValues, tf.Variable,
   def _component_restore_value(self, restored):
     return restored
 
+  def _gather_saveables_for_checkpoint(self):
+    # A TF 1.x Saver stores the same value under the variable's name.
+    def saveable(name=self._common_name):
+      return _tf_bridge.tf1_saveable(
+          self, name, self._primary.device, self._saved_value,
+          lambda restored: self._restore_from_tensors({_VARIABLE_VALUE: restored}))
+    return {_VARIABLE_VALUE: saveable}
+
+  def to_proto(self, export_scope=None):
+    # A TF1 graph's exported collections hold the variable it stands for.
+    return self._primary.to_proto(export_scope=export_scope)
+
   def _export_to_saved_model_graph(self, object_map=None, tensor_map=None,
                                    options=None, **kwargs):
     # A SavedModel stores the variable this stands for: the primary component.
@@ -437,6 +449,11 @@ class SyncOnReadVariable(DistributedVariable):
       if self._aggregation == tf.VariableAggregation.MEAN:
         return total / len(reads)
       return total
+
+  def _as_graph_element(self):
+    # A Session fetching it in a cross-replica context gets the aggregate.
+    value = self._get()
+    return value._as_graph_element() if isinstance(value, tf.Variable) else value  # pylint: disable=protected-access
 
   def _update_in_replica(self, update_fn, value, method):
     if method.startswith("scatter"):
