@@ -240,6 +240,47 @@ def test_spec_train_epoch_and_input_functions():
       4.0, 4.0, 2.0]
 
 
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("call", ["run", "call_for_each_replica"])
+def test_get_variable_in_every_replica_gives_one_variable_like_tf(call, graph):
+  def run(mod):
+    strategy = _mirrored(mod)
+    reuse = []
+
+    def fn():
+      replica = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)
+      with tf.compat.v1.variable_scope("model"):
+        w = tf.compat.v1.get_variable("w", [], initializer=tf.compat.v1.constant_initializer(2.0))
+        reuse.append(bool(tf.compat.v1.get_variable_scope().reuse))
+        total = tf.distribute.get_replica_context().merge_call(
+            lambda _, per_replica: strategy.reduce("SUM", per_replica, axis=None),
+            args=(replica,))
+        b = tf.compat.v1.get_variable("b", [], initializer=tf.compat.v1.ones_initializer())
+      return w * (replica + 1.0) + b + total
+    with strategy.scope():
+      result = getattr(strategy if call == "run" else strategy.extended, call)(fn)
+      variables = [(type(v).__name__, v.name) for v in tf.compat.v1.global_variables()]
+    values = strategy.experimental_local_results(result)
+    if graph:
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        values = session.run(values)
+    return [float(v) for v in values], reuse, variables if graph else None
+
+  if graph:
+    with tf.Graph().as_default():
+      theirs = run(TF1)
+    with tf.Graph().as_default():
+      ours = run(OURS)
+  else:
+    theirs, ours = run(TF1), run(OURS)
+  assert ours == theirs
+  assert ours[:2] == ([4.0, 6.0], [not graph, True])  # eagerly scopes always reuse
+  if graph:
+    assert ours[2] == [("MirroredVariable", "model/w:0"), ("MirroredVariable", "model/b:0")]
+
+
 # --- Checkpoints of TF1 graphs: tf.compat.v1.train.Saver and
 # MonitoredTrainingSession save a distributed variable as the variable it
 # stands for.
