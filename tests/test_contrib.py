@@ -1,6 +1,7 @@
 """The TF 1.x contrib tower API (`tfd.contrib`): the spec page's behaviour,
 eagerly and in TF1 graphs, and a contrib-era training script."""
 
+import contextlib
 import os
 import pathlib
 import subprocess
@@ -130,6 +131,28 @@ def test_distribute_dataset_gives_tower_i_element_i_of_each_group():
     with tf.compat.v1.Session() as session:
       session.run(iterator.initializer)
       assert session.run(values) == [0, 1]
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_distribute_dataset_drops_a_last_partial_group(graph):
+  def read_all():
+    distribution = _mirrored()
+    dataset = distribution.distribute_dataset(lambda: tf.data.Dataset.range(5))
+    iterator = dataset.make_one_shot_iterator()
+    steps = []
+    if graph:
+      values = distribution.unwrap(iterator.get_next())
+      with tf.compat.v1.Session() as session:
+        with pytest.raises(tf.errors.OutOfRangeError):
+          while True:
+            steps.append([int(v) for v in session.run(values)])
+      return steps
+    with pytest.raises(tf.errors.OutOfRangeError):
+      while True:
+        steps.append([int(v) for v in distribution.unwrap(iterator.get_next())])
+    return steps
+  with tf.Graph().as_default() if graph else contextlib.nullcontext():
+    assert read_all() == [[0, 1], [2, 3]]
 
 
 def test_lifecycle_and_configuration():

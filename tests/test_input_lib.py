@@ -691,6 +691,79 @@ def test_per_replica_function_in_tf_function():
       [[[0, 4], [1, 5], [2, 6], [3, 7]], [[8], [9], [], []]])
 
 
+# Per-replica pipelines of different lengths: whether a last, partial step
+# is read (replicas without data getting empty batches) or ends the input.
+UNEVEN_PIPELINES = {
+    "scalars": lambda ctx: Dataset.range(5),
+    "batches": lambda ctx: Dataset.range(10).batch(2),
+    "static_batches": lambda ctx: Dataset.range(10).batch(2, drop_remainder=True),
+}
+
+
+def _uneven_steps(name, enable, in_function):
+  """Per step, each replica's values of `UNEVEN_PIPELINES[name]` on 2 CPUs,
+  with `experimental_enable_get_next_as_optional` set to `enable` (None:
+  as made), read by `next` eagerly or by a `for` loop in a `tf.function`."""
+  def snippet(mod, strategy):
+    if enable is not None:
+      strategy.extended.experimental_enable_get_next_as_optional = enable
+    dist = strategy.distribute_datasets_from_function(UNEVEN_PIPELINES[name])
+    if not in_function:
+      return [[t.numpy().tolist() for t in strategy.experimental_local_results(x)]
+              for x in dist]
+
+    @tf.function
+    def sizes_and_sums():
+      sizes, sums = tf.TensorArray(tf.int32, 0, True), tf.TensorArray(tf.int64, 0, True)
+      for x in dist:
+        parts = strategy.experimental_local_results(x)
+        sizes = sizes.write(sizes.size(), tf.stack([tf.size(p) for p in parts]))
+        sums = sums.write(sums.size(), tf.stack([tf.reduce_sum(p) for p in parts]))
+      return sizes.stack(), sums.stack()
+    return [a.numpy().tolist() for a in sizes_and_sums()]
+  return snippet
+
+
+@pytest.mark.parametrize("name, enable, expected", [
+    ("scalars", None, [[0, 1], [2, 3]]),
+    ("batches", None, [[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8, 9], []]]),
+    ("batches", False, [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]),
+    ("static_batches", None, [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]),
+], ids=["scalars", "batches", "batches_disabled", "static_batches"])
+def test_partial_step_of_uneven_pipelines_like_tf(name, enable, expected):
+  snippet = _uneven_steps(name, enable, in_function=False)
+  assert _both(snippet, lambda mod: oracle.new_mirrored(mod, ["CPU:0", "CPU:1"])) == expected
+
+
+def test_partial_step_in_a_function_loop_like_tf():
+  """A `for` loop in a `tf.function` reads a partial step of batches even
+  with `experimental_enable_get_next_as_optional` off, as in TensorFlow."""
+  snippet = _uneven_steps("batches", False, in_function=True)
+  assert _both(snippet, lambda mod: oracle.new_mirrored(mod, ["CPU:0", "CPU:1"])) == [
+      [[2, 2], [2, 2], [2, 0]], [[1, 5], [9, 13], [17, 0]]]
+
+
+def test_partial_step_of_scalars_in_a_function_loop_ends_the_input():
+  """TensorFlow 2.21 makes up a 0 for the replica without data here."""
+  snippet = _uneven_steps("scalars", None, in_function=True)
+  assert snippet(tfd, oracle.new_mirrored(tfd, ["CPU:0", "CPU:1"])) == [
+      [[1, 1], [1, 1]], [[0, 1], [2, 3]]]
+
+
+@pytest.mark.parametrize("make", ["mirrored", "mirrored_in_graph", "central_storage"])
+def test_get_next_as_optional_setting_like_tf(make):
+  def setting(mod):
+    if make == "central_storage":
+      strategy = mod.experimental.CentralStorageStrategy(["CPU:0", "CPU:1"])
+    elif make == "mirrored":
+      strategy = oracle.new_mirrored(mod, ["CPU:0", "CPU:1"])
+    else:
+      with tf.Graph().as_default():
+        strategy = oracle.new_mirrored(mod, ["CPU:0", "CPU:1"])
+    return getattr(strategy.extended, "experimental_enable_get_next_as_optional", False)
+  assert setting(tfd) == setting(tf.distribute) == (make == "mirrored")
+
+
 @pytest.mark.parametrize("options", [
     _options(experimental_place_dataset_on_device=True),
     _options(experimental_place_dataset_on_device=True, experimental_fetch_to_device=False),

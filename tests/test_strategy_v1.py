@@ -1,6 +1,7 @@
 """The TF 1.x strategy API (`tfd.compat.v1`) against
 `tf.compat.v1.distribute`, eagerly and in TF1 graphs run by a Session."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -80,6 +81,71 @@ def test_input_fn_iterator_like_tf():
   assert same(lambda m: _mirrored(m).make_input_fn_iterator(
       lambda ctx: _dataset(), tf.distribute.InputReplicationMode.PER_REPLICA),
               TF1, OURS) is ValueError
+
+
+def _read_to_the_end(strategy, iterator, graph):
+  """Every step of `iterator`: each replica's values, as lists."""
+  steps = []
+  if graph:
+    values = strategy.experimental_local_results(iterator.get_next())
+    with tf.compat.v1.Session() as session:
+      session.run(iterator.initializer)
+      try:
+        while True:
+          steps.append([np.asarray(v).tolist() for v in session.run(values)])
+      except tf.errors.OutOfRangeError:
+        return steps
+  try:
+    while True:
+      steps.append([v.numpy().tolist() for v in
+                    strategy.experimental_local_results(iterator.get_next())])
+  except tf.errors.OutOfRangeError:
+    return steps
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("input_fn, expected", [
+    (lambda ctx: tf.data.Dataset.range(5), [[0, 1], [2, 3]]),
+    (lambda ctx: tf.data.Dataset.range(10).batch(2), [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]),
+], ids=["scalars", "batches"])
+def test_input_fn_iterator_ends_at_a_partial_step_like_tf(input_fn, expected, graph):
+  def run(mod):
+    with tf.Graph().as_default() if graph else contextlib.nullcontext():
+      strategy = _mirrored(mod)
+      return _read_to_the_end(strategy, strategy.make_input_fn_iterator(input_fn), graph)
+  assert same(run, TF1, OURS) == expected
+
+
+@pytest.mark.parametrize("make", ["make_dataset_iterator", "make_input_fn_iterator"])
+def test_eager_initialize_restarts_the_iterator_like_tf(make):
+  def run(mod):
+    strategy = _mirrored(mod)
+    dataset = tf.data.Dataset.range(8).batch(2)
+    iterator = getattr(strategy, make)(
+        dataset if make == "make_dataset_iterator" else lambda ctx: dataset)
+    first = lambda: [t.numpy().tolist() for t in strategy.experimental_local_results(
+        iterator.get_next())]
+    read = [first(), first()]
+    returned = iterator.initialize()
+    read.append(first())
+    initializer = iterator.initializer
+    return read + [first(), returned, initializer]
+  expected = same(run, TF1, OURS)
+  assert expected[0] == expected[2] == expected[3] != expected[1]
+  assert expected[-2:] == [None, None]
+
+
+def test_graph_initialize_returns_an_op_like_tf():
+  def run(mod):
+    with tf.Graph().as_default():
+      strategy = _mirrored(mod)
+      iterator = strategy.make_dataset_iterator(_dataset())
+      initialize = iterator.initialize()
+      result = strategy.reduce("SUM", strategy.experimental_run(tf.reduce_sum, iterator))
+      with tf.compat.v1.Session() as session:
+        session.run(initialize)
+        return type(initialize).__name__, session.run(result)
+  assert same(run, TF1, OURS) == ("Operation", 6.0)
 
 
 @pytest.mark.parametrize("mod", [TF1, OURS], ids=["tf", "tfd"])

@@ -71,6 +71,7 @@ class CentralStorageExtended(mirrored_strategy.MirroredExtended):
     on_cpu = cross_device_ops_lib.ReductionToOneDevice(
         reduce_to_device=device_util.canonicalize(_LOCAL_CPU))
     super().__init__(container_strategy, compute_devices, on_cpu)
+    self.experimental_enable_get_next_as_optional = False  # as in TensorFlow
     self._host_ops = on_cpu
     if parameter_device is None:
       parameter_device = self._devices[0] if len(self._devices) == 1 else _LOCAL_CPU

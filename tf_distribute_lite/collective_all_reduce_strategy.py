@@ -168,6 +168,7 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     super().__init__(container_strategy, devices,
                      cross_device_ops_lib.CollectiveAllReduce(
                          devices, len(devices) * self._num_workers, options))
+    self.experimental_enable_get_next_as_optional = True  # also in TF1 graphs
     self._worker_ops = self._worker_sync = None
     if self._num_workers > 1:
       self._worker_ops = cross_device_ops_lib.CollectiveAllReduce(
@@ -236,11 +237,13 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
         dataset, self._devices, self._input_host, options,
         input_context=self._input_context(), workers=self._worker_sync)
 
-  def _distribute_datasets_from_function(self, dataset_fn, options):
+  def _distribute_datasets_from_function(self, dataset_fn, options,
+                                         partial_steps=None):
     _refuse_per_replica_input(options)
     return input_lib.distribute_datasets_from_function(
         dataset_fn, self._devices, self._input_host, options,
-        input_context=self._input_context(), workers=self._worker_sync)
+        input_context=self._input_context(), workers=self._worker_sync,
+        partial_steps=self._partial_steps(partial_steps))
 
   def _any_worker_has(self, has_value):
     """Whether any worker's input has data, given this worker's answer."""

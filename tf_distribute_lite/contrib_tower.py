@@ -140,9 +140,10 @@ class DistributionStrategy:
 
   def distribute_dataset(self, dataset_fn):
     """The dataset `dataset_fn()` returns, tower `i` taking element `i` of
-    each group of `num_towers` consecutive elements."""
+    each group of `num_towers` consecutive elements; a last, partial group
+    ends the input, as in contrib."""
     return PerDeviceDataset(self._strategy.extended._distribute_datasets_from_function(  # pylint: disable=protected-access
-        lambda input_context: dataset_fn(), None))
+        lambda input_context: dataset_fn(), None, partial_steps=False))
 
   def initialize(self):
     """Nothing to initialize: None eagerly, no ops in a graph."""

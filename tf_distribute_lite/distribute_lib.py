@@ -727,9 +727,19 @@ class StrategyExtended:
     return input_lib.distribute_dataset(
         dataset, self.worker_devices, self._input_host, options)
 
-  def _distribute_datasets_from_function(self, dataset_fn, options):
+  def _distribute_datasets_from_function(self, dataset_fn, options,
+                                         partial_steps=None):
+    """`partial_steps`: whether a last step on which some replicas' pipelines
+    have ended gives them empty batches; by default this strategy's
+    `experimental_enable_get_next_as_optional` (see `input_lib`)."""
     return input_lib.distribute_datasets_from_function(
-        dataset_fn, self.worker_devices, self._input_host, options)
+        dataset_fn, self.worker_devices, self._input_host, options,
+        partial_steps=self._partial_steps(partial_steps))
+
+  def _partial_steps(self, partial_steps=None):
+    if partial_steps is None:
+      return getattr(self, "experimental_enable_get_next_as_optional", False)
+    return partial_steps
 
 
 def _own_copies(inputs, results):
@@ -967,7 +977,8 @@ class _DefaultExtended(StrategyExtended):
   def _experimental_distribute_dataset(self, dataset, options):
     return dataset
 
-  def _distribute_datasets_from_function(self, dataset_fn, options):
+  def _distribute_datasets_from_function(self, dataset_fn, options,
+                                         partial_steps=None):
     return dataset_fn(input_context_lib.InputContext())
 
 

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import auto_shard
+from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import values as values_lib
@@ -34,10 +35,13 @@ Optional = tf.experimental.Optional
 # split: an element is a global batch to cut across the replicas (else one
 # element per replica); fetch_to_device: copy each part onto its replica's
 # device; workers: with several workers, the key of the `WorkerSync` that
-# tells whether any worker still has data (else None).
+# tells whether any worker still has data (else None); partial_steps: whether
+# `get_next` gives a last, partial step of per-replica pipelines (see
+# `distribute_datasets_from_function`).
 _Layout = collections.namedtuple(
-    "_Layout", ["devices", "homes", "split", "fetch_to_device", "workers"],
-    defaults=[None])
+    "_Layout", ["devices", "homes", "split", "fetch_to_device", "workers",
+                "partial_steps"],
+    defaults=[None, True])
 
 
 class WorkerSync:
@@ -114,7 +118,8 @@ def distribute_dataset(dataset, devices, host, options=None,
 
 
 def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
-                                      input_context=None, workers=None):
+                                      input_context=None, workers=None,
+                                      partial_steps=True):
   """A `DistributedDatasetsFromFunction` of the datasets `dataset_fn` makes.
 
   `dataset_fn` gets an `InputContext` and returns a dataset batched per
@@ -124,6 +129,15 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
   On one worker of several, `input_context` is the one `dataset_fn` gets
   (`PER_WORKER` only) and the `WorkerSync` `workers` keeps the workers' steps
   together.
+
+  When some replicas' pipelines end before the others', a last, partial step
+  gives those replicas empty batches, as in TensorFlow: from the iterator's
+  `get_next` if `partial_steps` (a strategy's
+  `experimental_enable_get_next_as_optional`), from `get_next_as_optional`
+  (so in a `for` loop inside a `tf.function`) always. Only elements with a
+  shape not fully known have an empty form: for others the partial step ends
+  the input, where TensorFlow 2.21 makes values up (zeros for scalars) in
+  `get_next_as_optional`.
 
   >>> def dataset_fn(context):
   ...   batch = context.get_per_replica_batch_size(4)
@@ -155,7 +169,21 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
     datasets.append(dataset.prefetch(_buffer_size(options) * replicas_fed))
   return DistributedDatasetsFromFunction(
       _Layout(devices, homes, False, _fetch_to_device(options),
-              None if workers is None else workers.key), tuple(datasets))
+              None if workers is None else workers.key, partial_steps),
+      tuple(datasets))
+
+
+def _fully_shaped(element_spec):
+  """Whether every component has a fully known shape (for ragged and sparse
+  components, a known batch dimension)."""
+  for spec in tf.nest.flatten(element_spec):
+    if isinstance(spec, (tf.RaggedTensorSpec, tf.SparseTensorSpec)):
+      if spec.shape.rank and spec.shape[0] is None:
+        return False
+    elif not all(flat.shape.is_fully_defined()
+                 for flat in _tf_bridge.flat_tensor_specs(spec)):
+      return False
+  return True
 
 
 def _fetch_to_device(options):
@@ -333,6 +361,7 @@ class DistributedIterator(tf.distribute.DistributedIterator,
         device if layout.fetch_to_device and device != self._home_of(r) else None
         for r, device in enumerate(layout.devices))
     self._part_spec = _part_spec(layout, self._iterators[0].element_spec)
+    self._has_empty_form = not _fully_shaped(self._part_spec)
     # One dequeue gives the whole step: a split global batch, or one replica
     # (unless the workers agree on each step: a worker without data must
     # still give its replicas empty batches).
@@ -360,14 +389,15 @@ class DistributedIterator(tf.distribute.DistributedIterator,
   def get_next(self):
     """The next step's value; raises `tf.errors.OutOfRangeError` at the end.
 
-    A last, partial step gives the replicas without data empty batches.
+    A last, partial step gives the replicas without data empty batches (a
+    split batch; per-replica pipelines as `distribute_datasets_from_function`
+    says), or else ends the input.
     """
     if self._layout.workers is not None:
       return self._next_of_any_worker()
     if self._one_dequeue:
       return self._distribute_element(self._iterators[0].get_next())
-    first = self._iterator_of(0).get_next()
-    return self._distribute_parts([first] + self._other_parts(first))
+    return self._distribute_parts(self._parts(self._value_or_empty))
 
   def _next_of_any_worker(self):
     """`get_next` of one worker of several: ends when every worker's input
@@ -416,26 +446,32 @@ class DistributedIterator(tf.distribute.DistributedIterator,
       optional = self._iterators[0].get_next_as_optional()
       return optional.has_value(), lambda: self._distribute_element(
           optional.get_value())
-    first = self._iterator_of(0).get_next_as_optional()
-    first_part = self._optional_or_empty(first, 0)
-    parts = [first_part] + self._other_parts(first_part)
-    has_value = first.has_value()
+    optionals = []
+
+    def optional_part(replica):
+      optionals.append(self._iterator_of(replica).get_next_as_optional())
+      return self._optional_or_empty(optionals[-1], replica)
+    parts = self._parts(optional_part)
+    if self._has_empty_form or self._layout.workers is not None:
+      has_value = optionals[0].has_value()
+    else:
+      has_value = tf.reduce_all([optional.has_value() for optional in optionals])
     if self._layout.workers is not None:
       has_value = WorkerSync.of(self._layout.workers).any_worker_has(has_value)
     return has_value, lambda: self._distribute_parts(parts)
 
-  def _other_parts(self, first):
-    """The batches of replicas 1.., each empty once its pipeline has ended.
+  def _parts(self, take):
+    """Each replica's batch, `take(replica)`.
 
     Replicas that share a pipeline dequeue in replica order (in a TF1 graph
     nothing else orders the dequeues)."""
-    parts = [first]
-    for replica in range(1, len(self._layout.devices)):
-      shared = self._iterator_of(replica) is self._iterator_of(replica - 1)
+    parts = []
+    for replica in range(len(self._layout.devices)):
+      shared = replica and self._iterator_of(replica) is self._iterator_of(replica - 1)
       after = tf.nest.flatten(parts[-1], expand_composites=True) if shared else []
       with tf.control_dependencies([t for t in after if tf.is_tensor(t)]):
-        parts.append(self._value_or_empty(replica))
-    return parts[1:]
+        parts.append(take(replica))
+    return parts
 
   def _iterator_of(self, replica):
     return self._iterators[self._pipeline_of(replica)]
@@ -447,7 +483,11 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     return replica * len(self._layout.homes) // len(self._layout.devices)
 
   def _value_or_empty(self, replica):
+    """The batch of `replica`, empty once its pipeline has ended if a partial
+    step is allowed (else, as for replica 0, `OutOfRangeError`)."""
     iterator = self._iterator_of(replica)
+    if replica == 0 or not (self._layout.partial_steps and self._has_empty_form):
+      return iterator.get_next()
     if tf.executing_eagerly():
       try:
         return iterator.get_next()
@@ -513,8 +553,10 @@ class InitializableIterator(DistributedIterator):
     return tf.group([it.initializer for it in self._iterators])
 
   def initialize(self):
-    """`[initializer]`, as TF 1.x iterators give it."""
-    return [self.initializer]
+    """Deprecated: the `initializer` op."""
+    deprecation.warn_once("DistributedIterator.initialize",
+                          "Use the iterator's `initializer` property instead.")
+    return self.initializer
 
 
 def _graph_only(make_iterator):

@@ -59,6 +59,10 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     self._cross_device_ops = cross_device_ops or _default_cross_device_ops(self._devices)
     self._host_ops = cross_device_ops_lib.ReductionToOneDevice()
     self._function_cache = weakref.WeakKeyDictionary()
+    # As in TensorFlow: a strategy made in a TF1 graph ends the input at a
+    # partial last step of its input functions' pipelines. Users may set it.
+    self.experimental_enable_get_next_as_optional = (
+        tf.compat.v1.executing_eagerly_outside_functions())
 
   # --- Devices.
 

@@ -11,6 +11,7 @@ TF 1.x graph run by a `tf.compat.v1.Session`.
 import tensorflow as tf
 
 from tf_distribute_lite import contexts
+from tf_distribute_lite import deprecation
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite.reduce_util import ReduceOp
@@ -75,8 +76,9 @@ class StrategyV1(distribute_lib.StrategyBase):
     if replication_mode != input_context_lib.InputReplicationMode.PER_WORKER:
       raise ValueError(f"Input replication mode not supported: {replication_mode!r}")
     with self.scope():
-      return initializable_iterator(
-          self._extended._distribute_datasets_from_function(input_fn, None))  # pylint: disable=protected-access
+      # As TensorFlow's: a partial last step ends the input.
+      return initializable_iterator(self._extended._distribute_datasets_from_function(  # pylint: disable=protected-access
+          input_fn, None, partial_steps=False))
 
   def experimental_run(self, fn, input_iterator=None):
     """Runs `fn` on every replica with its part of the next input from
@@ -125,25 +127,41 @@ def get_loss_reduction():
 
 
 def initializable_iterator(distributed_dataset):
-  """The TF 1.x iterator over a distributed dataset: eagerly an iterator
-  whose `initializer` is None; in a TF1 graph one whose `initializer` op
-  (re)starts it."""
+  """The TF 1.x iterator over a distributed dataset: in a TF1 graph one whose
+  `initializer` op (re)starts it; eagerly one that `initialize()` restarts."""
   if tf.executing_eagerly():
-    return _EagerIterator(iter(distributed_dataset))
+    return _EagerIterator(distributed_dataset)
   return distributed_dataset.make_initializable_iterator()
 
 
 class _EagerIterator:
-  """An eager distributed iterator with the TF 1.x `initialize()` (a no-op,
-  as TensorFlow's)."""
+  """An eager distributed iterator with TF 1.x's `initialize()`, which
+  restarts it, as TensorFlow's does.
 
-  initializer = None
+  >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(4).batch(2))
+  >>> [t.numpy().tolist() for t in iterator.get_next().values]
+  [[0], [1]]
+  >>> iterator.initialize()
+  >>> [t.numpy().tolist() for t in iterator.get_next().values]
+  [[0], [1]]
+  """
 
-  def __init__(self, iterator):
-    self._iterator = iterator
+  def __init__(self, distributed_dataset):
+    self._dataset = distributed_dataset
+    self._iterator = iter(distributed_dataset)
+
+  @property
+  def initializer(self):
+    """Eagerly there is no op to run: reading it restarts the iterator (as
+    in TensorFlow) and gives None."""
+    self._iterator = iter(self._dataset)
 
   def initialize(self):
-    return None
+    """Deprecated: restarts the iterator; returns None."""
+    deprecation.warn_once("DistributedIterator.initialize",
+                          "Use the iterator's `initializer` property instead.")
+    return self.initializer
 
   def get_next(self):
     return self._iterator.get_next()
