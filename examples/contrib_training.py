@@ -98,7 +98,8 @@ def main(argv=None):
       context.set_last_step_output("loss", loss, reduce_op=tfd.ReduceOp.MEAN)
       return strategy.group(loss)
 
-    context = strategy.run_steps_on_dataset(step_fn, iterator, iterations=STEPS_PER_RUN)
+    context = strategy.run_steps_on_dataset(step_fn, iterator, iterations=STEPS_PER_RUN,
+                                            initial_loop_values={"loss": 0.0})
 
   losses = []
   with tf.compat.v1.Session() as session:

@@ -177,7 +177,8 @@ def test_run_steps_on_dataset_unpacks_inputs():
   def step(context, x, y):
     result = distribution.call_for_each_tower(lambda a, b: total.assign_add(a * b), x, y)
     context.set_last_step_output("total", result, reduce_op="MEAN")
-  context = distribution.run_steps_on_dataset(step, dataset.make_one_shot_iterator(), 3)
+  context = distribution.run_steps_on_dataset(step, dataset.make_one_shot_iterator(), 3,
+                                              initial_loop_values={"total": 0.0})
   assert total.numpy() == 15.0  # 0 + 1 + ... + 5
   assert context.last_step_outputs["total"].numpy() == 15.0
 

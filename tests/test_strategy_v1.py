@@ -218,21 +218,72 @@ def test_config_protos_like_tf():
   same(run, TF1, OURS)
 
 
-def test_run_steps_on_iterator_eagerly():
-  strategy = _mirrored(OURS)
-  iterator = strategy.make_dataset_iterator(_dataset())
+# name: (what fn returns, where it records its output, reduce_op,
+# initial_loop_values).
+RUN_STEPS_CASES = {
+    "in_replicas": ("op", "replica", "SUM", {"out": 0.0}),
+    "cross_replica": ("op", "cross", None, {"out": (0.0, 0.0)}),
+    "cross_replica_reduced": ("op", "cross", "MEAN", {"out": 0.0}),
+    "returns_a_tensor": ("tensor", "replica", "SUM", {"out": 0.0}),
+    "returns_none": ("none", "replica", "SUM", {"out": 0.0}),
+    "no_initial_values": ("op", "replica", "SUM", None),
+    "int_initial_value": ("op", "replica", "SUM", {"out": 0}),
+}
+
+
+def _run_steps(mod, case, graph, iterations=3):
+  """`experimental_run_steps_on_iterator` over batches of 0..15 (repeated)
+  adding each batch's sum to a variable: the last step's output, the
+  non-tensor outputs, the variable, and the `run_op`'s type."""
+  returns, where, reduce_op, initial = RUN_STEPS_CASES[case]
+  strategy = _mirrored(mod)
+  iterator = strategy.make_dataset_iterator(
+      tf.data.Dataset.range(16).map(lambda v: tf.cast(v, tf.float32)).batch(4).repeat())
   with strategy.scope():
     total = tf.Variable(0.0, aggregation=tf.VariableAggregation.SUM)
 
   def step(ctx, inputs):
-    result = strategy.extended.call_for_each_replica(
-        lambda x: total.assign_add(tf.reduce_sum(x)), args=(inputs,))
-    ctx.set_last_step_output("total", result, reduce_op="MEAN")
-    ctx.set_non_tensor_output("note", "ok")
-  ctx = strategy.extended.experimental_run_steps_on_iterator(step, iterator, iterations=2)
-  assert total.numpy() == 28.0
-  assert ctx.last_step_outputs["total"].numpy() == 28.0
-  assert ctx.non_tensor_outputs == {"note": "ok"} and ctx.run_op is None
+    def replica_fn(x):
+      if where == "replica":
+        ctx.set_last_step_output("out", tf.reduce_sum(x), reduce_op=reduce_op)
+        ctx.set_non_tensor_output("note", 7)
+      return total.assign_add(tf.reduce_sum(x))
+    result = strategy.extended.call_for_each_replica(replica_fn, args=(inputs,))
+    if where == "cross":
+      ctx.set_last_step_output("out", result, reduce_op=reduce_op)
+      ctx.set_non_tensor_output("note", 7)
+    return {"op": strategy.group(result), "tensor": tf.constant(1.0), "none": None}[returns]
+  ctx = strategy.extended.experimental_run_steps_on_iterator(
+      step, iterator, iterations=iterations, initial_loop_values=initial)
+  fetches = [strategy.experimental_local_results(ctx.last_step_outputs["out"]),
+             strategy.experimental_local_results(total)]
+  if graph:
+    with tf.compat.v1.Session() as session:
+      session.run([tf.compat.v1.global_variables_initializer(), iterator.initializer])
+      fetches[0] = session.run([ctx.run_op, fetches[0]])[1]
+      fetches[1] = session.run(fetches[1])
+  fetches = tf.nest.map_structure(float, fetches)
+  return fetches, ctx.non_tensor_outputs, type(ctx.run_op).__name__
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("case", RUN_STEPS_CASES)
+def test_run_steps_on_iterator_like_tf(case, graph):
+  def run(mod):
+    with tf.Graph().as_default() if graph else contextlib.nullcontext():
+      return _run_steps(mod, case, graph)
+  outcome = same(run, TF1, OURS)
+  if case == "in_replicas":  # the last step's batch is [8..11]; totals of 0..11
+    assert outcome == ([(38.0,), (66.0, 66.0)], {"note": (7,)},
+                       "Operation" if graph else "NoneType")
+
+
+def test_run_steps_loop_is_built_once():
+  def graph_size(iterations):
+    with tf.Graph().as_default() as graph:
+      _run_steps(OURS, "in_replicas", graph=True, iterations=iterations)
+      return len(graph.get_operations())
+  assert graph_size(2) == graph_size(50)
 
 
 @pytest.fixture(scope="module")

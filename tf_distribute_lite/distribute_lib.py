@@ -705,8 +705,14 @@ class StrategyExtended:
   def experimental_run_steps_on_iterator(self, fn, iterator, iterations=1,
                                          initial_loop_values=None):
     """Runs `fn(ctx, inputs)` for `iterations` steps, each on the next
-    element of `iterator`; returns the `MultiStepContext` `ctx` holding the
-    last step's outputs and (in a graph) the `run_op` running all steps."""
+    element of `iterator`, in a `tf.while_loop`; returns the
+    `MultiStepContext` `ctx` holding the last step's outputs and (in a
+    graph) the `run_op` running all steps.
+
+    In a graph `fn` must return what runs each step: an op, a tensor or, where
+    TensorFlow 2.21 takes only one op or tensor, any nest of them and of
+    distributed values. `initial_loop_values` starts the outputs `fn`
+    records with `ctx.set_last_step_output` (see `strategy_v1`)."""
     from tf_distribute_lite import strategy_v1  # pylint: disable=g-import-not-at-top
     strategy = self._container_strategy()
     contexts.require_cross_replica_or_default(strategy)

@@ -14,6 +14,7 @@ from tf_distribute_lite import contexts
 from tf_distribute_lite import deprecation
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import input_context as input_context_lib
+from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
 
 
@@ -180,7 +181,8 @@ class MultiStepContext:
   >>> def step(ctx, inputs):
   ...   total = strategy.extended.call_for_each_replica(tf.reduce_sum, args=(inputs,))
   ...   ctx.set_last_step_output("total", total, reduce_op="SUM")
-  >>> ctx = strategy.extended.experimental_run_steps_on_iterator(step, iterator, iterations=3)
+  >>> ctx = strategy.extended.experimental_run_steps_on_iterator(
+  ...     step, iterator, iterations=3, initial_loop_values={"total": tf.constant(0, tf.int64)})
   >>> ctx.last_step_outputs["total"]
   <tf.Tensor: shape=(), dtype=int64, numpy=9>
   """
@@ -205,18 +207,20 @@ class MultiStepContext:
     """Records `output` of this step as `name`, reduced across replicas by
     `reduce_op` if given (required in a replica context)."""
     if contexts.in_cross_replica_context():
-      self._reduce_ops[name] = reduce_op
-      self._last_step_outputs[name] = output
+      self._record(contexts.get_strategy(), name, output, reduce_op)
       return
     if reduce_op is None:
       raise ValueError("`reduce_op` must be set when `set_last_step_output` is "
                        "called in a replica context.")
+    contexts.get_replica_context().merge_call(
+        lambda strategy, value: self._record(strategy, name, value, reduce_op),
+        args=(output,))
 
-    def merge_fn(strategy, value):
-      del strategy
-      self._reduce_ops[name] = reduce_op
-      self._last_step_outputs[name] = value
-    contexts.get_replica_context().merge_call(merge_fn, args=(output,))
+  def _record(self, strategy, name, output, reduce_op):
+    self._reduce_ops[name] = reduce_op
+    if reduce_op is not None:
+      output = strategy.reduce(reduce_op, output, axis=None)
+    self._last_step_outputs[name] = output
 
   def set_non_tensor_output(self, name, output):
     """Records a Python value as `name`."""
@@ -228,30 +232,51 @@ class MultiStepContext:
       self._non_tensor_outputs[name] = strategy.experimental_local_results(value)
     contexts.get_replica_context().merge_call(merge_fn, args=(output,))
 
-  def _finish(self, strategy, ops):
-    """Reduces the recorded outputs and groups the steps' `ops`."""
-    for name, reduce_op in self._reduce_ops.items():
-      if reduce_op is not None:
-        self._last_step_outputs[name] = strategy.reduce(
-            reduce_op, self._last_step_outputs[name], axis=None)
-    if not tf.executing_eagerly():
-      self.run_op = tf.group(_ops_of(ops))
-
 
 def run_steps_on_iterator(strategy, fn, iterator, iterations, initial_loop_values):
   """`extended.experimental_run_steps_on_iterator`: `fn(ctx, inputs)` for
-  `iterations` steps, each on the next input; returns the `MultiStepContext`.
+  `iterations` steps, each on the next input, in a `tf.while_loop` (eagerly
+  a Python loop); returns the `MultiStepContext`.
 
-  In a graph the steps are built one after another (TensorFlow builds a
-  while loop); each runs after the one before.
+  In a graph only the op (or tensors) `fn` returns runs each step: it must
+  return it. The outputs `fn` records with `set_last_step_output` are the
+  loop's variables, each as its components (one if reduced), in the order of
+  their names: `initial_loop_values` gives their starting values, flattened
+  in the same order (a dict with the same keys, say).
   """
-  del initial_loop_values  # the outputs of the last step are kept as they are
   ctx = MultiStepContext()
-  results = []
-  for _ in range(iterations):
-    with tf.control_dependencies(_ops_of(results[-1:])):
-      results.append(fn(ctx, iterator.get_next()))
-  ctx._finish(strategy, [results, ctx.last_step_outputs])  # pylint: disable=protected-access
+  initial = tf.nest.flatten({} if initial_loop_values is None else initial_loop_values)
+  structure = []
+
+  def body(step, *unused_outputs):
+    result = fn(ctx, iterator.get_next())
+    if result is None and not tf.executing_eagerly():
+      raise TypeError(
+          "`fn` returned None: in a graph it must return the op (or tensors) "
+          "running its step, as only that runs in the loop (Can not convert a "
+          "NoneType into a Tensor or Operation).")
+    outputs = {name: strategy.experimental_local_results(output)
+               for name, output in ctx.last_step_outputs.items()}
+    flat_outputs = tf.nest.flatten(outputs)
+    if len(flat_outputs) != len(initial):
+      counts = ", ".join(f"{name!r}: {len(v)} component(s)"
+                         for name, v in sorted(outputs.items()))
+      raise ValueError(
+          f"`initial_loop_values` must give the starting value of each output "
+          f"`fn` records with `set_last_step_output`, component by component "
+          f"in the order of their names ({counts}), {len(flat_outputs)} "
+          f"values in all; got {initial_loop_values!r}.")
+    structure[:] = [outputs]
+    with tf.control_dependencies(_ops_of(result)):
+      return [step + 1] + flat_outputs
+
+  loop = tf.while_loop(lambda step, *unused: step < iterations, body,
+                       [tf.constant(0)] + initial, parallel_iterations=1)
+  ctx.run_op = tf.group(loop)
+  outputs = tf.nest.pack_sequence_as(structure[0] if structure else {}, loop[1:])
+  for name, components in outputs.items():
+    ctx.last_step_outputs[name] = (values_lib.regroup(list(components))
+                                   if ctx._reduce_ops[name] is None else components[0])  # pylint: disable=protected-access
   return ctx
 
 
