@@ -218,6 +218,44 @@ def test_config_protos_like_tf():
   same(run, TF1, OURS)
 
 
+CLUSTER = {"worker": ["localhost:12345", "localhost:12346"]}
+
+
+def test_configure_with_a_cluster_is_ignored_by_one_device_strategy_like_tf():
+  def run(mod):
+    strategy = mod.OneDeviceStrategy("/cpu:0")
+    strategy.configure(cluster_spec=CLUSTER, task_type="worker", task_id=0)
+    return strategy.extended.worker_devices
+  assert same(run, TF1, OURS) == ("/job:localhost/replica:0/task:0/device:CPU:0",)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: _mirrored(OURS), "In-graph multi-worker training"),
+    (lambda: OURS.experimental.CentralStorageStrategy(["/cpu:0", "/cpu:1"]), "one machine"),
+], ids=["mirrored", "central_storage"])
+def test_configure_with_a_cluster_raises_for_one_machine_strategies(make, match):
+  # TensorFlow 2.21 replicates a MirroredStrategy in-graph onto the cluster's
+  # tasks (where it picks its cross-device ops, it raises this ValueError; for
+  # one worker an AssertionError) and fails for CentralStorageStrategy with
+  # an AttributeError.
+  with pytest.raises(ValueError, match=match):
+    make().configure(cluster_spec=CLUSTER, task_type="worker", task_id=0)
+
+
+def test_configure_names_the_cluster_multi_worker_mirrored_strategy_joined():
+  strategy = OURS.experimental.MultiWorkerMirroredStrategy()
+  strategy.extended._cluster_resolver = tfd.cluster_resolver.SimpleClusterResolver(  # pylint: disable=protected-access
+      tf.train.ClusterSpec(CLUSTER), task_type="worker", task_id=1)
+  config = tf.compat.v1.ConfigProto()
+  strategy.configure(config, cluster_spec=CLUSTER, task_type="worker", task_id=1)
+  assert config.graph_options.rewrite_options.scoped_allocator_opts.enable_op == ["CollectiveReduce"]
+  with pytest.raises(ValueError, match=r"made for cluster_spec=.*task_id=1; got .*task_id=0"):
+    strategy.configure(cluster_spec=CLUSTER, task_type="worker", task_id=0)
+  with pytest.raises(ValueError, match="SimpleClusterResolver"):
+    OURS.experimental.MultiWorkerMirroredStrategy().configure(
+        cluster_spec=CLUSTER, task_type="worker", task_id=0)
+
+
 # name: (what fn returns, where it records its output, reduce_op,
 # initial_loop_values).
 RUN_STEPS_CASES = {

@@ -58,6 +58,13 @@ class CentralStorageStrategyV1(strategy_v1.StrategyV1):
   def __init__(self, compute_devices=None, parameter_device=None):
     super().__init__(CentralStorageExtended(self, compute_devices, parameter_device))
 
+  def _configure_cluster(self, cluster_spec, task_type, task_id):
+    # TensorFlow 2.21 fails here with an AttributeError.
+    del task_type, task_id
+    raise ValueError(
+        f"`CentralStorageStrategy` runs on one machine and takes no cluster; "
+        f"got cluster_spec={cluster_spec.as_dict()}.")
+
 
 class CentralStorageExtended(mirrored_strategy.MirroredExtended):
   """`strategy.extended` of `CentralStorageStrategy`: replicas run as in

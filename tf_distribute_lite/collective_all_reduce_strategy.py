@@ -132,6 +132,23 @@ class MultiWorkerMirroredStrategyV1(strategy_v1.StrategyV1):
     """The cluster resolver given, or the `TF_CONFIG` one made by default."""
     return self._extended._cluster_resolver  # pylint: disable=protected-access
 
+  def _configure_cluster(self, cluster_spec, task_type, task_id):
+    """The strategy joined its cluster when it was made: `configure` may name
+    that cluster and task again (as TF 1.x's distribute coordinator does),
+    not another one."""
+    resolver = self.cluster_resolver
+    if (cluster_spec.as_dict() != resolver.cluster_spec().as_dict() or
+        (task_type, task_id) != (resolver.task_type, resolver.task_id)):
+      raise ValueError(
+          f"MultiWorkerMirroredStrategy joins its cluster when it is made: "
+          f"make it with cluster_resolver=tf.distribute.cluster_resolver."
+          f"SimpleClusterResolver(cluster_spec, task_type=..., task_id=...) "
+          f"rather than configuring it later. It was made for "
+          f"cluster_spec={resolver.cluster_spec().as_dict()}, "
+          f"task_type={resolver.task_type!r}, task_id={resolver.task_id!r}; "
+          f"got cluster_spec={cluster_spec.as_dict()}, "
+          f"task_type={task_type!r}, task_id={task_id!r}.")
+
 
 class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
   """`strategy.extended` of `MultiWorkerMirroredStrategy`."""

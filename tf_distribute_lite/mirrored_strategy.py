@@ -447,3 +447,13 @@ class MirroredStrategyV1(strategy_v1.StrategyV1):
 
   def __init__(self, devices=None, cross_device_ops=None):
     super().__init__(MirroredExtended(self, devices, cross_device_ops))
+
+  def _configure_cluster(self, cluster_spec, task_type, task_id):
+    # TensorFlow 2.21 replicates in-graph onto the cluster's tasks, which
+    # needs a Session on a remote master (picking its default cross-device
+    # ops there raises this error; for one worker, an AssertionError).
+    del task_type, task_id
+    raise ValueError(
+        f"In-graph multi-worker training with `MirroredStrategy` is not "
+        f"supported; got cluster_spec={cluster_spec.as_dict()}. Run "
+        f"`MultiWorkerMirroredStrategy` on every worker instead.")

@@ -47,15 +47,23 @@ class StrategyV1(distribute_lib.StrategyBase):
   def configure(self, session_config=None, cluster_spec=None, task_type=None,
                 task_id=None):
     """Deprecated: adjusts `session_config` in place for this strategy
-    (`update_config_proto` returns an adjusted copy instead).
+    (`update_config_proto` returns an adjusted copy instead) and takes the
+    cluster this task belongs to, where the strategy has one.
 
     >>> strategy = tf_distribute_lite.compat.v1.OneDeviceStrategy("/cpu:0")
     >>> config = tf.compat.v1.ConfigProto()
     >>> strategy.configure(config)
     """
-    del cluster_spec, task_type, task_id
+    if cluster_spec:
+      self._configure_cluster(tf.train.ClusterSpec(cluster_spec), task_type, task_id)
     if session_config is not None:
       session_config.CopyFrom(self.update_config_proto(session_config))
+
+  def _configure_cluster(self, cluster_spec, task_type, task_id):
+    """Takes the cluster `configure` was given; a strategy on one task's
+    devices ignores it, as TensorFlow's `OneDeviceStrategy` and
+    `TPUStrategy` do."""
+    del cluster_spec, task_type, task_id
 
   def make_dataset_iterator(self, dataset):
     """An iterator giving each replica its slice of every global batch of
