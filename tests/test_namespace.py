@@ -31,7 +31,7 @@ COMPAT_V1 = [
     "ReplicaContext", "ReduceOp", "RunOptions", "InputReplicationMode",
     "CrossDeviceOps", "ReductionToOneDevice", "HierarchicalCopyAllReduce",
     "NcclAllReduce", "get_strategy", "has_strategy", "get_replica_context",
-    "in_cross_replica_context", "experimental_set_strategy", "InputContext"]
+    "in_cross_replica_context", "experimental_set_strategy", "InputContext", "Server"]
 
 CLUSTER_RESOLVER = [
     "ClusterResolver", "SimpleClusterResolver", "UnionResolver",
@@ -94,6 +94,21 @@ def test_name_exists_like_tensorflows(ours, theirs, name):
   ours_obj, theirs_obj = getattr(ours, name), getattr(theirs, name)
   assert inspect.isclass(ours_obj) == inspect.isclass(theirs_obj)
   assert callable(ours_obj)
+
+
+def _public_names(module):
+  return {name for name in dir(module)
+          if not name.startswith("_") and getattr(module, name) is not tf}
+
+
+@pytest.mark.parametrize("ours, theirs, left_out", [
+    (tfd.compat.v1, tf.compat.v1.distribute, set()),
+    (tfd.compat.v1.experimental, tf.compat.v1.distribute.experimental,
+     {"ParameterServerStrategy"}),
+], ids=["compat.v1", "compat.v1.experimental"])
+def test_compat_v1_has_tensorflows_names_and_no_others(ours, theirs, left_out):
+  assert _public_names(theirs) - _public_names(ours) == left_out
+  assert _public_names(ours) <= _public_names(theirs)
 
 
 @pytest.mark.parametrize("name", ["run", "reduce", "scope", "gather",

@@ -53,6 +53,25 @@ def test_v1_methods_have_tfs_signatures(name):
   assert list(ours.parameters) == list(theirs.parameters)
 
 
+@pytest.mark.parametrize("name", ["read_var", "value_container", "broadcast_to",
+                                  "update_non_slot", "call_for_each_replica",
+                                  "experimental_run_steps_on_iterator"])
+def test_extended_methods_have_tfs_signatures(name):
+  import inspect  # pylint: disable=g-import-not-at-top
+  ours = inspect.signature(getattr(type(_mirrored(OURS).extended), name))
+  theirs = inspect.signature(getattr(type(_mirrored(TF1).extended), name))
+  assert list(ours.parameters) == list(theirs.parameters)
+
+
+def test_extended_flags_are_properties_like_tf():
+  names = ["should_checkpoint", "should_save_summary", "experimental_should_init",
+           "experimental_between_graph", "experimental_require_static_shapes"]
+  def kinds(mod):
+    extended = type(_mirrored(mod).extended)
+    return [type(getattr(extended, name)).__name__ for name in names]
+  assert same(kinds, TF1, OURS) == ["property"] * len(names)
+
+
 def test_experimental_run_on_an_iterator_eagerly_like_tf():
   def run(mod):
     strategy = _mirrored(mod)

@@ -70,7 +70,7 @@ class CentralStorageExtended(mirrored_strategy.MirroredExtended):
   """`strategy.extended` of `CentralStorageStrategy`: replicas run as in
   `MirroredStrategy`; variables, updates and reductions differ."""
 
-  experimental_between_graph = True
+  _between_graph = True
 
   def __init__(self, container_strategy, compute_devices, parameter_device):
     if compute_devices is None:

@@ -153,7 +153,7 @@ class MultiWorkerMirroredStrategyV1(strategy_v1.StrategyV1):
 class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
   """`strategy.extended` of `MultiWorkerMirroredStrategy`."""
 
-  experimental_between_graph = True
+  _between_graph = True
 
   def __init__(self, container_strategy, cluster_resolver, communication_options):
     if not isinstance(communication_options, CommunicationOptions):
@@ -219,7 +219,7 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     """The global id of this worker's first replica."""
     return self._id_in_cluster * len(self._devices)
 
-  def update_config_proto(self, config_proto):
+  def _update_config_proto(self, config_proto):
     updated = copy.deepcopy(config_proto)
     rewrites = updated.graph_options.rewrite_options
     rewrites.scoped_allocator_optimization = rewrites.ON

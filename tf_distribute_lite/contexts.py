@@ -111,15 +111,6 @@ def get_replica_context():
   return current().replica_context
 
 
-def get_cross_replica_context():
-  """The current strategy in a cross-replica context, otherwise None.
-
-  >>> print(get_cross_replica_context())
-  None
-  """
-  return current().cross_replica_context
-
-
 def require_cross_replica_or_default(strategy):
   """Raises unless `strategy` may act here: its cross-replica context, or none."""
   entry = current()

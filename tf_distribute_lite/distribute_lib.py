@@ -10,6 +10,7 @@ Concrete strategies subclass `StrategyExtended` and fill in its hooks:
 
 import collections
 import collections.abc
+import copy
 import threading
 import weakref
 
@@ -480,10 +481,34 @@ class StrategyExtended:
   def _in_multi_worker_mode(self):
     return False
 
-  # What multi-worker code asks of a strategy; one worker answers alike.
-  experimental_require_static_shapes = False
-  experimental_between_graph = False
-  experimental_should_init = should_checkpoint = should_save_summary = True
+  # --- What multi-worker code asks of a strategy; one worker answers alike.
+
+  _between_graph = False
+
+  @property
+  def experimental_between_graph(self):
+    """Whether each worker builds its own graph (between-graph replication)."""
+    return self._between_graph
+
+  @property
+  def experimental_require_static_shapes(self):
+    """Whether the input must have static shapes."""
+    return False
+
+  @property
+  def experimental_should_init(self):
+    """Whether this task initializes the variables."""
+    return True
+
+  @property
+  def should_checkpoint(self):
+    """Whether this task writes checkpoints."""
+    return True
+
+  @property
+  def should_save_summary(self):
+    """Whether this task saves summaries."""
+    return True
 
   # --- Variables.
 
@@ -519,10 +544,10 @@ class StrategyExtended:
     kwargs.pop("colocate_with", None)
     return next_creator(**kwargs)
 
-  def value_container(self, value):
-    """The distributed variable `value` is a component of, else `value`."""
-    container = values_lib.distributed_container(value)
-    return value if container is None else container
+  def value_container(self, val):
+    """The distributed variable `val` is a component of, else `val`."""
+    container = values_lib.distributed_container(val)
+    return val if container is None else container
 
   def _replica_local_variable(self, variable):
     """What a replica reads and writes for distributed `variable`, where
@@ -531,9 +556,12 @@ class StrategyExtended:
     del variable
     return None
 
-  def read_var(self, v):
-    """`v` as one tensor: for sync-on-read variables, the aggregated value."""
-    return tf.identity(v.value() if isinstance(v, tf.Variable) else v)
+  def read_var(self, replica_local_var):
+    """`replica_local_var` as one tensor: for sync-on-read variables, the
+    aggregated value."""
+    if isinstance(replica_local_var, tf.Variable):
+      return tf.identity(replica_local_var.value())
+    return tf.identity(replica_local_var)
 
   # --- Running replicas.
 
@@ -691,8 +719,8 @@ class StrategyExtended:
       result = fn(*args, **kwargs)
     return result if group else self._local_results(result)
 
-  def update_config_proto(self, config_proto):
-    return config_proto
+  def _update_config_proto(self, config_proto):
+    return copy.deepcopy(config_proto)
 
   # --- TF 1.x input.
 

@@ -296,7 +296,7 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     del var_list
     return self._devices
 
-  def update_config_proto(self, config_proto):
+  def _update_config_proto(self, config_proto):
     updated = type(config_proto)()
     updated.CopyFrom(config_proto)
     updated.isolate_session_state = True

@@ -42,7 +42,7 @@ class StrategyV1(distribute_lib.StrategyBase):
 
   def update_config_proto(self, config_proto):
     """Returns a copy of `config_proto` adjusted for this strategy."""
-    return self._extended.update_config_proto(config_proto)
+    return self._extended._update_config_proto(config_proto)  # pylint: disable=protected-access
 
   def configure(self, session_config=None, cluster_spec=None, task_type=None,
                 task_id=None):

@@ -1,8 +1,9 @@
 """`tf.compat.v1.distribute`: the TF 1.x forms of the strategy API."""
 
+import tensorflow as tf
+
 from tf_distribute_lite import cluster_resolver
 from tf_distribute_lite.compat.v1 import experimental
-from tf_distribute_lite.contexts import get_cross_replica_context
 from tf_distribute_lite.contexts import get_replica_context
 from tf_distribute_lite.contexts import get_strategy
 from tf_distribute_lite.contexts import has_strategy
@@ -22,3 +23,5 @@ from tf_distribute_lite.reduce_util import ReduceOp
 from tf_distribute_lite.strategy_v1 import get_loss_reduction
 from tf_distribute_lite.strategy_v1 import ReplicaContextV1 as ReplicaContext
 from tf_distribute_lite.strategy_v1 import StrategyV1 as Strategy
+
+Server = tf.distribute.Server  # TensorFlow's own gRPC server, re-exported

@@ -1,4 +1,10 @@
-"""`tf.compat.v1.distribute.experimental`."""
+"""`tf.compat.v1.distribute.experimental`.
+
+TensorFlow's `ParameterServerStrategy` is not here: TF 1.x parameter servers
+(variables on `ps` tasks, workers' graphs run through a Session on a remote
+master) would be a mechanism of their own, not an adapter over this
+package's strategies.
+"""
 
 from tf_distribute_lite.central_storage_strategy import CentralStorageStrategyV1 as CentralStorageStrategy
 from tf_distribute_lite.collective_all_reduce_strategy import MultiWorkerMirroredStrategyV1 as MultiWorkerMirroredStrategy
