@@ -70,6 +70,130 @@ def test_spec_merge_call_example(graph):
     assert [int(t) for t in run()] == [10, 11]
 
 
+# --- The spec page's examples, as written there (`tf.get_tower_context` is
+# `contrib.get_tower_context`, `tf.get_variable` `tf.compat.v1.get_variable`).
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_spec_merge_call_example_verbatim(graph, capsys):
+  distribution = _mirrored()
+  with tf.Graph().as_default() if graph else contextlib.nullcontext():
+    # Called once in "cross-tower" context.
+    def merge_fn(distribution, three_plus_tower_id):
+      # sum the values across towers
+      return sum(distribution.unwrap(three_plus_tower_id))
+
+    # Called once per tower in `distribution`, in a "tower" context.
+    def fn(three):
+      tower_ctx = contrib.get_tower_context()
+      v = three + tower_ctx.tower_id
+      # Computes the sum of the `v` values across all towers.
+      s = tower_ctx.merge_call(merge_fn, v)
+      return s + v
+
+    with distribution.scope():
+      # in "cross-tower" context
+      merged_results = distribution.call_for_each_tower(fn, 3)
+      # merged_results has the values from every tower execution of `fn`.
+      print(distribution.unwrap(merged_results))  # Prints a list
+  assert capsys.readouterr().out == "[10, 11]\n"
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_spec_worker_device_index_example(graph):
+  distribution_strategy = contrib.MirroredStrategy(["/cpu:0", "/cpu:1", "/cpu:2"])
+  ran_on = []
+  with tf.Graph().as_default() if graph else contextlib.nullcontext():
+    with distribution_strategy.scope():
+
+      def fn(device_id):
+        # device_id is an integer. `fn` is being executed on device:
+        #    distribution_strategy.worker_devices[device_id].
+        ran_on.append((device_id, distribution_strategy.worker_devices[device_id],
+                       contrib.get_tower_context().device))
+
+      distribution_strategy.call_for_each_tower(
+          fn, distribution_strategy.worker_device_index)
+  assert ran_on == [(i, DEVICES[i], DEVICES[i]) for i in range(3)]
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_spec_colocate_vars_with_example(graph):
+  distribution_strategy = _mirrored()
+  seen = []
+  with tf.Graph().as_default() if graph else contextlib.nullcontext():
+    with distribution_strategy.scope():
+      var1 = tf.compat.v1.get_variable("var1", [], initializer=tf.compat.v1.ones_initializer())
+      with distribution_strategy.colocate_vars_with(var1):
+        # var2 and var3 will be created on the same device(s) as var1
+        var2 = tf.compat.v1.get_variable("var2", [], initializer=tf.compat.v1.ones_initializer())
+        var3 = tf.compat.v1.get_variable("var3", [], initializer=tf.compat.v1.ones_initializer())
+
+      def fn(v1, v2, v3):
+        # operates on v1 from var1, v2 from var2, and v3 from var3
+        seen.append((v1.device, v2.device, v3.device))
+        return v1.assign_add(v2 + v3)
+
+      # `fn` runs on every device `v1` is on, `v2` and `v3` will be there too.
+      updated = distribution_strategy.update(var1, fn, var2, var3)
+    values = distribution_strategy.unwrap(updated)
+    if graph:
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        values = session.run(values)
+  assert [float(v) for v in values] == [3.0, 3.0]
+  assert seen == [(d, d, d) for d in DEVICES[:2]]
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_spec_distribute_dataset_example(graph):
+  distribution_strategy = _mirrored()
+
+  def tower_fn(x):
+    return x * tf.cast(contrib.get_tower_context().tower_id + 1, tf.float32)
+
+  with tf.Graph().as_default() if graph else contextlib.nullcontext():
+    def dataset_fn():
+      return tf.data.Dataset.from_tensors([[1.]]).repeat()
+    with distribution_strategy.scope():
+      distributed_dataset = distribution_strategy.distribute_dataset(dataset_fn)
+      iterator = distributed_dataset.make_one_shot_iterator()
+      tower_results = distribution_strategy.call_for_each_tower(
+          tower_fn, iterator.get_next())
+    values = distribution_strategy.unwrap(tower_results)
+    if graph:
+      with tf.compat.v1.Session() as session:
+        values = session.run(values)
+  assert [np.asarray(v).tolist() for v in values] == [[[1.0]], [[2.0]]]
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_tower_context_members(graph):
+  seen = []
+
+  def fn():
+    tower = contrib.get_tower_context()
+    seen.append((tower.tower_id, tower.num_towers, tower.is_single_tower, tower.device,
+                 tower.distribution_strategy is distribution))
+  with tf.Graph().as_default() if graph else contextlib.nullcontext():
+    distribution = _mirrored()
+    with distribution.scope():
+      distribution.call_for_each_tower(fn)
+    distribution = contrib.OneDeviceStrategy("/cpu:3")
+    with distribution.scope():
+      distribution.call_for_each_tower(fn)
+  assert seen == [(0, 2, False, DEVICES[0], True), (1, 2, False, DEVICES[1], True),
+                  (0, 1, True, DEVICES[3], True)]
+
+
+def test_default_tower_context_and_strategy():
+  tower = contrib.get_tower_context()
+  assert (tower.tower_id, tower.num_towers, tower.is_single_tower) == (0, 1, True)
+  with tf.device("/cpu:2"):
+    assert contrib.get_tower_context().device == DEVICES[2]
+  t = tf.constant(1.0)
+  assert contrib.get_distribution_strategy().broadcast(t) is t
+
+
 def test_outside_any_scope_the_default_tower_context():
   assert contrib.get_tower_context().tower_id == 0
   assert contrib.get_cross_tower_context() is None

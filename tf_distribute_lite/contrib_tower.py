@@ -6,11 +6,17 @@ are replicas, `call_for_each_tower` is `extended.call_for_each_replica`,
 `reduce` takes a `tf.VariableAggregation`, and the tower context has a
 Python-int `tower_id` and a positional `merge_call`. Everything runs on the
 core's mechanisms, eagerly or in a TF1 graph.
+
+TF 1.x's `tf.VariableAggregation.ONLY_FIRST_TOWER` is, in TensorFlow 2, only
+`tf.compat.v1.VariableAggregation.ONLY_FIRST_TOWER` (the same value as
+`tf.VariableAggregation.ONLY_FIRST_REPLICA`); both are accepted wherever an
+aggregation is.
 """
 
 import tensorflow as tf
 
 from tf_distribute_lite import contexts
+from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import one_device_strategy
 from tf_distribute_lite import strategy_v1
@@ -110,7 +116,8 @@ class DistributionStrategy:
 
   def reduce(self, aggregation, value, destinations=None):
     """Combines the towers' `value` by `aggregation` (a
-    `tf.VariableAggregation`) onto `destinations`."""
+    `tf.VariableAggregation` or `tf.compat.v1.VariableAggregation`: SUM,
+    MEAN, ONLY_FIRST_TOWER) onto `destinations`."""
     return self.batch_reduce(aggregation, [(value, destinations)])[0]
 
   def batch_reduce(self, aggregation, value_destination_pairs):
@@ -125,9 +132,15 @@ class DistributionStrategy:
         tf.VariableAggregation(aggregation.value)), pairs)
 
   def broadcast(self, tensor, destinations=None):
-    """`tensor` mirrored onto `destinations` (by default every tower)."""
-    return self._strategy.extended.broadcast_to(
-        tensor, self.worker_devices if destinations is None else destinations)
+    """`tensor` mirrored onto `destinations` (by default every tower; the
+    default strategy gives `tensor` back).
+
+    >>> get_distribution_strategy().broadcast(1.0)
+    1.0
+    """
+    if destinations is None and self._strategy is not distribute_lib.default_strategy():
+      destinations = self.worker_devices
+    return self._strategy.extended.broadcast_to(tensor, destinations)
 
   def colocate_vars_with(self, colocate_with_variable):
     """A scope placing new variables like `colocate_with_variable`."""
@@ -295,13 +308,15 @@ class PerDeviceDataset:
 
 class TowerContext:
   """What `get_tower_context()` gives inside `call_for_each_tower`: the
-  tower's `tower_id` (a Python int) and `merge_call`.
+  tower's `tower_id` (a Python int), `device`, `num_towers`,
+  `is_single_tower` and `merge_call`.
 
   >>> strategy = tf_distribute_lite.contrib.MirroredStrategy(["/cpu:0", "/cpu:1"])
   >>> with strategy.scope():
-  ...   ids = strategy.call_for_each_tower(lambda: get_tower_context().tower_id)
-  >>> strategy.unwrap(ids)
-  [0, 1]
+  ...   towers = strategy.call_for_each_tower(
+  ...       lambda: (get_tower_context().tower_id, get_tower_context().device[-5:]))
+  >>> strategy.unwrap(towers[0]), strategy.unwrap(towers[1])
+  ([0, 1], ['CPU:0', 'CPU:1'])
   """
 
   def __init__(self, replica_context, tower_id):
@@ -319,6 +334,22 @@ class TowerContext:
   def distribution_strategy(self):
     """The contrib strategy the tower belongs to."""
     return _facade(self._replica_context.strategy)
+
+  @property
+  def num_towers(self):
+    """How many towers run each step."""
+    return self._replica_context.num_replicas_in_sync
+
+  @property
+  def is_single_tower(self):
+    """Whether this is the only tower."""
+    return self.num_towers == 1
+
+  @property
+  def device(self):
+    """The device this tower runs on, as a string (for the default tower,
+    the current device)."""
+    return tf.nest.flatten(self._replica_context.devices)[0]
 
 
 def get_tower_context():
