@@ -208,6 +208,39 @@ def test_numpy_datasets_like_tf():
   assert same(run, TF1, OURS) == ([0.0, 1.0, 2.0], [([1.0, 1.0], 0), ([1.0, 1.0], 1)])
 
 
+def test_graph_numpy_datasets_with_a_session_like_tf():
+  def run(mod):
+    with tf.Graph().as_default():
+      strategy = _mirrored(mod)
+      with tf.compat.v1.Session() as session:
+        on_strategy = strategy.experimental_make_numpy_dataset(
+            np.arange(4, dtype=np.float32), session=session)
+        on_extended = strategy.extended.experimental_make_numpy_dataset(
+            np.ones([2, 2], np.float32), session=session)
+        iterator = strategy.make_dataset_iterator(on_strategy.batch(4))
+        plain = tf.compat.v1.data.make_initializable_iterator(on_extended)
+        session.run([iterator.initializer, plain.initializer])
+        return ([a.tolist() for a in session.run(
+            strategy.experimental_local_results(iterator.get_next()))],
+                session.run(plain.get_next()).tolist())
+  assert same(run, TF1, OURS) == ([[0.0, 1.0], [2.0, 3.0]], [1.0, 1.0])
+
+
+def test_graph_reduce_along_an_axis_like_tf():
+  def run(mod):
+    with tf.Graph().as_default():
+      strategy = _mirrored(mod)
+      iterator = strategy.make_dataset_iterator(_dataset())
+      per_replica = strategy.experimental_run(lambda x: x, iterator)
+      reduced = [strategy.reduce("MEAN", per_replica, axis=0),
+                 strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica),
+                 strategy.reduce("SUM", per_replica, axis=0)]
+      with tf.compat.v1.Session() as session:
+        session.run(iterator.initializer)
+        return [np.asarray(r).tolist() for r in session.run(reduced)]
+  assert same(run, TF1, OURS) == [1.5, [2.0, 4.0], 6.0]
+
+
 def test_extended_v1_members_like_tf():
   def run(mod):
     strategy = _mirrored(mod)
