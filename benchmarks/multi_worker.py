@@ -151,7 +151,7 @@ def _free_ports(count):
 
 def run_cluster(impl, quick, timeout, directory):
   """Every task's results of one cluster run of `impl`, by task index."""
-  addresses = [f"localhost:{p}" for p in _free_ports(NUM_WORKERS)]
+  addresses = [f"127.0.0.1:{p}" for p in _free_ports(NUM_WORKERS)]
   paths = [directory / f"{impl}-{i}.json" for i in range(NUM_WORKERS)]
   processes = []
   try:
@@ -159,10 +159,11 @@ def run_cluster(impl, quick, timeout, directory):
       path.unlink(missing_ok=True)
       env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(
           {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}))
-      processes.append(subprocess.Popen(  # pylint: disable=consider-using-with
-          [sys.executable, str(HERE / "multi_worker.py"), "--worker", impl, str(path)]
-          + (["--quick"] if quick else []), env=env, stdout=subprocess.DEVNULL,
-          stderr=open(str(path) + ".log", "w")))  # pylint: disable=consider-using-with
+      with open(str(path) + ".log", "w") as log:
+        processes.append(subprocess.Popen(  # pylint: disable=consider-using-with
+            [sys.executable, str(HERE / "multi_worker.py"), "--worker", impl, str(path)]
+            + (["--quick"] if quick else []), env=env, stdout=subprocess.DEVNULL,
+            stderr=log))
     deadline = time.monotonic() + timeout
     while not all(p.exists() for p in paths):
       if time.monotonic() > deadline or any(p.poll() is not None for p in processes):

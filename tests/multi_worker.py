@@ -51,7 +51,7 @@ class LocalCluster:
     self.num_workers = num_workers
     self.directory = pathlib.Path(directory)
     self.directory.mkdir(parents=True, exist_ok=True)
-    self.addresses = [f"localhost:{p}" for p in free_ports(num_workers)]
+    self.addresses = [f"127.0.0.1:{p}" for p in free_ports(num_workers)]
     self._processes = {}
 
   def tf_config(self, index):
@@ -60,24 +60,30 @@ class LocalCluster:
 
   def start(self, scenario, module="tfd", skip=(), env=None, args=None):
     """Starts every worker but those in `skip`, running `scenario` with
-    `module` ("tfd" or "tf") and `args` (a JSON-able dict)."""
+    `module` ("tfd" or "tf") and `args` (a JSON-able dict). If one cannot
+    be started, those already started are killed."""
     base_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                     PYTHONPATH=os.pathsep.join(
                         [str(REPO_ROOT), str(WORKER.parent)] +
                         ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     base_env.pop("TF_CONFIG", None)
     base_env.update(env or {})
-    for index in range(self.num_workers):
-      if index in skip:
-        continue
-      worker_env = dict(base_env, TF_CONFIG=self.tf_config(index))
-      self._path(index, "json").unlink(missing_ok=True)
-      log = open(self._path(index, "log"), "w")  # pylint: disable=consider-using-with
+    try:
+      for index in range(self.num_workers):
+        if index not in skip:
+          self._start_worker(index, scenario, module, dict(base_env), args)
+    except BaseException:
+      self.stop()
+      raise
+
+  def _start_worker(self, index, scenario, module, env, args):
+    env["TF_CONFIG"] = self.tf_config(index)
+    self._path(index, "json").unlink(missing_ok=True)
+    with open(self._path(index, "log"), "w") as log:
       self._processes[index] = subprocess.Popen(  # pylint: disable=consider-using-with
           [sys.executable, str(WORKER), scenario, module, str(self.directory),
            json.dumps(args or {}), str(self._path(index, "json"))],
-          env=worker_env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
-      log.close()
+          env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
 
   def wait_for_file(self, path, timeout):
     """Waits until `path` exists (a worker's signal); False on timeout."""
