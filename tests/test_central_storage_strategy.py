@@ -63,8 +63,40 @@ def test_one_replica_gets_plain_variables_several_get_one_wrapped_variable():
     wrapped = tf.Variable(1.0)
   assert type(plain).__name__ == "ResourceVariable"
   assert type(wrapped).__name__ == "AggregatingVariable"
-  assert len(wrapped.values) == 1 and wrapped.device == DEVICES[0]
+  assert wrapped.device == DEVICES[0]
   assert _strategy(tfd).extended.variable_created_in_scope(wrapped)
+
+
+def test_the_wrapped_variable_is_not_a_distributed_value():
+  """As in TensorFlow: reductions take it as a value every replica shares,
+  eagerly and inside a tf.function."""
+  def snippet(mod, strategy):
+    with strategy.scope():
+      v = tf.Variable([1.0, 2.0])
+
+    def attempt(fn):
+      outcomes = []
+      for run_mode in (lambda fn: fn(), lambda fn: tf.function(fn)()):
+        try:
+          result = run_mode(fn)
+        except ValueError as e:  # in a tf.function, behind AutoGraph's traceback
+          message = str(e).rsplit("ValueError: ", 1)[-1]
+          outcomes.append("ValueError: " + message.split(" value ")[0])
+        else:
+          outcomes.append("itself" if result is v else repr(result))
+      return outcomes
+    return (isinstance(v, tf.distribute.DistributedValues), hasattr(v, "values"),
+            attempt(lambda: strategy.reduce("SUM", v, axis=None)),
+            attempt(lambda: strategy.extended.reduce_to("SUM", v, "CPU:1")),
+            attempt(lambda: strategy.reduce("MEAN", v, axis=None)),
+            attempt(lambda: strategy.extended.reduce_to("MEAN", v, "CPU:1")),
+            strategy.experimental_local_results(v)[0] is v,
+            attempt(lambda: strategy.run(lambda: v * 2.0)))
+  result = _both(snippet)
+  assert result[:5] == (False, False, ["ValueError: A non-DistributedValues"] * 2,
+                        ["ValueError: A non-DistributedValues"] * 2,
+                        ["itself", "<tf.Tensor: shape=(2,), dtype=float32, "
+                                   "numpy=array([1., 2.], dtype=float32)>"])
 
 
 @pytest.mark.parametrize("aggregation", ["SUM", "MEAN", "ONLY_FIRST_REPLICA"])

@@ -92,11 +92,6 @@ class CentralStorageExtended(mirrored_strategy.MirroredExtended):
   def parameter_devices(self):
     return (self._parameter_device,)
 
-  def _local_results(self, value):
-    if isinstance(value, AggregatingVariable):
-      return (value,)  # one variable, as every replica sees it
-    return super()._local_results(value)
-
   def non_slot_devices(self, var_list):
     return min(var_list, key=lambda v: v.name)
 
@@ -129,13 +124,16 @@ class CentralStorageExtended(mirrored_strategy.MirroredExtended):
     return result if group else tf.nest.map_structure(self._local_results, result)
 
 
-class AggregatingVariable(distributed_variables.DistributedVariable):
+class AggregatingVariable(distributed_variables.ComponentsVariable):
   """The one variable of `CentralStorageStrategy` with several replicas.
 
   Every replica reads the same variable. An update inside `strategy.run`
   waits for all replicas, combines their values by the variable's
   `aggregation` and applies the result once; a variable with aggregation
   NONE cannot be updated there. Its repr is that of the variable it wraps.
+  As in TensorFlow it is not a `tf.distribute.DistributedValues`: it has no
+  `values`, `strategy.reduce` takes it as a value every replica shares
+  (MEAN gives it back, SUM raises `ValueError`).
 
   >>> strategy = CentralStorageStrategy(["CPU:0", "CPU:1"], parameter_device="CPU:1")
   >>> with strategy.scope():

@@ -8,7 +8,10 @@ its own component and aggregates only when read in the cross-replica context.
 
 To the rest of TensorFlow both are real variables: they subclass
 `tf.Variable`, convert to tensors, take part in gradients, checkpoints and
-SavedModels (saved as the single variable they stand for).
+SavedModels (saved as the single variable they stand for). Their common
+base, `ComponentsVariable`, also serves `CentralStorageStrategy`'s
+`AggregatingVariable`, which has one component and is not a distributed
+value.
 """
 
 import copy
@@ -27,9 +30,12 @@ _OWN_ATTRIBUTES = frozenset(
     ["_values", "_distribute_strategy", "_aggregation", "_common_name"])
 
 
-class DistributedVariable(values_lib.DistributedValues, tf.Variable,
-                          tf.__internal__.types.Tensor):
-  """Base of `MirroredVariable` and `SyncOnReadVariable`."""
+class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
+  """A `tf.Variable` that stands for its component variables (`_values`)
+  under a strategy: reads, updates, checkpoints and SavedModels. Subclasses
+  say which component a read uses (`_get`, `_get_on_device_or_primary`,
+  `_on_current_device`) and how an update in a replica is applied
+  (`_update_in_replica`)."""
 
   def __init__(self, strategy, components, aggregation):
     if (aggregation == tf.VariableAggregation.MEAN and
@@ -38,7 +44,7 @@ class DistributedVariable(values_lib.DistributedValues, tf.Variable,
           "creating distributed tf.Variable with aggregation=MEAN and a "
           "non-floating dtype is not supported, please use a different "
           "aggregation or dtype")
-    values_lib.DistributedValues.__init__(self, components)
+    self._values = tuple(components)
     self._distribute_strategy = strategy
     self._aggregation = aggregation
     self._common_name = self._primary.name.split(":")[0]
@@ -65,6 +71,10 @@ class DistributedVariable(values_lib.DistributedValues, tf.Variable,
   # --- Properties of the variable it stands for.
 
   is_distributed_variable = True
+
+  @property
+  def _primary(self):
+    return self._values[0]
 
   @property
   def distribute_strategy(self):
@@ -328,7 +338,16 @@ def _scatter_method(method):
 for _method in ("scatter_sub", "scatter_add", "scatter_mul", "scatter_div",
                 "scatter_min", "scatter_max", "scatter_update",
                 "batch_scatter_update"):
-  setattr(DistributedVariable, _method, _scatter_method(_method))
+  setattr(ComponentsVariable, _method, _scatter_method(_method))
+
+
+class DistributedVariable(ComponentsVariable, values_lib.DistributedValues):
+  """Base of `MirroredVariable` and `SyncOnReadVariable`: a distributed
+  value with one component per replica."""
+
+  # A distributed value's, not tf.Variable's.
+  __repr__ = values_lib.DistributedValues.__repr__
+  __str__ = values_lib.DistributedValues.__str__
 
 
 class _NullContext:

@@ -292,7 +292,7 @@ def distributed_container(value):
   # look up, and variables are looked up on every read under a strategy.
   reference = getattr(value.handle, "__dict__", {}).get("_distributed_container")
   container = reference() if reference is not None else None
-  if container is None or not any(c is value for c in container.values):
+  if container is None or not any(c is value for c in container._values):  # pylint: disable=protected-access
     return None  # e.g. the result of an assign: same handle, not a component
   return container
 
