@@ -41,6 +41,13 @@ def test_invalid_tasks_raise_value_error_naming_the_field(cluster, task_type, ta
     cluster_runtime.validate_task(tf.train.ClusterSpec(cluster), task_type, task_id)
 
 
+def test_a_ps_task_has_no_id_as_in_tensorflow():
+  cluster = tf.train.ClusterSpec({"worker": ["a:1"], "ps": ["b:1"]})
+  cluster_runtime.validate_task(cluster, "ps", 0)
+  with pytest.raises(ValueError, match="^There is no id for task_type 'ps'"):
+    cluster_runtime.id_in_cluster(cluster, "ps", 0)
+
+
 def test_an_evaluator_need_not_be_in_the_cluster():
   cluster_runtime.validate_task(WORKERS, "evaluator", 0)
 
@@ -65,8 +72,8 @@ def test_failed_start_names_the_tasks_nothing_answers_for():
       closed.bind(("127.0.0.1", 0))
       down = f"127.0.0.1:{closed.getsockname()[1]}"
     cluster = tf.train.ClusterSpec({"worker": [up, down, up]})
-    error = tf.errors.DeadlineExceededError(None, None, "Barrier timed out")
-    message = cluster_runtime._startup_failure(cluster, "worker", 0, 5.0, error)  # pylint: disable=protected-access
+    message = cluster_runtime._startup_failure(  # pylint: disable=protected-access
+        cluster, "worker", 0, 5.0, 0.5, "Barrier timed out")
   assert message.startswith("Task /job:worker/replica:0/task:0 could not start the "
                             "cluster within 5 s: no server answers for "
                             f"/job:worker/replica:0/task:1 at {down}.")

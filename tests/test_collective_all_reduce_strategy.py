@@ -81,6 +81,15 @@ def test_one_worker_reduces_and_trains(monkeypatch):
   assert float(strategy.reduce("MEAN", strategy.run(lambda: v + 0.0), axis=None)) == 4.0
 
 
+@MODULES
+def test_a_ps_task_is_refused_before_joining(mod, monkeypatch):
+  """As in TensorFlow, at once: a "ps" task has no place in this strategy."""
+  monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["localhost:1"], '
+                     '"ps": ["localhost:2"]}, "task": {"type": "ps", "index": 0}}')
+  with pytest.raises(ValueError, match="^There is no id for task_type 'ps'"):
+    mod.MultiWorkerMirroredStrategy()
+
+
 def test_communication_options_must_be_communication_options():
   with pytest.raises(ValueError, match="communication_options must be an instance"):
     tfd.MultiWorkerMirroredStrategy(communication_options={"timeout_seconds": 1})
@@ -93,6 +102,7 @@ def test_communication_options_must_be_communication_options():
      "`task.index`"),
     ('{"cluster": {"worker": ["localhost:1"]}, "task": {"type": "chief", "index": 0}}',
      "`task.type`"),
+    ('{"cluster": {"worker": ["localhost:1"]}, "task": "worker"}', "`task`"),
 ])
 def test_malformed_tf_config_raises_value_error_naming_the_field(tf_config, field, monkeypatch):
   monkeypatch.setenv("TF_CONFIG", tf_config)
@@ -244,14 +254,27 @@ def test_tutorial_custom_loop_gives_tensorflows_losses(tmp_path):
 
 @pytest.mark.multi_worker
 def test_missing_worker_fails_within_the_startup_timeout(tmp_path):
-  cluster = LocalCluster(3, tmp_path)
-  results = cluster.run("start_up", skip=(1,),
-                        env={"TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT": "5"})
-  for index in (0, 2):
-    result = results[index]
+  """A missing worker, and a missing task 0 (the coordination service's
+  leader, which TensorFlow's agent retries with a backoff that overruns its
+  deadline): the others fail in time, naming the missing task. The two
+  clusters start together."""
+  timeout = 4
+  no_worker = LocalCluster(3, tmp_path / "no_worker")
+  no_leader = LocalCluster(2, tmp_path / "no_leader")
+  env = {"TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT": str(timeout)}
+  try:
+    no_worker.start("start_up", skip=(1,), env=env)
+    no_leader.start("start_up", skip=(0,), env=env)
+    results = [no_worker.finish(timeout=120), no_leader.finish(timeout=120)]
+  finally:
+    no_worker.stop()
+    no_leader.stop()
+  for cluster, result, missing in [(no_worker, results[0][0], 1), (no_worker, results[0][2], 1),
+                                   (no_leader, results[1][1], 0)]:
     assert result.get("type") == "DeadlineExceededError", result
-    assert f"/job:worker/replica:0/task:1 at {cluster.addresses[1]}" in result["error"]
-    assert result["seconds"] < 5 + 15
+    assert (f"within {timeout} s: no server answers for /job:worker/replica:0/"
+            f"task:{missing} at {cluster.addresses[missing]}.") in result["error"]
+    assert result["seconds"] < timeout + 2  # TensorFlow's agent alone took 5 s more
 
 
 @pytest.mark.multi_worker

@@ -6,8 +6,8 @@ the other tasks. Every wait is bounded:
 
 * start-up: all coordinated tasks (chief and workers) must register within
   `startup_timeout()` seconds, else `tf.errors.DeadlineExceededError` names
-  the tasks that are missing and their addresses (TensorFlow 2.21 waits for
-  an hour by default);
+  the tasks that are missing and their addresses, within that time
+  (TensorFlow 2.21 waits for an hour by default);
 * a task that dies later stops sending heartbeats; after
   `HEARTBEAT_TIMEOUT_SECONDS` TensorFlow aborts every collective op of the
   survivors with `tf.errors.UnavailableError` naming the lost task.
@@ -17,8 +17,10 @@ program start. The helpers below answer the questions strategies ask of a
 cluster (how many workers, which one is the chief, ...).
 """
 
+import concurrent.futures
 import os
 import socket
+import time
 
 import tensorflow as tf
 
@@ -28,6 +30,9 @@ from tf_distribute_lite import device_util
 STARTUP_TIMEOUT_VARIABLE = "TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT"
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 900.0
 HEARTBEAT_TIMEOUT_SECONDS = 10.0
+# Of the start-up time, at most this is kept for starting this task's server
+# and, when the start fails, asking which tasks' servers answer.
+_MARGIN_SECONDS = 1.0
 _TASK_TYPES = ("chief", "worker", "evaluator", "ps")
 _COORDINATED_JOBS = ("chief", "worker")
 
@@ -102,16 +107,26 @@ def worker_count(cluster_spec):
 
 def id_in_cluster(cluster_spec, task_type, task_id):
   """The index of a training task among all of them, the chief first (an
-  evaluator's is its own index).
+  evaluator's is its own index). Other tasks (a "ps") have none: `ValueError`,
+  as in TensorFlow.
 
-  >>> id_in_cluster(tf.train.ClusterSpec({"chief": ["a:1"], "worker": ["b:1"]}),
-  ...               "worker", 0)
+  >>> cluster = tf.train.ClusterSpec({"chief": ["a:1"], "worker": ["b:1"], "ps": ["c:1"]})
+  >>> id_in_cluster(cluster, "worker", 0)
   1
+  >>> id_in_cluster(cluster, "ps", 0)
+  Traceback (most recent call last):
+  ...
+  ValueError: There is no id for task_type 'ps': only 'chief' and 'worker' tasks train with MultiWorkerMirroredStrategy (and an 'evaluator' on its own); a 'ps' task serves ParameterServerStrategy.
   """
   if task_type == "chief":
     return 0
   if task_type == "evaluator":
     return task_id
+  if task_type != "worker":
+    raise ValueError(
+        f"There is no id for task_type {task_type!r}: only 'chief' and "
+        f"'worker' tasks train with MultiWorkerMirroredStrategy (and an "
+        f"'evaluator' on its own); a 'ps' task serves ParameterServerStrategy.")
   chiefs = cluster_spec.num_tasks("chief") if "chief" in cluster_spec.jobs else 0
   return task_id + chiefs
 
@@ -134,8 +149,11 @@ def leader(cluster_spec):
   >>> leader(tf.train.ClusterSpec({"worker": ["a:1", "b:1"]}))
   '/job:worker/replica:0/task:0'
   """
-  job = "chief" if "chief" in cluster_spec.jobs else "worker"
-  return f"/job:{job}/replica:0/task:0"
+  return task_name(*_leader_task(cluster_spec))
+
+
+def _leader_task(cluster_spec):
+  return ("chief" if "chief" in cluster_spec.jobs else "worker"), 0
 
 
 def task_name(task_type, task_id):
@@ -170,24 +188,38 @@ def join(cluster_spec, task_type, task_id, rpc_layer=None):
           f"{task_name(task_type, task_id)}. Start one process per task.")
     return _joined["task"]
   timeout = startup_timeout()
+  # TensorFlow's registration time starts once the server has started, and
+  # the message of a failed start asks which servers answer: a margin of the
+  # time goes to these, the rest is the time to register.
+  margin = min(_MARGIN_SECONDS, timeout / 4)
+  probe_seconds = margin / 2
+  register_deadline = time.monotonic() + timeout - margin
+  leader_job, leader_index = _leader_task(cluster_spec)
+  if (task_type, task_id) != (leader_job, leader_index) and not _answers_by(
+      cluster_spec.task_address(leader_job, leader_index), register_deadline):
+    raise tf.errors.DeadlineExceededError(None, None, _startup_failure(
+        cluster_spec, task_type, task_id, timeout, probe_seconds,
+        f"the coordination service leader {task_name(leader_job, leader_index)} "
+        f"did not answer"))
   server_def = tf.train.ServerDef(
       cluster=cluster_spec.as_cluster_def(), job_name=task_type,
       task_index=task_id, protocol=rpc_layer or "grpc",
-      default_session_config=_session_config(cluster_spec, task_type, task_id,
-                                             timeout))
+      default_session_config=_session_config(
+          cluster_spec, task_type, task_id,
+          max(register_deadline - time.monotonic(), probe_seconds)))
   _tf_bridge.enable_collective_ops(server_def)
   try:
     tf.config.list_logical_devices()  # starts the context: the server joins
   except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
     raise type(e)(None, None, _startup_failure(
-        cluster_spec, task_type, task_id, timeout, e)) from None
+        cluster_spec, task_type, task_id, timeout, probe_seconds, e.message)) from None
   task = task_name(task_type, task_id)
   device_util.set_local_task(task)
   _joined.update(key=key, task=task)
   return task
 
 
-def _session_config(cluster_spec, task_type, task_id, timeout):
+def _session_config(cluster_spec, task_type, task_id, register_seconds):
   """The context's config, plus the cluster's collective leader, this
   task's device filter and the coordination service with its timeouts."""
   config = _tf_bridge.eager_context_config()
@@ -199,7 +231,7 @@ def _session_config(cluster_spec, task_type, task_id, timeout):
   coordination = config.experimental.coordination_config
   coordination.service_type = "standalone"
   coordination.service_leader = leader(cluster_spec)
-  coordination.cluster_register_timeout_in_ms = int(timeout * 1000)
+  coordination.cluster_register_timeout_in_ms = max(int(register_seconds * 1000), 1)
   coordination.cluster_register_with_barrier = True
   coordination.heartbeat_timeout_in_ms = int(HEARTBEAT_TIMEOUT_SECONDS * 1000)
   coordination.shutdown_barrier_timeout_in_ms = int(HEARTBEAT_TIMEOUT_SECONDS * 1000)
@@ -211,10 +243,14 @@ def _session_config(cluster_spec, task_type, task_id, timeout):
   return config
 
 
-def _startup_failure(cluster_spec, task_type, task_id, timeout, error):
-  """The message of a failed start: which tasks are missing, where."""
-  missing = [(job, index, address) for job, index, address in _training_tasks(cluster_spec)
-             if (job, index) != (task_type, task_id) and not _listening(address)]
+def _startup_failure(cluster_spec, task_type, task_id, timeout, probe_seconds, detail):
+  """The message of a failed start: which tasks are missing, where. Their
+  servers are asked at once, each for at most `probe_seconds`."""
+  others = [(job, index, address) for job, index, address in _training_tasks(cluster_spec)
+            if (job, index) != (task_type, task_id)]
+  with concurrent.futures.ThreadPoolExecutor(max(len(others), 1)) as pool:
+    answered = list(pool.map(lambda task: _listening(task[2], probe_seconds), others))
+  missing = [task for task, answers in zip(others, answered) if not answers]
   me = task_name(task_type, task_id)
   if missing:
     names = ", ".join(f"{task_name(job, index)} at {address}"
@@ -222,10 +258,10 @@ def _startup_failure(cluster_spec, task_type, task_id, timeout, error):
     return (f"Task {me} could not start the cluster within {timeout:g} s: no "
             f"server answers for {names}. Start every task of the cluster "
             f"(one process each, with its own TF_CONFIG), or set "
-            f"${STARTUP_TIMEOUT_VARIABLE} to wait longer. ({error.message})")
+            f"${STARTUP_TIMEOUT_VARIABLE} to wait longer. ({detail})")
   return (f"Task {me} could not start the cluster within {timeout:g} s: every "
           f"task's server answers, but not all of them joined; see "
-          f"TensorFlow's message: {error.message}")
+          f"TensorFlow's message: {detail}")
 
 
 def _training_tasks(cluster_spec):
@@ -235,7 +271,24 @@ def _training_tasks(cluster_spec):
         yield job, index, cluster_spec.task_address(job, index)
 
 
-def _listening(address, timeout=1.0):
+def _answers_by(address, deadline):
+  """Whether something accepts TCP connections at `address` before
+  `deadline` (a `time.monotonic()` time), asking until then.
+
+  TensorFlow's coordination agent retries an unreachable leader with a
+  growing backoff that may sleep seconds past its deadline; waiting here
+  for the leader first keeps the start-up bound.
+  """
+  while True:
+    left = deadline - time.monotonic()
+    if left <= 0:
+      return False
+    if _listening(address, min(left, _MARGIN_SECONDS / 2)):
+      return True
+    time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+
+
+def _listening(address, timeout):
   """Whether something accepts TCP connections at "host:port"."""
   host, _, port = address.rpartition(":")
   try:

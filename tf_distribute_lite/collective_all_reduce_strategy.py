@@ -171,10 +171,10 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     if cluster_spec.jobs:
       cluster_runtime.validate_task(cluster_spec, task_type, task_id)
       if task_type != "evaluator":  # an evaluator works on its own
+        self._id_in_cluster = cluster_runtime.id_in_cluster(cluster_spec, task_type, task_id)
         self._task = cluster_runtime.join(cluster_spec, task_type, task_id,
                                           self._cluster_resolver.rpc_layer)
         self._num_workers = cluster_runtime.worker_count(cluster_spec)
-        self._id_in_cluster = cluster_runtime.id_in_cluster(cluster_spec, task_type, task_id)
         self._is_chief = cluster_runtime.is_chief(cluster_spec, task_type, task_id)
     devices = _local_devices(self._task, self._cluster_resolver)
     options = communication_options
