@@ -88,6 +88,7 @@ def basics(ctx):
       lambda v: _local(strategy, v), results)
   out["batch_reduce_to"] = [_local(strategy, r) for r in extended.batch_reduce_to(
       "SUM", [(ids, ids), (ids, "/device:CPU:0")])]
+  out["indexed_slices"] = _indexed_slices(ctx, strategy)
   with strategy.scope():
     v = tf.Variable(10.0 + ctx.index)
     counter = tf.Variable(0.0, aggregation=tf.VariableAggregation.SUM)
@@ -98,6 +99,35 @@ def basics(ctx):
   if ctx.mod is not tf.distribute:  # graphs of TensorFlow's differ
     out["collective_ops"] = _collective_ops_in_graph(ctx)
   out["timeout"] = _collective_timeout(ctx, strategy)
+  return out
+
+
+def _indexed_slices(ctx, strategy):
+  """IndexedSlices all-reduced in replicas (eagerly and in a tf.function)
+  and reduced across them, with and without a dense shape: each replica
+  gives the row [id + 1, id + 1] at index id."""
+  mod = ctx.mod
+
+  def slices(dense_shape):
+    replica = _replica_id(mod)
+    return tf.IndexedSlices(tf.fill([1, 2], tf.cast(replica, tf.float32) + 1.0),
+                            tf.reshape(replica, [1]), dense_shape)
+
+  def describe(value):
+    if not isinstance(value, tf.IndexedSlices):
+      return type(value).__name__
+    return [value.values.numpy().tolist(), value.indices.numpy().tolist(),
+            None if value.dense_shape is None else value.dense_shape.numpy().tolist()]
+
+  out = []
+  for dense_shape in (None, tf.constant([4, 2])):
+    for op in ("SUM", "MEAN"):
+      def all_reduce(op=op, dense_shape=dense_shape):
+        return strategy.run(lambda: mod.get_replica_context().all_reduce(op, slices(dense_shape)))
+      for run in (all_reduce, tf.function(all_reduce)):
+        out.append([describe(v) for v in strategy.experimental_local_results(run())])
+      out.append(describe(strategy.reduce(op, strategy.run(slices, args=(dense_shape,)),
+                                          axis=None)))
   return out
 
 

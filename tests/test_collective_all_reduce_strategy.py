@@ -188,6 +188,15 @@ def test_strategy_api_matches_tensorflow_on_the_same_cluster(num_workers, tmp_pa
       assert our_timeout[1] < 10
   assert results["tfd"][0]["reduce"] == [sum(range(1, num_workers + 1)),
                                          sum(range(1, num_workers + 1)) / num_workers]
+  # IndexedSlices stay slices: every replica's rows and indices, in order.
+  rows = [[float(i + 1)] * 2 for i in range(num_workers)]
+  means = (np.float32(rows) / np.float32(num_workers)).tolist()
+  indices = list(range(num_workers))
+  assert results["tfd"][0]["indexed_slices"] == [
+      [[rows, indices, None]], [[rows, indices, None]], [rows, indices, None],
+      [[means, indices, None]], [[means, indices, None]], [means, indices, None],
+      [[rows, indices, [4, 2]]], [[rows, indices, [4, 2]]], [rows, indices, [4, 2]],
+      [[means, indices, [4, 2]]], [[means, indices, [4, 2]]], [means, indices, [4, 2]]]
 
 
 @pytest.mark.multi_worker

@@ -313,10 +313,15 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     if self._num_workers == 1:
       return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
     by_group = {}
-    for index, (value, _) in enumerate(value_destination_pairs):
-      ops, components = self._collective_inputs(value)
-      by_group.setdefault(ops, []).append((index, components))
     results = [None] * len(value_destination_pairs)
+    for index, (value, destinations) in enumerate(value_destination_pairs):
+      ops, components = self._collective_inputs(value)
+      if any(isinstance(c, tf.IndexedSlices) for c in components):
+        results[index] = self._onto(
+            self._reduce_indexed_slices(reduce_op, ops, components, options),
+            destinations, value)
+      else:
+        by_group.setdefault(ops, []).append((index, components))
     for ops, items in by_group.items():
       sums = self._sum_over(ops, [components for _, components in items], options)
       for (index, _), summed in zip(items, sums):
@@ -329,19 +334,33 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
   def _gather_to(self, value, destinations, axis, options=None):
     if self._num_workers == 1:
       return super()._gather_to(value, destinations, axis, options)
-    ops, components = self._collective_inputs(value)
+    ops, components = self._collective_inputs(value, dense=True)
     gathered = self._all_gather(ops, components, axis, options)
     return self._onto(gathered, destinations, value)
 
-  def _collective_inputs(self, value):
-    """The group that reduces `value` and its dense components, one per
-    member in this process: a per-replica value goes to the replicas'
-    group; any other value is this worker's, for the workers' group."""
+  def _collective_inputs(self, value, dense=False):
+    """The group that reduces `value` and its components (tensors, or
+    IndexedSlices unless `dense`), one per member in this process, on the
+    members' devices: a per-replica value goes to the replicas' group; any
+    other value is this worker's, for the workers' group."""
     if (isinstance(value, tf.distribute.DistributedValues) and
         len(value.values) == len(self._devices)):
       return self._cross_device_ops, [
-          _dense_on(c, d) for c, d in zip(value.values, self._devices)]
-    return self._worker_ops, [_dense_on(value, self._input_host)]
+          _on(c, d, dense) for c, d in zip(value.values, self._devices)]
+    return self._worker_ops, [_on(value, self._input_host, dense)]
+
+  def _reduce_indexed_slices(self, reduce_op, ops, components, options):
+    """IndexedSlices summed over the group of `ops` as TensorFlow sums them:
+    every member's indices and values gathered in member order (a dense
+    component counts as slices of all its rows); MEAN scales the values."""
+    slices = [c if isinstance(c, tf.IndexedSlices) else _as_slices(c)
+              for c in components]
+    values = self._all_gather(ops, [s.values for s in slices], 0, options)
+    indices = self._all_gather(ops, [s.indices for s in slices], 0, options)
+    if reduce_op == ReduceOp.MEAN:
+      values = [_divide(v, self._group_size(ops)) for v in values]
+    return [tf.IndexedSlices(v, i, s.dense_shape)
+            for v, i, s in zip(values, indices, slices)]
 
   def _group_size(self, ops):
     return self._num_replicas_in_sync if ops is self._cross_device_ops else self._num_workers
@@ -430,9 +449,13 @@ def _refuse_per_replica_input(options):
         "`distribute_datasets_from_function` of tf.distribute.MirroredStrategy")
 
 
-def _dense_on(value, device):
-  """`value` as a dense tensor on `device` (IndexedSlices are densified: the
-  workers' slices could not be summed in place)."""
+def _on(value, device, dense=False):
+  """`value` on `device`: IndexedSlices as they are unless `dense`,
+  anything else as a tensor."""
+  if isinstance(value, tf.IndexedSlices) and not dense:
+    if value.device and device_util.canonicalize(value.device) == device:
+      return value
+    return cross_device_ops_lib.copy_to_device(value, device)
   if isinstance(value, tf.Variable):
     value = value.read_value()
   with tf.device(device):
@@ -440,6 +463,13 @@ def _dense_on(value, device):
     if tensor.device and device_util.canonicalize(tensor.device) == device:
       return tensor
     return tf.identity(tensor)
+
+
+def _as_slices(tensor):
+  """A dense tensor as IndexedSlices of all its rows."""
+  with tf.device(tensor.device):
+    shape = tf.shape(tensor, out_type=tf.int64)
+    return tf.IndexedSlices(tensor, tf.range(shape[0]), shape)
 
 
 def _summable(tensor):
