@@ -231,16 +231,20 @@ def custom_loop(ctx):
   """A Keras model trained in a custom loop on global batches of 16; the
   chief checkpoints after every step. Args: steps, checkpoint (a directory
   to write), restore (a checkpoint to restore first), die_after (a
-  task index and step: that task signals the test, which kills it)."""
+  task index and step: that task signals the test, which kills it),
+  local_strategy_first (worker 0 alone all-reduces with a MirroredStrategy
+  of collective ops before it makes the multi-worker strategy)."""
   import keras  # pylint: disable=g-import-not-at-top
   mod, args = ctx.mod, ctx.args
+  out = {}
+  if args.get("local_strategy_first") and ctx.index == 0:
+    out["local_sum"] = _local_collective_sum(mod)
   strategy = ctx.strategy(timeout_seconds=args.get("timeout", 60))
   with strategy.scope():
     model = classifier()
     optimizer = keras.optimizers.Adam(learning_rate=0.01)
     optimizer.build(model.trainable_variables)
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-  out = {}
   if args.get("restore"):
     checkpoint.restore(args["restore"]).expect_partial()
     out["restored"] = [w.tolist() for w in model.get_weights()]
@@ -282,6 +286,18 @@ def custom_loop(ctx):
   out["leftover_dirs"] = sorted(d for d in os.listdir(ctx.directory)
                                 if d.startswith(f"worker{ctx.index}_"))
   return out
+
+
+def _local_collective_sum(mod):
+  """A sum of this worker's 2 replicas by a MirroredStrategy that
+  all-reduces with collective ops (as on GPUs)."""
+  from tf_distribute_lite import cross_device_ops  # pylint: disable=g-import-not-at-top
+  devices = ["CPU:0", "CPU:1"]
+  strategy = mod.MirroredStrategy(
+      devices, cross_device_ops=cross_device_ops.CollectiveAllReduce(devices))
+  summed = strategy.run(lambda: mod.get_replica_context().all_reduce(
+      "SUM", tf.cast(_replica_id(mod), tf.float32) + 1.0))
+  return _floats(strategy.experimental_local_results(summed))
 
 
 def keras_fit(ctx):

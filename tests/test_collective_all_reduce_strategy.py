@@ -157,7 +157,8 @@ def two_worker_training(tmp_path_factory):
   directory = tmp_path_factory.mktemp("two_worker_training")
   checkpoints = directory / "checkpoints"
   results = LocalCluster(2, directory / "cluster").run(
-      "custom_loop", args={"steps": 4, "checkpoint": str(checkpoints)})
+      "custom_loop", args={"steps": 4, "checkpoint": str(checkpoints),
+                           "local_strategy_first": True})
   return {"results": results, "last_checkpoint": str(checkpoints / "ckpt-3")}
 
 
@@ -201,12 +202,15 @@ def test_strategy_api_matches_tensorflow_on_the_same_cluster(num_workers, tmp_pa
 
 @pytest.mark.multi_worker
 def test_custom_loop_on_two_workers_gives_single_process_weights(two_worker_training):
+  """Worker 0 made a MirroredStrategy of collective ops first: the
+  multi-worker strategy's collective keys are those of worker 1 all the same."""
   losses, weights = _plain_training(steps=4)
   for result in two_worker_training["results"].values():
     assert "error" not in result, result.get("traceback")
     np.testing.assert_allclose(result["losses"], losses, atol=TOLERANCE)
     _assert_close(result["weights"], weights)
     assert result["leftover_dirs"] == []  # non-chiefs removed their checkpoints
+  assert two_worker_training["results"][0]["local_sum"] == [3.0, 3.0]
 
 
 @pytest.mark.multi_worker

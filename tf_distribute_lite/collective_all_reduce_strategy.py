@@ -6,18 +6,21 @@ run as in `MirroredStrategy`; reductions add up every replica of every
 worker with TensorFlow's collective ops over its gRPC runtime, which
 `cluster_runtime` starts.
 
-Collective keys need no messages between workers: each `CollectiveAllReduce`
-takes the next group key of a process-wide counter and draws instance keys
-at run time from a counter of its own, so workers that run the same program
-(creating strategies and launching collectives in the same order) derive
-the same keys. Two collective groups serve a strategy: its replicas, and
-its workers (one member each, on the worker's CPU) for values that are not
-per replica, variable initial values and input synchronisation.
+Collective keys need no messages between workers: each strategy of several
+workers takes the next two group keys of a counter that only these
+strategies use, and each of its `CollectiveAllReduce`s draws instance keys
+at run time from a counter of its own, so workers that run the same
+program (creating these strategies and launching collectives in the same
+order) derive the same keys, whatever other strategies each worker makes.
+Two collective groups serve a strategy: its replicas, and its workers (one
+member each, on the worker's CPU) for values that are not per replica,
+variable initial values and input synchronisation.
 
 Without a cluster (no `TF_CONFIG`) the strategy runs on this machine alone.
 """
 
 import copy
+import itertools
 
 import tensorflow as tf
 
@@ -42,6 +45,11 @@ from tf_distribute_lite.reduce_util import ReduceOp
 # `tf.errors.DeadlineExceededError`, unless `CommunicationOptions` set a
 # timeout of their own (TensorFlow 2.21 waits forever by default).
 DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 1800.0
+
+# The first group key of these strategies, clear of TensorFlow's keys and of
+# those of the other strategies' collectives.
+_GROUP_KEY_BASE = 8_000_000
+_group_keys = itertools.count(_GROUP_KEY_BASE, 2)  # two groups per strategy
 
 _SUMMABLE = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
 
@@ -182,14 +190,15 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
       options = CommunicationOptions(options.bytes_per_pack,
                                      DEFAULT_COLLECTIVE_TIMEOUT_SECONDS,
                                      options.implementation)
+    group_key = next(_group_keys) if self._num_workers > 1 else None
     super().__init__(container_strategy, devices,
                      cross_device_ops_lib.CollectiveAllReduce(
-                         devices, len(devices) * self._num_workers, options))
+                         devices, len(devices) * self._num_workers, options, group_key))
     self.experimental_enable_get_next_as_optional = True  # also in TF1 graphs
     self._worker_ops = self._worker_sync = None
     if self._num_workers > 1:
       self._worker_ops = cross_device_ops_lib.CollectiveAllReduce(
-          [self._input_host], self._num_workers, options)
+          [self._input_host], self._num_workers, options, group_key + 1)
       self._worker_sync = input_lib.WorkerSync(self._any_worker_has)
       _tf_bridge.route_keras_reduce_per_replica(_is_multi_worker, _keras_reduce)
 

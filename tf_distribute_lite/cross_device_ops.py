@@ -470,6 +470,8 @@ class CollectiveAllReduce(_AllReduce):
     devices: the devices taking part, one per replica.
     group_size: the number of devices in the group; `len(devices)` locally.
     options: default `CommunicationOptions`.
+    group_key: the collective group's key; by default the next one of this
+      process. Processes that all-reduce together must use the same key.
 
   >>> ops = CollectiveAllReduce(["CPU:0", "CPU:1"])
   >>> per_replica = []
@@ -488,11 +490,11 @@ class CollectiveAllReduce(_AllReduce):
   # options leave bytes_per_pack at 0 ("chosen by the implementation").
   DEFAULT_BYTES_PER_PACK = 32 * 1024 * 1024
 
-  def __init__(self, devices, group_size=None, options=None):
+  def __init__(self, devices, group_size=None, options=None, group_key=None):
     self._devices = tuple(device_util.canonicalize(d) for d in devices)
     self._group_size = group_size or len(self._devices)
     self._options = options or CommunicationOptions()
-    self._group_key = _next_group_key()
+    self._group_key = _next_group_key() if group_key is None else group_key
     self._ordering_tokens = None
     self._instance_counter = None
     self._eager_launch = tf.function(self._launch, autograph=False)
