@@ -320,7 +320,56 @@ def keras_fit(ctx):
                               verbose=0)
   return {"history": history.history, "batch_logs": batch_logs,
           "weights": [w.tolist() for w in model.get_weights()],
-          "evaluation": evaluation, "predictions": np.asarray(predictions).tolist()}
+          "evaluation": evaluation, "predictions": np.asarray(predictions).tolist(),
+          "checkpointing": _fit_with_checkpoints(ctx, strategy)}
+
+
+def _fit_with_checkpoints(ctx, strategy):
+  """TensorFlow's Keras tutorial on fault tolerance: `fit` of 3 epochs of 4
+  steps with `BackupAndRestore` and `ModelCheckpoint` writing into
+  directories the workers share, interrupted at the start of epoch 2, then
+  resumed by a fresh model. Reports the files the shared directories hold
+  and this worker's leftovers in its temporary directory."""
+  import keras  # pylint: disable=g-import-not-at-top
+  backup = os.path.join(ctx.directory, "backup")
+  checkpoints = os.path.join(ctx.directory, "checkpoints")
+
+  class Interruption(keras.callbacks.Callback):
+
+    def on_epoch_begin(self, epoch, logs=None):
+      if epoch == 2:
+        raise RuntimeError("interrupted")
+
+  def fit(extra_callbacks):
+    with strategy.scope():
+      model = classifier()
+      model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1),
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callbacks = [keras.callbacks.BackupAndRestore(backup),
+                 keras.callbacks.ModelCheckpoint(
+                     os.path.join(checkpoints, "epoch{epoch}.weights.h5"),
+                     save_weights_only=True)]
+    dataset = tf.data.Dataset.from_tensor_slices(classification_data(64)).batch(16).repeat()
+    return model, model.fit(dataset, epochs=3, steps_per_epoch=4, verbose=0,
+                            callbacks=callbacks + extra_callbacks)
+
+  out = {}
+  try:
+    fit([Interruption()])
+  except RuntimeError as e:
+    out["interrupted"] = str(e)
+  # Every worker sees the chief's files complete.
+  strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+  out["backup_after_interruption"] = sorted(os.listdir(backup))
+  model, history = fit([])
+  out["resumed_epochs"] = history.epoch
+  out["resumed_loss"] = history.history["loss"]
+  out["weights"] = [w.tolist() for w in model.get_weights()]
+  out["backup_after_training"] = os.path.exists(backup)
+  out["checkpoints"] = sorted(os.listdir(checkpoints))
+  out["temporary_files"] = sorted(name for _, _, names in os.walk(tempfile.gettempdir())
+                                  for name in names if name.endswith((".h5", ".json")))
+  return out
 
 
 def tutorial_custom_loop(ctx):

@@ -230,7 +230,9 @@ def test_checkpoint_written_on_two_workers_restores_on_three(two_worker_training
 def test_keras_fit_on_two_workers(tmp_path):
   """Every worker logs the same metrics, equal to single-process `fit`, and
   ends with its weights. (TensorFlow 2.21's own strategy fails in `fit`.)"""
-  ours = LocalCluster(2, tmp_path / "tfd").run("keras_fit", "tfd")
+  (tmp_path / "tmp").mkdir()
+  ours = LocalCluster(2, tmp_path / "tfd").run("keras_fit", "tfd",
+                                                env={"TMPDIR": str(tmp_path / "tmp")})
   theirs = LocalCluster(2, tmp_path / "tf").run("keras_fit", "tf")
   assert theirs[0]["type"] == "ValueError"
   model = classifier()
@@ -251,6 +253,31 @@ def test_keras_fit_on_two_workers(tmp_path):
     for name, value in evaluation.items():
       assert result["evaluation"][name] == pytest.approx(value, abs=TOLERANCE)
     np.testing.assert_allclose(result["predictions"], predictions, atol=TOLERANCE)
+  _assert_checkpointing_as_in_the_tutorial(ours)
+
+
+def _assert_checkpointing_as_in_the_tutorial(results):
+  """`BackupAndRestore` and `ModelCheckpoint` on 2 workers: the chief writes
+  the shared files, the other worker's go away; training resumed after an
+  interruption at epoch 2 runs epoch 2 only and ends where 3 uninterrupted
+  epochs of single-process `fit` do."""
+  model = classifier()
+  model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  history = model.fit(tf.data.Dataset.from_tensor_slices(classification_data(64)).batch(16)
+                      .repeat(), epochs=3, steps_per_epoch=4, verbose=0).history
+  for result in results.values():
+    checkpointing = result["checkpointing"]
+    assert checkpointing["interrupted"] == "interrupted"
+    assert checkpointing["backup_after_interruption"] == [
+        "latest.weights.h5", "training_metadata.json"]
+    assert checkpointing["resumed_epochs"] == [2]
+    np.testing.assert_allclose(checkpointing["resumed_loss"], history["loss"][2:],
+                               atol=TOLERANCE)
+    _assert_close(checkpointing["weights"], model.get_weights())
+    assert checkpointing["checkpoints"] == [f"epoch{e}.weights.h5" for e in (1, 2, 3)]
+    assert checkpointing["temporary_files"] == []
+  assert results[0]["checkpointing"]["backup_after_training"] is False
 
 
 @pytest.mark.multi_worker

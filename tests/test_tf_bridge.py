@@ -1,5 +1,8 @@
 """The bridge to TensorFlow's strategy stack: what it relies on, and its refusal."""
 
+import os
+import tempfile
+
 import pytest
 import tensorflow as tf
 
@@ -148,6 +151,50 @@ def test_keras_reduce_per_replica_is_routed_for_chosen_strategies():
   assert trainer.reduce_per_replica({"loss": 1.0}, chosen, "auto") == ("ours", "auto")
   other = tfd.OneDeviceStrategy("CPU:1")
   assert trainer.reduce_per_replica({"loss": tf.constant(2.0)}, other, "auto")["loss"] == 2.0
+
+
+def test_keras_checkpoint_writes_are_routed_for_chosen_strategies(tmp_path, monkeypatch):
+  """Keras 3 callbacks save through `_save_model` to the paths the bridge
+  names; for a chosen strategy they save into a temporary directory that
+  is removed, and `BackupAndRestore` leaves the backup alone at the end."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from keras_models import classification_data, classifier  # pylint: disable=g-import-not-at-top
+  chosen = tfd.OneDeviceStrategy("CPU:0")
+  _tf_bridge.route_keras_checkpoint_writes(lambda strategy: strategy is chosen)
+  scratch = tmp_path / "scratch"
+  scratch.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+  saved = []
+  save_weights = keras.Model.save_weights
+
+  def recorded_save_weights(model, filepath, **kwargs):
+    saved.append(os.path.dirname(filepath))
+    return save_weights(model, filepath, **kwargs)
+  monkeypatch.setattr(keras.Model, "save_weights", recorded_save_weights)
+
+  def fit(strategy, directory):
+    with strategy.scope():
+      model = classifier()
+      model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    backup = keras.callbacks.BackupAndRestore(str(directory / "backup"), delete_checkpoint=False)
+    model.fit(*classification_data(8), epochs=2, verbose=0, callbacks=[
+        backup, keras.callbacks.ModelCheckpoint(str(directory / "e{epoch}.weights.h5"),
+                                                save_weights_only=True)])
+    assert {name: getattr(backup, name)
+            for name in _tf_bridge._KERAS_CHECKPOINT_PATHS["BackupAndRestore"]} == {  # pylint: disable=protected-access
+                "backup_dir": str(directory / "backup"),
+                "_weights_path": str(directory / "backup" / "latest.weights.h5"),
+                "_training_metadata_path": str(directory / "backup" / "training_metadata.json"),
+                "_prev_weights_path": str(directory / "backup" / "latest.weights.h5.bkp"),
+                "_prev_training_metadata_path":
+                    str(directory / "backup" / "training_metadata.json.bkp")}
+
+  fit(chosen, tmp_path / "chosen")
+  assert not (tmp_path / "chosen").exists() and not list(scratch.iterdir())
+  assert len(saved) == 4 and all(path.startswith(str(scratch)) for path in saved)
+  fit(tfd.OneDeviceStrategy("CPU:1"), tmp_path / "other")
+  assert sorted(p.name for p in (tmp_path / "other").iterdir()) == [
+      "backup", "e1.weights.h5", "e2.weights.h5"]
 
 
 def test_topology_proto_parses_what_the_tpu_system_returns():

@@ -26,13 +26,18 @@ module exports either. An emulated TPU lowers each step to XLA's HLO with
 the values it captured given explicitly (`hlo_text`). Inside a TPU computation a mirrored variable is a
 variable over a replicated handle (`variable_of_handle`).
 
-Two contacts answer Keras rather than TensorFlow: Keras 3 recognises a
+Three contacts answer Keras rather than TensorFlow: Keras 3 recognises a
 distributed dataset by the name and module of a base class
-(`KERAS_DATASET_BASES`), and reduces its steps' outputs across workers only
-for TensorFlow's own multi-worker class (`route_keras_reduce_per_replica`).
+(`KERAS_DATASET_BASES`), reduces its steps' outputs across workers only
+for TensorFlow's own multi-worker class (`route_keras_reduce_per_replica`),
+and saves checkpoints from every worker into the same files
+(`route_keras_checkpoint_writes`).
 """
 
+import functools
 import importlib.metadata
+import os
+import tempfile
 import threading
 
 import tensorflow as tf
@@ -268,6 +273,80 @@ def route_keras_reduce_per_replica(takes, reduce):
     return original(values, strategy, reduction)
   reduce_per_replica.routes = routes
   trainer.reduce_per_replica = reduce_per_replica
+
+
+# The paths each Keras 3 callback that saves writes to, by class.
+_KERAS_CHECKPOINT_PATHS = {
+    "BackupAndRestore": ("backup_dir", "_weights_path", "_training_metadata_path",
+                         "_prev_weights_path", "_prev_training_metadata_path"),
+    "ModelCheckpoint": ("filepath",),
+}
+
+
+def route_keras_checkpoint_writes(takes):
+  """Makes Keras 3's `BackupAndRestore` and `ModelCheckpoint` callbacks
+  save into a temporary directory, removed at once, when `takes(strategy)`
+  for the strategy of the model they serve; there `BackupAndRestore` also
+  leaves the backup alone at the end of training. Elsewhere they work as
+  before.
+
+  Keras 3 has no check for multi-worker training in these callbacks (tf.keras
+  asked `distributed_file_utils.write_dirpath`, that is the strategy's
+  `extended.should_checkpoint`): every worker saves into the same files (two
+  processes writing one HDF5 file fail with `BlockingIOError`) and deletes
+  the backup. Every worker must still save, as saving reads variables that
+  all workers take part in; as in TensorFlow's multi-worker tutorial, the
+  other workers' files go to a temporary directory that is removed. While
+  `_save_model` runs, the callback's paths (`_KERAS_CHECKPOINT_PATHS`)
+  point into that directory. Without Keras 3 this does nothing; it imports
+  Keras, so call it only when a multi-worker strategy is made.
+  """
+  if _keras_major_version() != 3:
+    return
+  callbacks = importlib.import_module("keras.callbacks")
+  for name, paths in _KERAS_CHECKPOINT_PATHS.items():
+    callback_class = getattr(callbacks, name)
+    routes = getattr(callback_class._save_model, "routes", None)  # pylint: disable=protected-access
+    if routes is None:
+      routes = []
+      callback_class._save_model = _saving_elsewhere(  # pylint: disable=protected-access
+          callback_class._save_model, paths, routes)  # pylint: disable=protected-access
+      if name == "BackupAndRestore":
+        callback_class.on_train_end = _skipped_where(callback_class.on_train_end, routes)
+    if takes not in routes:
+      routes.append(takes)
+
+
+def _routed(callback, routes):
+  strategy = getattr(callback.model, "distribute_strategy", None)
+  return any(takes(strategy) for takes in routes)
+
+
+def _saving_elsewhere(save_model, paths, routes):
+  @functools.wraps(save_model)
+  def _save_model(self, *args, **kwargs):
+    if not _routed(self, routes):
+      return save_model(self, *args, **kwargs)
+    given = {name: getattr(self, name) for name in paths}
+    with tempfile.TemporaryDirectory() as temporary:
+      for name, path in given.items():
+        setattr(self, name, os.path.join(temporary, os.path.basename(path)))
+      try:
+        return save_model(self, *args, **kwargs)
+      finally:
+        for name, path in given.items():
+          setattr(self, name, path)
+  _save_model.routes = routes
+  return _save_model
+
+
+def _skipped_where(method, routes):
+  @functools.wraps(method)
+  def skipped(self, *args, **kwargs):
+    if not _routed(self, routes):
+      return method(self, *args, **kwargs)
+    return None
+  return skipped
 
 
 def parse_topology_proto(serialized):

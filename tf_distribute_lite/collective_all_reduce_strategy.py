@@ -201,6 +201,7 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
           [self._input_host], self._num_workers, options, group_key + 1)
       self._worker_sync = input_lib.WorkerSync(self._any_worker_has)
       _tf_bridge.route_keras_reduce_per_replica(_is_multi_worker, _keras_reduce)
+      _tf_bridge.route_keras_checkpoint_writes(_saves_elsewhere)
 
   # --- The cluster.
 
@@ -504,6 +505,12 @@ def _divide(tensor, count):
 def _is_multi_worker(strategy):
   return isinstance(getattr(strategy, "extended", None),
                     CollectiveAllReduceExtended) and strategy.extended._in_multi_worker_mode()  # pylint: disable=protected-access
+
+
+def _saves_elsewhere(strategy):
+  """Whether Keras callbacks of this worker save into temporary directories:
+  a worker of a multi-worker strategy other than the chief."""
+  return _is_multi_worker(strategy) and not strategy.extended.should_checkpoint
 
 
 def _keras_reduce(values, strategy, reduction):
