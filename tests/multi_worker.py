@@ -3,14 +3,18 @@
 `LocalCluster(n, directory).run(scenario, module)` starts `n` processes of
 `multi_worker_worker.py` on 127.0.0.1 with free ports, one `TF_CONFIG` each
 (2 logical CPU devices per worker), runs the named scenario of
-`multi_worker_scenarios.py` in every one and returns what each returned.
+`multi_worker_scenarios.py` in every one and returns what each returned;
+`run_together` runs several clusters at the same time, `run_once` shares a
+run between the tests (and pytest-xdist workers) that check its results.
 Every wait is bounded; a worker that does not finish in time, and every
 worker still running when a run ends or fails, is killed by its process id.
 """
 
+import fcntl
 import json
 import os
 import pathlib
+import pickle
 import signal
 import socket
 import subprocess
@@ -33,6 +37,36 @@ def free_ports(count):
   finally:
     for s in sockets:
       s.close()
+
+
+def run_together(runs, timeout=120):
+  """Starts every cluster of `runs`, a list of `(cluster, scenario, module,
+  start_args)`, then waits for each (`LocalCluster.finish`); their results
+  in order. Every worker is killed at the end, whatever happens."""
+  try:
+    for cluster, scenario, module, start_args in runs:
+      cluster.start(scenario, module, **start_args)
+    return [cluster.finish(timeout) for cluster, *_ in runs]
+  finally:
+    for cluster, *_ in runs:
+      cluster.stop()
+
+
+def run_once(tmp_path_factory, name, run):
+  """`run(directory)` once per test session; for a module fixture whose
+  tests pytest-xdist may spread over its workers, each of which sets up
+  the fixture. The first worker to ask runs it under a file lock, the
+  others wait for it and read its result."""
+  if "PYTEST_XDIST_WORKER" not in os.environ:
+    return run(tmp_path_factory.mktemp(name))
+  shared = tmp_path_factory.getbasetemp().parent  # this session's, for every worker
+  with open(shared / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # held at most as long as `run` runs
+    done = shared / f"{name}.pickle"
+    if not done.exists():
+      (shared / name).mkdir(exist_ok=True)
+      done.write_bytes(pickle.dumps(run(shared / name)))
+    return pickle.loads(done.read_bytes())
 
 
 class WorkerFailed(AssertionError):

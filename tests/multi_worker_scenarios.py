@@ -9,6 +9,7 @@ test compares across workers, with TensorFlow's, or with a single process.
 import os
 import tempfile
 import time
+import traceback
 
 import numpy as np
 import tensorflow as tf
@@ -441,6 +442,19 @@ def tutorial_custom_loop(ctx):
   return {"losses": losses, "weights": [w.tolist() for w in model.get_weights()],
           "leftover_dirs": sorted(d for d in os.listdir(ctx.directory)
                                   if d.startswith(f"worker{ctx.index}_"))}
+
+
+def several(ctx):
+  """The scenarios `ctx.args["scenarios"]` names, one after another in this
+  process (fewer clusters to start); what each returned or raised, by name."""
+  out = {}
+  for name in ctx.args["scenarios"]:
+    try:
+      out[name] = globals()[name](ctx)
+    except Exception as e:  # pylint: disable=broad-except
+      out[name] = {"type": type(e).__name__, "error": str(e),
+                   "traceback": traceback.format_exc()[-3000:]}
+  return out
 
 
 def start_up(ctx):

@@ -16,8 +16,11 @@ from keras_models import classification_data
 from keras_models import classifier
 from keras_models import TOLERANCE
 from multi_worker import LocalCluster
+from multi_worker import run_once
+from multi_worker import run_together
 
 MODULES = pytest.mark.parametrize("mod", [tf.distribute, tfd], ids=["tf", "tfd"])
+MODULE_NAMES = ("tf", "tfd")  # as the worker processes name them
 CLASSES = [
     (tfd.MultiWorkerMirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy),
     (tfd.experimental.MultiWorkerMirroredStrategy,
@@ -154,19 +157,60 @@ def _plain_training(steps, restore=None):
 @pytest.fixture(scope="module")
 def two_worker_training(tmp_path_factory):
   """2 workers train 4 steps; the chief checkpoints after each."""
-  directory = tmp_path_factory.mktemp("two_worker_training")
-  checkpoints = directory / "checkpoints"
-  results = LocalCluster(2, directory / "cluster").run(
-      "custom_loop", args={"steps": 4, "checkpoint": str(checkpoints),
-                           "local_strategy_first": True})
-  return {"results": results, "last_checkpoint": str(checkpoints / "ckpt-3")}
+  def run(directory):
+    checkpoints = directory / "checkpoints"
+    results = LocalCluster(2, directory / "cluster").run(
+        "custom_loop", args={"steps": 4, "checkpoint": str(checkpoints),
+                             "local_strategy_first": True})
+    return {"results": results, "last_checkpoint": str(checkpoints / "ckpt-3")}
+  return run_once(tmp_path_factory, "two_worker_training", run)
+
+
+@pytest.fixture(scope="module")
+def two_worker_runs(tmp_path_factory):
+  """TensorFlow's custom-loop tutorial, Keras fit and the strategy's API
+  (last: it ends with a collective that times out) on 2 workers: with tfd
+  one after another in one cluster; with tf.distribute in a cluster each,
+  as its strategies collide in one program (a later one reuses the
+  collective instance keys of an earlier one). The clusters run at the
+  same time. Results by module, then task index, then scenario."""
+  scenarios = ["tutorial_custom_loop", "keras_fit", "basics"]
+
+  def run(directory):
+    (directory / "tmp").mkdir()
+    runs = [(LocalCluster(2, directory / "tfd"), "several", "tfd", {
+        "env": {"TMPDIR": str(directory / "tmp")}, "args": {"scenarios": scenarios}})]
+    runs += [(LocalCluster(2, directory / f"tf_{name}"), "several", "tf",
+              {"args": {"scenarios": [name]}}) for name in scenarios]
+    ours, *theirs = run_together(runs, timeout=600)
+    return {"tfd": ours, "tf": {index: {name: result[index][name]
+                                        for name, result in zip(scenarios, theirs)}
+                                for index in range(2)}}
+  return run_once(tmp_path_factory, "two_worker_runs", run)
+
+
+def _scenario(results, name):
+  """Each worker's result of scenario `name`, by task index."""
+  return {index: result[name] for index, result in results.items()}
 
 
 @pytest.mark.multi_worker
-@pytest.mark.parametrize("num_workers", [2, 3])
-def test_strategy_api_matches_tensorflow_on_the_same_cluster(num_workers, tmp_path):
-  results = {mod: LocalCluster(num_workers, tmp_path / mod).run("basics", mod)
-             for mod in ("tf", "tfd")}
+def test_strategy_api_matches_tensorflow_on_two_workers(two_worker_runs):
+  _assert_strategy_api_matches_tensorflow(
+      {mod: _scenario(results, "basics") for mod, results in two_worker_runs.items()})
+
+
+@pytest.mark.multi_worker
+def test_strategy_api_matches_tensorflow_on_three_workers(tmp_path):
+  results = run_together([(LocalCluster(3, tmp_path / mod), "basics", mod, {})
+                          for mod in MODULE_NAMES])
+  _assert_strategy_api_matches_tensorflow(dict(zip(MODULE_NAMES, results)))
+
+
+def _assert_strategy_api_matches_tensorflow(results):
+  """`basics` gave the same on every worker with tf.distribute and tfd,
+  results by module and task index, and what it should."""
+  num_workers = len(results["tfd"])
   for index in range(num_workers):
     ours, theirs = results["tfd"][index], results["tf"][index]
     assert "error" not in ours, ours.get("traceback")
@@ -227,13 +271,11 @@ def test_checkpoint_written_on_two_workers_restores_on_three(two_worker_training
 
 
 @pytest.mark.multi_worker
-def test_keras_fit_on_two_workers(tmp_path):
+def test_keras_fit_on_two_workers(two_worker_runs):
   """Every worker logs the same metrics, equal to single-process `fit`, and
   ends with its weights. (TensorFlow 2.21's own strategy fails in `fit`.)"""
-  (tmp_path / "tmp").mkdir()
-  ours = LocalCluster(2, tmp_path / "tfd").run("keras_fit", "tfd",
-                                                env={"TMPDIR": str(tmp_path / "tmp")})
-  theirs = LocalCluster(2, tmp_path / "tf").run("keras_fit", "tf")
+  ours = _scenario(two_worker_runs["tfd"], "keras_fit")
+  theirs = _scenario(two_worker_runs["tf"], "keras_fit")
   assert theirs[0]["type"] == "ValueError"
   model = classifier()
   model.compile(optimizer=keras.optimizers.Adam(learning_rate=0.01),
@@ -281,9 +323,9 @@ def _assert_checkpointing_as_in_the_tutorial(results):
 
 
 @pytest.mark.multi_worker
-def test_tutorial_custom_loop_gives_tensorflows_losses(tmp_path):
-  results = {mod: LocalCluster(2, tmp_path / mod).run("tutorial_custom_loop", mod)
-             for mod in ("tf", "tfd")}
+def test_tutorial_custom_loop_gives_tensorflows_losses(two_worker_runs):
+  results = {mod: _scenario(results, "tutorial_custom_loop")
+             for mod, results in two_worker_runs.items()}
   for index in range(2):
     ours, theirs = results["tfd"][index], results["tf"][index]
     assert "error" not in ours, ours.get("traceback")
@@ -302,13 +344,8 @@ def test_missing_worker_fails_within_the_startup_timeout(tmp_path):
   no_worker = LocalCluster(3, tmp_path / "no_worker")
   no_leader = LocalCluster(2, tmp_path / "no_leader")
   env = {"TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT": str(timeout)}
-  try:
-    no_worker.start("start_up", skip=(1,), env=env)
-    no_leader.start("start_up", skip=(0,), env=env)
-    results = [no_worker.finish(timeout=120), no_leader.finish(timeout=120)]
-  finally:
-    no_worker.stop()
-    no_leader.stop()
+  results = run_together([(no_worker, "start_up", "tfd", {"skip": (1,), "env": env}),
+                          (no_leader, "start_up", "tfd", {"skip": (0,), "env": env})])
   for cluster, result, missing in [(no_worker, results[0][0], 1), (no_worker, results[0][2], 1),
                                    (no_leader, results[1][1], 0)]:
     assert result.get("type") == "DeadlineExceededError", result
