@@ -15,6 +15,7 @@ import tf_distribute_lite as tfd
 from keras_models import classification_data
 from keras_models import classifier
 from keras_models import TOLERANCE
+import multi_worker
 from multi_worker import LocalCluster
 from multi_worker import run_once
 from multi_worker import run_together
@@ -129,6 +130,31 @@ def test_checkpoint_written_on_two_workers_restores_on_one(two_worker_training, 
 
 
 # --- Clusters of worker processes.
+
+def test_a_cluster_that_cannot_start_a_worker_kills_those_it_started(tmp_path, monkeypatch):
+  started = []
+
+  class FakeProcess:
+    pid = -1
+
+    def __init__(self, *unused_args, **unused_kwargs):
+      if started:
+        raise OSError("cannot start")
+      started.append(self)
+      self.killed = False
+
+    def poll(self):
+      return 0 if self.killed else None
+
+    def wait(self, timeout):
+      del timeout
+
+  monkeypatch.setattr(multi_worker.subprocess, "Popen", FakeProcess)
+  monkeypatch.setattr(multi_worker.os, "kill",
+                      lambda pid, signal: setattr(started[0], "killed", True))
+  with pytest.raises(OSError, match="cannot start"):
+    LocalCluster(2, tmp_path).start("basics")
+  assert started[0].killed
 
 def _assert_close(actual, expected, tolerance=TOLERANCE):
   for a, e in zip(actual, expected):
