@@ -206,6 +206,44 @@ def test_merge_fn_runs_once_in_cross_replica_context(api, run_mode):
   assert [int(t) for t in strategy.experimental_local_results(result)] == [0, 1, 2, 3]
 
 
+# --- tf.summary in replicas.
+
+def _summary_events(directory):
+  """(tag, step, value) of every summary written into `directory`."""
+  from tensorflow.core.util import event_pb2  # pylint: disable=g-import-not-at-top
+  events = []
+  for path in sorted(tf.io.gfile.glob(f"{directory}/*")):
+    for record in tf.data.TFRecordDataset(path):
+      event = event_pb2.Event.FromString(record.numpy())
+      events += [(v.tag, event.step, float(tf.make_ndarray(v.tensor)))
+                 for v in event.summary.value]
+  return events
+
+
+def test_only_replica_zero_records_summaries(api, run_mode, tmp_path):
+  """Every replica writes; replica 0's summary alone is recorded, before and
+  after a `merge_call`, with the writer and step of the caller."""
+  strategy = api.mirrored
+  writer = tf.summary.create_file_writer(str(tmp_path))
+
+  def replica_fn():
+    replica_context = api.mod.get_replica_context()
+    value = tf.cast(replica_context.replica_id_in_sync_group, tf.float32) + 1.0
+    before = tf.summary.write("before", value, step=1)
+    replica_context.merge_call(lambda _: None)
+    after = tf.summary.write("after", value)
+    return before, after, tf.summary.should_record_summaries()
+
+  with writer.as_default(step=7):
+    results = run_mode(lambda: strategy.run(replica_fn))
+    assert tf.summary.should_record_summaries()
+  writer.flush()
+  for result in results:
+    assert [bool(r) for r in strategy.experimental_local_results(result)] == [
+        True, False, False, False]
+  assert _summary_events(tmp_path) == [("before", 1, 1.0), ("after", 7, 1.0)]
+
+
 # --- experimental_set_strategy.
 
 def test_experimental_set_strategy_sets_switches_and_resets(api, run_mode):

@@ -269,3 +269,18 @@ def test_tf1_saveable_saves_and_restores_through_a_saver(tmp_path):
       saver.restore(session, path)
       assert session.run(v).tolist() == [10.0, 20.0] and len(restored) == 1
   assert tf.train.list_variables(path) == [("saved_as", [2])]
+
+
+def test_summary_state_decides_where_summaries_record(tmp_path):
+  state = _tf_bridge.summary_state()
+  writer = tf.summary.create_file_writer(str(tmp_path))
+  with writer.as_default(step=3):
+    assert state.writer is writer
+    assert int(state.step) == 3
+    outer = state.is_recording_distribution_strategy
+    state.is_recording_distribution_strategy = lambda: tf.constant(False)
+    try:
+      assert not tf.summary.should_record_summaries()
+    finally:
+      state.is_recording_distribution_strategy = outer
+    assert tf.summary.should_record_summaries()

@@ -7,9 +7,11 @@ onto that same stack is what makes `tf.distribute.get_strategy()`, Keras,
 behind a private attribute, so every private access sits here, behind a
 check that refuses a TensorFlow whose internals look different.
 
-The other private contacts are the saving context (a `tf.saved_model.save`
-in progress maps distributed variables onto single ones), the per-thread
-variable-creator stack that replica threads inherit, and AutoGraph's list of
+The other private contacts are `tf.summary`'s per-thread state (which
+replica records summaries, and what replica threads inherit), the saving
+context (a `tf.saved_model.save` in progress maps distributed variables onto
+single ones), the per-thread variable-creator stack that replica threads
+inherit, and AutoGraph's list of
 libraries it leaves alone: like TensorFlow's own `tf.distribute` (and Keras),
 this package is library code that AutoGraph must not rewrite when a user's
 `tf.function` calls into it (rewriting it costs seconds per trace).
@@ -65,6 +67,11 @@ def _check_tensorflow():
     record.could_possibly_record  # pylint: disable=pointless-statement
   except (ImportError, AttributeError):
     missing.append("eager.record.could_possibly_record")
+  try:
+    from tensorflow.python.ops import summary_ops_v2  # pylint: disable=g-import-not-at-top
+    summary_ops_v2._summary_state.is_recording_distribution_strategy  # pylint: disable=pointless-statement,protected-access
+  except (ImportError, AttributeError):
+    missing.append("ops.summary_ops_v2._summary_state")
   if missing or not tf.__version__.startswith("2."):
     raise ImportError(
         f"tf_distribute_lite does not recognise the internals of TensorFlow "
@@ -107,6 +114,15 @@ def variable_creator_stack(graph):
 
 def set_variable_creator_stack(graph, stack):
   setattr(graph, _CREATOR_ATTRIBUTE, stack)
+
+
+def summary_state():
+  """`tf.summary`'s per-thread state: the default writer, its step and the
+  conditions under which summaries record (`is_recording`, and
+  `is_recording_distribution_strategy`, which a replica context sets so that
+  only replica 0 writes, as TensorFlow's does)."""
+  from tensorflow.python.ops import summary_ops_v2  # pylint: disable=g-import-not-at-top
+  return summary_ops_v2._summary_state  # pylint: disable=protected-access
 
 
 def eager_device_name():

@@ -821,10 +821,19 @@ class ReplicaContextBase:
 
   def __enter__(self):
     contexts.push(self._entry)
+    summaries = _tf_bridge.summary_state()
+    self._outer_summary_recording = summaries.is_recording_distribution_strategy
+    summaries.is_recording_distribution_strategy = self._is_replica_zero
     return self
 
   def __exit__(self, *exc_info):
+    _tf_bridge.summary_state().is_recording_distribution_strategy = (
+        self._outer_summary_recording)
     contexts.pop()
+
+  def _is_replica_zero(self):
+    """Whether `tf.summary` records here: in replica 0 only, as in TF."""
+    return tf.equal(self.replica_id_in_sync_group, 0)
 
   @property
   def strategy(self):

@@ -33,12 +33,16 @@ class _ThreadState:
     self.name_scope = "" if self.eager else self.graph.get_name_scope()
     self.variable_scope = None if self.eager else tf.compat.v1.get_variable_scope()
     self.creators = list(_tf_bridge.variable_creator_stack(self.graph))
+    summaries = _tf_bridge.summary_state()
+    self.summaries = (summaries.writer, summaries.step, summaries.is_recording)
 
   def enter(self, stack):
     """Enters this state on the current thread, using `stack` (ExitStack)."""
     if not self.eager:
       stack.enter_context(self.graph.as_default())
     _tf_bridge.set_variable_creator_stack(self.graph, list(self.creators))
+    summaries = _tf_bridge.summary_state()
+    summaries.writer, summaries.step, summaries.is_recording = self.summaries
     if self.name_scope:
       stack.enter_context(tf.name_scope(self.name_scope + "/"))
 
