@@ -356,6 +356,24 @@ def test_compute_average_loss_matches_tensorflows_strategy():
   assert repr(results[1]) == repr(results[0])
 
 
+def test_tensorflows_default_run_uses_a_strategys_variables(api, run_mode):
+  """Keras steps a model built outside every scope on TensorFlow's default
+  strategy, which pushes its replica context onto the stack we share: no
+  strategy is in effect there, and distributed variables read as one value."""
+  with api.mirrored.scope():
+    mirrored = tf.Variable(3.0)
+    on_read = tf.Variable(2.0, synchronization=tf.VariableSynchronization.ON_READ,
+                          aggregation=tf.VariableAggregation.SUM)
+
+  def replica_fn():
+    assert not api.mod.has_strategy()
+    return mirrored.assign_add(1.0) * 2.0, on_read * 1.0
+
+  doubled, summed = run_mode(lambda: tf.distribute.get_strategy().run(replica_fn))
+  assert (float(doubled), float(summed)) == (8.0, 8.0)
+  assert [float(v) for v in mirrored.values] == [4.0] * 4
+
+
 # --- The default strategy's scope.
 
 def test_default_scope_stays_in_the_default_replica_context(api, run_mode):

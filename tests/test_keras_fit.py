@@ -532,3 +532,26 @@ def test_mixed_precision_fit_matches_tf_distribute():
   for ours, theirs in zip(weights, tf_weights):
     np.testing.assert_allclose(ours, theirs, atol=1e-3)
   assert not np.allclose(weights[0], initial_weights()[0])
+
+
+@pytest.mark.parametrize("module", [tf.distribute, tfd], ids=["tf", "tfd"])
+def test_fit_of_a_model_built_outside_the_scope_names_its_variable(module):
+  """Compiled in the scope, built outside it: the optimizer's variables are
+  mirrored, the model's are not, and Keras steps on TensorFlow's default
+  strategy. The update fails on the model's first variable (TF 2.21 with an
+  empty AssertionError, we with a ValueError that names it), not on the
+  reads of the optimizer's variables before it."""
+  strategy = (oracle.new_tf_mirrored(["CPU:0", "CPU:1"]) if module is tf.distribute
+              else tfd.MirroredStrategy(["CPU:0", "CPU:1"]))
+  model = keras.Sequential([keras.Input(shape=(NUM_FEATURES,)),
+                            keras.layers.Dense(NUM_CLASSES)])
+  with strategy.scope():
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  x, y = _data(GLOBAL_BATCH)
+  expected = AssertionError if module is tf.distribute else ValueError
+  with pytest.raises(expected) as raised:
+    model.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0)
+  if module is tfd:
+    assert "needs a variable created in its scope" in str(raised.value)
+    assert model.layers[0].kernel.path in str(raised.value)

@@ -284,3 +284,13 @@ def test_summary_state_decides_where_summaries_record(tmp_path):
     finally:
       state.is_recording_distribution_strategy = outer
     assert tf.summary.should_record_summaries()
+
+
+def test_tensorflow_default_strategy_is_the_one_outside_every_scope():
+  default = tf.distribute.get_strategy()
+  assert _tf_bridge.tensorflow_default_strategy() is default
+  strategy = tfd.MirroredStrategy(["CPU:0", "CPU:1"])
+  with strategy.scope():
+    assert _tf_bridge.tensorflow_default_strategy() is default
+    assert _tf_bridge.strategy_stack()[-1].strategy is strategy
+  assert not isinstance(default, tfd.Strategy)

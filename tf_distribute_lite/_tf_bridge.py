@@ -99,6 +99,24 @@ def strategy_stack():
   return getattr(tf.compat.v1.get_default_graph(), _STACK_ATTRIBUTE)
 
 
+@functools.lru_cache(maxsize=None)
+def tensorflow_default_strategy():
+  """TensorFlow's own default strategy, one object per process.
+
+  TensorFlow pushes its contexts onto the stack we share, for example when
+  Keras runs a step on `tf.distribute.get_strategy()` outside every scope;
+  that strategy is what `tf.distribute.get_strategy()` returns with the
+  stack empty, so the stack is emptied for the call.
+  """
+  stack = strategy_stack()
+  entries = stack[:]
+  del stack[:]
+  try:
+    return tf.distribute.get_strategy()
+  finally:
+    stack[:] = entries
+
+
 def saving_without_distribution():
   """True while `tf.saved_model.save` traces without expanding variables."""
   if not _save_context.in_save_context():

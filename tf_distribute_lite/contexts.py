@@ -85,10 +85,15 @@ def get_strategy():
 def has_strategy():
   """Whether a non-default strategy is current.
 
+  TensorFlow's own default strategy, whose replica context TensorFlow pushes
+  when Keras runs outside every scope, is a default strategy too.
+
   >>> has_strategy()
   False
   """
-  return get_strategy() is not _defaults["strategy"]()
+  strategy = get_strategy()
+  return (strategy is not _defaults["strategy"]() and
+          strategy is not _tf_bridge.tensorflow_default_strategy())
 
 
 def in_cross_replica_context():
