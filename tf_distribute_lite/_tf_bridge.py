@@ -134,11 +134,12 @@ def set_variable_creator_stack(graph, stack):
   setattr(graph, _CREATOR_ATTRIBUTE, stack)
 
 
+@functools.lru_cache(maxsize=None)
 def summary_state():
-  """`tf.summary`'s per-thread state: the default writer, its step and the
-  conditions under which summaries record (`is_recording`, and
-  `is_recording_distribution_strategy`, which a replica context sets so that
-  only replica 0 writes, as TensorFlow's does)."""
+  """`tf.summary`'s state: one object whose attributes are per thread (the
+  default writer, its step and the conditions under which summaries record:
+  `is_recording`, and `is_recording_distribution_strategy`, which a replica
+  context sets so that only replica 0 writes, as TensorFlow's does)."""
   from tensorflow.python.ops import summary_ops_v2  # pylint: disable=g-import-not-at-top
   return summary_ops_v2._summary_state  # pylint: disable=protected-access
 
