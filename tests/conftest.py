@@ -4,8 +4,13 @@ Multi-replica behaviour is tested on these 4 devices, so it needs no GPU.
 """
 
 import os
+import pathlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Processes the tests start import this checkout's package, whichever one
+# the environment has installed.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [
+    str(pathlib.Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))
 
 import pytest  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top

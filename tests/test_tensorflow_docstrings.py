@@ -20,7 +20,6 @@ import importlib
 import io
 import json
 import os
-import pathlib
 import pkgutil
 import subprocess
 import sys
@@ -33,7 +32,6 @@ import tensorflow as tf
 import tf_distribute_lite as tfd
 
 TPU_NAME = "emulated:v3-8"
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Examples of APIs tfd does not implement (ParameterServerStrategy, the
 # coordinator, RPC), or not part of the public API (ShardedVariable).
@@ -106,8 +104,7 @@ def _run(test):
 @pytest.fixture(scope="module")
 def tpu_results():
   """`_run`'s answers for the TPU examples, from a fresh process."""
-  env = dict(os.environ, TPU_NAME=TPU_NAME, PYTHONPATH=os.pathsep.join(
-      [str(REPO_ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+  env = dict(os.environ, TPU_NAME=TPU_NAME)
   result = subprocess.run([sys.executable, __file__], env=env, capture_output=True,
                           text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
