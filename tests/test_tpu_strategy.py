@@ -220,6 +220,13 @@ def test_tf_2_0_spec_examples_on_emulated_v3_8(v3_8_programs):
                                        "numpy": [16.0]}
 
 
+def test_use_tpus_guide_trains_as_keras_fit_without_a_strategy(v3_8_programs):
+  trained = {"iterations": 4, "loss_fell": True, "like_fit": True}
+  assert v3_8_programs["use_tpus_guide"] == {
+      "replicas": 8, "fit": True, "fit_steps_per_execution": True,
+      "custom_loop": trained, "custom_loop_tf_range": trained}
+
+
 def test_tensorflows_tpu_strategy_docstring_examples_match_plain_computations(v3_8_programs):
   docstring = dict(v3_8_programs["tensorflow_docstring"])
   assert docstring.pop("examples") >= 15
