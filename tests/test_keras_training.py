@@ -27,16 +27,29 @@ def _make_optimizer(name):
   return keras.optimizers.Adam(learning_rate=0.01)
 
 
+def _unbuilt_classifier():
+  """`classifier()` that creates its weights when first called."""
+  initializers = [keras.initializers.Constant(w) for w in initial_weights()]
+  return keras.Sequential([
+      keras.layers.Dense(8, activation="relu", kernel_initializer=initializers[0],
+                         bias_initializer=initializers[1]),
+      keras.layers.Dense(NUM_CLASSES, kernel_initializer=initializers[2],
+                         bias_initializer=initializers[3])])
+
+
 class _Trainer:
   """Model, optimizer, metrics and step function built in `strategy.scope()`."""
 
-  def __init__(self, strategy, optimizer_name, use_function=True):
+  def __init__(self, strategy, optimizer_name, use_function=True, lazy=False):
+    """With `lazy` the model and optimizer create their variables in the
+    first step, as in the "Custom training" tutorial."""
     self.strategy = strategy
     with strategy.scope():
-      self.model = classifier()
+      self.model = _unbuilt_classifier() if lazy else classifier()
       self.optimizer = _make_optimizer(optimizer_name)
-      # Slot variables up front: TF cannot create them inside a tf.function.
-      self.optimizer.build(self.model.trainable_variables)
+      if not lazy:
+        # Slot variables up front: TF cannot create them inside a tf.function.
+        self.optimizer.build(self.model.trainable_variables)
       self.loss_metric = keras.metrics.Mean(name="loss")
       self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
     self.loss_fn = keras.losses.SparseCategoricalCrossentropy(
@@ -222,5 +235,23 @@ def test_eager_training_loop_matches_tf_distribute(optimizer_name, tf_strategy):
   _assert_weights_close([w.numpy() for w in ours.model.trainable_variables],
                         [w.numpy() for w in theirs.model.trainable_variables])
   for components in ours.component_weights():
+    for component in components[1:]:
+      np.testing.assert_allclose(component, components[0], atol=TOLERANCE)
+
+
+def test_model_and_optimizer_built_inside_the_first_step():
+  """The model and Adam create their variables in the first tf.function step
+  (TF 2.21 fails there: "You must feed a value for placeholder"); training
+  still equals one device, and every weight's components stay equal."""
+  trainer = _Trainer(tfd.MirroredStrategy(), "adam", lazy=True)
+  assert not trainer.model.built and not trainer.optimizer.built
+
+  losses = trainer.train(NUM_STEPS)
+
+  expected_losses, expected_weights = _reference_losses_and_weights("adam", NUM_STEPS)
+  np.testing.assert_allclose(losses, expected_losses, atol=TOLERANCE)
+  _assert_weights_close([w.numpy() for w in trainer.model.trainable_variables],
+                        expected_weights)
+  for components in trainer.component_weights():
     for component in components[1:]:
       np.testing.assert_allclose(component, components[0], atol=TOLERANCE)

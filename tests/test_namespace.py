@@ -7,6 +7,8 @@ import tensorflow as tf
 
 import tf_distribute_lite as tfd
 
+import oracle
+
 TOP_LEVEL = [
     "Strategy", "StrategyExtended", "MirroredStrategy", "OneDeviceStrategy",
     "ReduceOp", "ReplicaContext", "RunOptions", "InputReplicationMode",
@@ -157,3 +159,32 @@ def test_partitioners_is_a_module_as_in_tensorflow():
   assert inspect.ismodule(tfd.experimental.partitioners)
   assert tfd.experimental.partitioners.__name__ == (
       "tf_distribute_lite.experimental.partitioners")
+
+
+@pytest.mark.parametrize("name", ["MultiWorkerMirroredStrategy", "TPUStrategy"])
+def test_strategy_classes_carry_tensorflows_class_names(name):
+  """`type(strategy).__name__` prints TF's CollectiveAllReduceStrategy and
+  TPUStrategyV2, in the experimental and compat.v1 namespaces too."""
+  for ours, theirs in [(tfd, tf.distribute),
+                       (tfd.experimental, tf.distribute.experimental),
+                       (tfd.compat.v1.experimental, tf.compat.v1.distribute.experimental)]:
+    assert getattr(ours, name).__name__ == getattr(theirs, name).__name__
+  assert tfd.MultiWorkerMirroredStrategy.__name__ == "CollectiveAllReduceStrategy"
+  assert tfd.TPUStrategy.__name__ == "TPUStrategyV2"
+
+
+def _type_names(strategy):
+  """Class names of the strategy, its extended and its replica context."""
+  seen = []
+  strategy.run(lambda: seen.append(type(tf.distribute.get_replica_context()).__name__))
+  return type(strategy).__name__, type(strategy.extended).__name__, seen[0]
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: oracle.mirrored(m),
+    lambda m: m.OneDeviceStrategy("/cpu:0"),
+    lambda m: m.experimental.CentralStorageStrategy(),
+    lambda m: m.get_strategy()],
+                         ids=["mirrored", "one_device", "central_storage", "default"])
+def test_strategy_extended_and_replica_context_class_names_are_tensorflows(make):
+  assert _type_names(make(tfd)) == _type_names(make(tf.distribute))

@@ -1,6 +1,7 @@
-"""TPU programs from the spec, run on an emulated v3-8 slice in a fresh
-process (8 logical CPU devices), next to the same computation without a
-strategy. Prints one JSON object; tests/test_tpu_strategy.py runs it.
+"""TPU programs from the spec and the "Use TPUs" guide, run on an emulated
+v3-8 slice in a fresh process (8 logical CPU devices), next to the same
+computation without a strategy. Prints one JSON object;
+tests/test_tpu_strategy.py runs it.
 
     TPU_NAME=emulated:v3-8 python tests/tpu_programs.py
 """
@@ -149,6 +150,103 @@ def training_loop(resolver):
           "loss_fell": ours[-1] < ours[0]}
 
 
+def use_tpus_guide(strategy):
+  """The "Use TPUs" guide's training on synthetic MNIST-shaped data: Keras
+  fit (with and without `steps_per_execution`) and its custom loop (one
+  step per call, and `tf.range` steps in one call) over
+  `distribute_datasets_from_function`, against Keras fit without a
+  strategy on the global batch."""
+  batch_size, steps_per_epoch = 200, 2
+  rng = np.random.RandomState(0)
+  images = rng.randint(0, 256, (600, 28, 28, 1)).astype(np.uint8)
+  labels = rng.randint(0, 10, (600,)).astype(np.int64)
+
+  def create_model():
+    regularizer = tf.keras.regularizers.L2(1e-5)
+    init = tf.keras.initializers.GlorotUniform
+    return tf.keras.Sequential([
+        tf.keras.Input((28, 28, 1)),
+        tf.keras.layers.Conv2D(8, 3, activation="relu", kernel_regularizer=regularizer,
+                               kernel_initializer=init(1)),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(16, activation="relu", kernel_regularizer=regularizer,
+                              kernel_initializer=init(2)),
+        tf.keras.layers.Dense(10, kernel_regularizer=regularizer, kernel_initializer=init(3))])
+
+  def get_dataset(batch, is_training=True):
+    part = slice(0, 400) if is_training else slice(400, 600)
+    dataset = tf.data.Dataset.from_tensor_slices((images[part], labels[part])).map(
+        lambda image, label: (tf.cast(image, tf.float32) / 255.0, label))
+    return (dataset.repeat() if is_training else dataset).batch(batch)
+
+  def fit(strategy, **compile_kwargs):
+    with strategy.scope():
+      model = create_model()
+      model.compile(optimizer="adam", metrics=["sparse_categorical_accuracy"],
+                    loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    **compile_kwargs)
+    history = model.fit(get_dataset(batch_size), epochs=2, steps_per_epoch=steps_per_epoch,
+                        validation_data=get_dataset(batch_size, False), verbose=0)
+    return history.history, [w.numpy() for w in model.weights]
+
+  def custom_loop(multiple_steps):
+    with strategy.scope():
+      model = create_model()
+      optimizer = tf.keras.optimizers.Adam()
+      training_loss = tf.keras.metrics.Mean("training_loss", dtype=tf.float32)
+    per_replica_batch_size = batch_size // strategy.num_replicas_in_sync
+    train_dataset = strategy.distribute_datasets_from_function(
+        lambda _: get_dataset(per_replica_batch_size, is_training=True))
+
+    def step_fn(inputs):
+      images, labels = inputs
+      with tf.GradientTape() as tape:
+        logits = model(images, training=True)
+        per_example_loss = tf.keras.losses.sparse_categorical_crossentropy(
+            labels, logits, from_logits=True)
+        loss = tf.nn.compute_average_loss(per_example_loss)
+        loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(list(zip(grads, model.trainable_variables)))
+      training_loss.update_state(loss * strategy.num_replicas_in_sync)
+
+    @tf.function
+    def train_step(iterator):
+      strategy.run(step_fn, args=(next(iterator),))
+
+    @tf.function
+    def train_multiple_steps(iterator, steps):
+      for _ in tf.range(steps):
+        strategy.run(step_fn, args=(next(iterator),))
+
+    iterator = iter(train_dataset)
+    losses = []
+    for _ in range(2):
+      if multiple_steps:
+        train_multiple_steps(iterator, tf.convert_to_tensor(steps_per_epoch))
+      else:
+        for _ in range(steps_per_epoch):
+          train_step(iterator)
+      losses.append(float(training_loss.result()))
+      training_loss.reset_state()
+    return losses, int(optimizer.iterations.numpy()), [w.numpy() for w in model.weights]
+
+  def close(a, b):
+    return all(np.allclose(x, y, atol=2e-4, rtol=2e-4) for x, y in zip(a, b))
+
+  plain_history, plain_weights = fit(tf.distribute.get_strategy())
+  out = {"replicas": strategy.num_replicas_in_sync}
+  for name, kwargs in [("fit", {}), ("fit_steps_per_execution", {"steps_per_execution": 2})]:
+    history, weights = fit(strategy, **kwargs)
+    out[name] = close(weights, plain_weights) and all(
+        np.allclose(history[k], plain_history[k], atol=2e-4) for k in plain_history)
+  for name, multiple_steps in [("custom_loop", False), ("custom_loop_tf_range", True)]:
+    losses, iterations, weights = custom_loop(multiple_steps)
+    out[name] = {"iterations": iterations, "loss_fell": losses[1] < losses[0],
+                 "like_fit": close(weights, plain_weights)}
+  return out
+
+
 def main():
   resolver = tfd.cluster_resolver.TPUClusterResolver(tpu="")
   tf.config.experimental_connect_to_cluster(resolver)
@@ -160,6 +258,7 @@ def main():
       "values": spec_values_on_worker_devices(resolver),
       "training": training_loop(resolver),
       "spec_2_0": spec_2_0_examples(resolver),
+      "use_tpus_guide": use_tpus_guide(tfd.TPUStrategy(resolver)),
       "tensorflow_docstring": tensorflow_docstring_examples()}))
 
 

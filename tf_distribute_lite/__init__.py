@@ -22,7 +22,7 @@ from tf_distribute_lite.contexts import get_replica_context
 from tf_distribute_lite.contexts import get_strategy
 from tf_distribute_lite.contexts import has_strategy
 from tf_distribute_lite.contexts import in_cross_replica_context
-from tf_distribute_lite.collective_all_reduce_strategy import MultiWorkerMirroredStrategy
+from tf_distribute_lite.collective_all_reduce_strategy import CollectiveAllReduceStrategy as MultiWorkerMirroredStrategy
 from tf_distribute_lite.cross_device_ops import CrossDeviceOps
 from tf_distribute_lite.cross_device_ops import HierarchicalCopyAllReduce
 from tf_distribute_lite.cross_device_ops import NcclAllReduce
@@ -40,7 +40,7 @@ from tf_distribute_lite.input_lib import DistributedIterator
 from tf_distribute_lite.mirrored_strategy import MirroredStrategy
 from tf_distribute_lite.one_device_strategy import OneDeviceStrategy
 from tf_distribute_lite.reduce_util import ReduceOp
-from tf_distribute_lite.tpu_strategy import TPUStrategy
+from tf_distribute_lite.tpu_strategy import TPUStrategyV2 as TPUStrategy
 from tf_distribute_lite.values import DistributedValues
 
 Server = tf.distribute.Server  # TensorFlow's own gRPC server, re-exported

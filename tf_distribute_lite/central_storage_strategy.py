@@ -43,7 +43,7 @@ class CentralStorageStrategy(distribute_lib.Strategy):
   """
 
   def __init__(self, compute_devices=None, parameter_device=None):
-    super().__init__(CentralStorageExtended(self, compute_devices, parameter_device))
+    super().__init__(ParameterServerStrategyExtended(self, compute_devices, parameter_device))
 
 
 class CentralStorageStrategyV1(strategy_v1.StrategyV1):
@@ -56,7 +56,7 @@ class CentralStorageStrategyV1(strategy_v1.StrategyV1):
   """
 
   def __init__(self, compute_devices=None, parameter_device=None):
-    super().__init__(CentralStorageExtended(self, compute_devices, parameter_device))
+    super().__init__(ParameterServerStrategyExtended(self, compute_devices, parameter_device))
 
   def _configure_cluster(self, cluster_spec, task_type, task_id):
     # TensorFlow 2.21 fails here with an AttributeError.
@@ -66,9 +66,10 @@ class CentralStorageStrategyV1(strategy_v1.StrategyV1):
         f"got cluster_spec={cluster_spec.as_dict()}.")
 
 
-class CentralStorageExtended(mirrored_strategy.MirroredExtended):
-  """`strategy.extended` of `CentralStorageStrategy`: replicas run as in
-  `MirroredStrategy`; variables, updates and reductions differ."""
+class ParameterServerStrategyExtended(mirrored_strategy.MirroredExtended):
+  """`strategy.extended` of `CentralStorageStrategy` (named as in
+  TensorFlow): replicas run as in `MirroredStrategy`; variables, updates and
+  reductions differ."""
 
   _between_graph = True
 

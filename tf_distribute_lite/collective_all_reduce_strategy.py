@@ -54,7 +54,7 @@ _group_keys = itertools.count(_GROUP_KEY_BASE, 2)  # two groups per strategy
 _SUMMABLE = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
 
 
-class MultiWorkerMirroredStrategy(distribute_lib.Strategy):
+class CollectiveAllReduceStrategy(distribute_lib.Strategy):
   """Synchronous training on the devices of several machines.
 
   Args:
@@ -69,7 +69,7 @@ class MultiWorkerMirroredStrategy(distribute_lib.Strategy):
   it starts this task's gRPC server and waits until every task has joined.
   Each worker has one replica per GPU, or one on its CPU.
 
-  >>> strategy = MultiWorkerMirroredStrategy()  # no TF_CONFIG: this machine only
+  >>> strategy = CollectiveAllReduceStrategy()  # no TF_CONFIG: this machine only
   >>> strategy.num_replicas_in_sync, strategy.extended._in_multi_worker_mode()
   (1, False)
   >>> with strategy.scope():
@@ -93,10 +93,10 @@ class _AnyMultiWorkerStrategy(type):
   """`isinstance` answers True for every `MultiWorkerMirroredStrategy`."""
 
   def __instancecheck__(cls, instance):
-    return isinstance(instance, MultiWorkerMirroredStrategy)
+    return isinstance(instance, CollectiveAllReduceStrategy)
 
 
-class ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy,
+class ExperimentalMultiWorkerMirroredStrategy(CollectiveAllReduceStrategy,
                                               metaclass=_AnyMultiWorkerStrategy):
   """Deprecated: `tf.distribute.experimental.MultiWorkerMirroredStrategy`,
   which takes a `communication` implementation; use
@@ -105,7 +105,7 @@ class ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy,
   >>> strategy = ExperimentalMultiWorkerMirroredStrategy("RING")
   >>> strategy.extended._communication_options.implementation
   <CommunicationImplementation.RING: 'RING'>
-  >>> isinstance(MultiWorkerMirroredStrategy(), ExperimentalMultiWorkerMirroredStrategy)
+  >>> isinstance(CollectiveAllReduceStrategy(), ExperimentalMultiWorkerMirroredStrategy)
   True
   """
 
@@ -118,14 +118,14 @@ class ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy,
                      CommunicationOptions(implementation=communication))
 
 
-ExperimentalMultiWorkerMirroredStrategy.__name__ = "MultiWorkerMirroredStrategy"
+ExperimentalMultiWorkerMirroredStrategy.__name__ = "CollectiveAllReduceStrategy"
 
 
-class MultiWorkerMirroredStrategyV1(strategy_v1.StrategyV1):
+class CollectiveAllReduceStrategyV1(strategy_v1.StrategyV1):
   """`MultiWorkerMirroredStrategy` with the TF 1.x API
   (`tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy`).
 
-  >>> strategy = MultiWorkerMirroredStrategyV1()
+  >>> strategy = CollectiveAllReduceStrategyV1()
   >>> strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.0)))
   <tf.Tensor: shape=(), dtype=float32, numpy=2.0>
   """
@@ -245,8 +245,8 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
   # --- Replicas and input.
 
   def _make_replica_context(self, replica_id, runner):
-    return _WorkerReplicaContext(self._container_strategy(), replica_id, runner,
-                                 self._first_replica)
+    return _MirroredReplicaContext(self._container_strategy(), replica_id, runner,
+                                   self._first_replica)
 
   def _distribute_values_from_function(self, value_fn):
     return values_lib.regroup(
@@ -424,9 +424,9 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     return placed[0] if len(placed) == 1 else values_lib.Mirrored(placed)
 
 
-class _WorkerReplicaContext(distribute_lib.ReplicaContext):
+class _MirroredReplicaContext(mirrored_strategy._MirroredReplicaContext):  # pylint: disable=protected-access
   """A replica context whose `replica_id_in_sync_group` counts the replicas
-  of the workers before this one."""
+  of the workers before this one (named as in TensorFlow)."""
 
   def __init__(self, strategy, local_replica_id, runner, first_replica):
     super().__init__(strategy, local_replica_id, runner)

@@ -1014,7 +1014,7 @@ class _DefaultReplicaContext(ReplicaContext):
     return (device_util.current(),)
 
 
-class _DefaultExtended(StrategyExtended):
+class _DefaultDistributionExtended(StrategyExtended):
   """The default strategy: one replica on whatever device is current."""
 
   def _experimental_distribute_dataset(self, dataset, options):
@@ -1025,11 +1025,11 @@ class _DefaultExtended(StrategyExtended):
     return dataset_fn(input_context_lib.InputContext())
 
 
-class _DefaultStrategy(Strategy):
+class _DefaultDistributionStrategy(Strategy):
   """The strategy in effect outside any `scope()`."""
 
   def __init__(self):
-    super().__init__(_DefaultExtended(self))
+    super().__init__(_DefaultDistributionExtended(self))
 
   def scope(self):
     """A no-op scope: the default strategy is already current, in its
@@ -1064,7 +1064,7 @@ def default_strategy():
   if "strategy" not in _defaults:
     with _defaults_lock:
       if "strategy" not in _defaults:
-        strategy = _DefaultStrategy()
+        strategy = _DefaultDistributionStrategy()
         replica_context = _DefaultReplicaContext(strategy, 0)
         _defaults["entry"] = contexts.ContextEntry(strategy, None, replica_context)
         _defaults["strategy"] = strategy

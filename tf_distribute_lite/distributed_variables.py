@@ -50,7 +50,7 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
     self._common_name = self._primary.name.split(":")[0]
     for component in components:
       # Keras and `regroup` find the container of a component through this.
-      component.handle._distributed_container = weakref.ref(self)  # pylint: disable=protected-access
+      values_lib.container_holder(component)._distributed_container = weakref.ref(self)  # pylint: disable=protected-access
 
   def __getattr__(self, name):
     # What this class does not define comes from the component a read here

@@ -151,8 +151,7 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     return wrapped
 
   def _make_replica_context(self, replica_id, runner):
-    return distribute_lib.ReplicaContext(self._container_strategy(), replica_id,
-                                         runner)
+    return _MirroredReplicaContext(self._container_strategy(), replica_id, runner)
 
   def _distribute_values_from_function(self, value_fn):
     n = len(self._devices)
@@ -405,6 +404,10 @@ def _resolve_devices(devices):
           f"and {given!r} both name {canonical}.")
     seen[canonical] = given
   return resolved
+
+
+class _MirroredReplicaContext(distribute_lib.ReplicaContext):
+  """The replica context of `MirroredStrategy.run`, named as in TensorFlow."""
 
 
 def _default_cross_device_ops(devices):

@@ -37,7 +37,7 @@ class _TPUStrategyMethods:
     `tf_distribute_lite.Strategy.run`). `options`, a `RunOptions`, say how
     `tpu.replicate` pads dynamic shapes and partitions the step.
 
-    >>> strategy = TPUStrategy(TPUClusterResolver("emulated:v4-8"))
+    >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
     >>> options = tf_distribute_lite.RunOptions(experimental_enable_dynamic_batch_size=False)
     >>> strategy.run(lambda: tf.constant(1.0), options=options).values[3]
     <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
@@ -56,7 +56,7 @@ class _TPUStrategyMethods:
     """Places the ops on `tensor` on logical device `logical_device_id` of
     each replica; returns a tensor with the same value.
 
-    >>> strategy = TPUStrategy(TPUClusterResolver("emulated:v4-8"))
+    >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
     >>> strategy.experimental_assign_to_logical_device(tf.constant(1.0), 0)
     <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
     """
@@ -80,7 +80,7 @@ class _TPUStrategyMethods:
     pieces, one per logical device of the replica; returns a tensor with
     the same value.
 
-    >>> strategy = TPUStrategy(TPUClusterResolver("emulated:v4-8"))
+    >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
     >>> strategy.experimental_split_to_logical_devices(tf.ones([2, 4]), [2, 2])
     Traceback (most recent call last):
     ...
@@ -112,14 +112,14 @@ class _TPUStrategyMethods:
     """Gives every logical device of the replica all of `tensor`; returns a
     tensor with the same value.
 
-    >>> strategy = TPUStrategy(TPUClusterResolver("emulated:v4-8"))
+    >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
     >>> strategy.experimental_replicate_to_logical_devices(tf.constant([1, 2]))
     <tf.Tensor: shape=(2,), dtype=int32, numpy=array([1, 2], dtype=int32)>
     """
     return self.extended._annotated(tensor, "replicated", None)  # pylint: disable=protected-access
 
 
-class TPUStrategy(_TPUStrategyMethods, distribute_lib.Strategy):
+class TPUStrategyV2(_TPUStrategyMethods, distribute_lib.Strategy):
   """Synchronous training on TPU cores.
 
   Args:
@@ -130,7 +130,7 @@ class TPUStrategy(_TPUStrategyMethods, distribute_lib.Strategy):
     experimental_spmd_xla_partitioning: partition with XLA SPMD.
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
-  >>> strategy = TPUStrategy(resolver)
+  >>> strategy = TPUStrategyV2(resolver)
   >>> strategy.num_replicas_in_sync, strategy.extended.num_hosts
   (4, 1)
   >>> with strategy.scope():
@@ -153,7 +153,7 @@ class TPUStrategy(_TPUStrategyMethods, distribute_lib.Strategy):
   def experimental_run_v2(self, fn, args=(), kwargs=None, options=None):
     """`run` under its TF 2.0 name.
 
-    >>> strategy = TPUStrategy(TPUClusterResolver("emulated:v4-8"))
+    >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
     >>> len(strategy.experimental_run_v2(lambda: tf.constant(1.0)).values)
     4
     """
@@ -164,10 +164,10 @@ class _AnyTPUStrategy(type):
   """`isinstance` answers True for every `TPUStrategy`."""
 
   def __instancecheck__(cls, instance):
-    return isinstance(instance, TPUStrategy)
+    return isinstance(instance, TPUStrategyV2)
 
 
-class ExperimentalTPUStrategy(TPUStrategy, metaclass=_AnyTPUStrategy):
+class ExperimentalTPUStrategy(TPUStrategyV2, metaclass=_AnyTPUStrategy):
   """Deprecated: `tf.distribute.experimental.TPUStrategy` (TF 2.2), which
   names its device assignment `device_assignment`.
 

@@ -284,13 +284,22 @@ def regroup(per_replica_results, wrap_class=PerReplica, always_wrap=False):
   return wrap_class(per_replica_results)
 
 
+def container_holder(component):
+  """Where a component variable keeps `_distributed_container`, as in
+  TensorFlow and where Keras looks: the handle of a composite variable,
+  else the variable itself (a variable created inside a `tf.function`)."""
+  if isinstance(component, tf.__internal__.CompositeTensor):
+    return component.handle
+  return component
+
+
 def distributed_container(value):
   """The distributed variable `value` is a component of, or None."""
   if not isinstance(value, tf.Variable) or is_distributed_variable(value):
     return None
   # Read from `__dict__`: a missing attribute of an eager tensor is slow to
   # look up, and variables are looked up on every read under a strategy.
-  reference = getattr(value.handle, "__dict__", {}).get("_distributed_container")
+  reference = getattr(container_holder(value), "__dict__", {}).get("_distributed_container")
   container = reference() if reference is not None else None
   if container is None or not any(c is value for c in container._values):  # pylint: disable=protected-access
     return None  # e.g. the result of an assign: same handle, not a component

@@ -7,7 +7,7 @@ package's strategies.
 """
 
 from tf_distribute_lite.central_storage_strategy import CentralStorageStrategyV1 as CentralStorageStrategy
-from tf_distribute_lite.collective_all_reduce_strategy import MultiWorkerMirroredStrategyV1 as MultiWorkerMirroredStrategy
+from tf_distribute_lite.collective_all_reduce_strategy import CollectiveAllReduceStrategyV1 as MultiWorkerMirroredStrategy
 from tf_distribute_lite.collective_util import CollectiveCommunication
 from tf_distribute_lite.collective_util import CollectiveHints
 from tf_distribute_lite.collective_util import CommunicationImplementation
