@@ -91,6 +91,28 @@ def test_default_reduction_on_cpus_adds_once_and_shares(run_mode):
     assert graph_ops.count("AddN") == 1 and "CollectiveReduceV2" not in graph_ops
 
 
+def test_default_reduction_on_cpus_gives_the_bits_of_tensorflows_one_device_reduction(run_mode):
+  """Sums whose rounding depends on the order of the additions come out as
+  TensorFlow's `ReductionToOneDevice` gives them, bit for bit."""
+  rng = np.random.default_rng(0)
+  parts = [(rng.standard_normal(1000) * 10.0 ** rng.integers(-6, 7, 1000)).astype(np.float32)
+           for _ in DEVICES]
+  results = {}
+  for mod, strategy in ((tf.distribute, oracle.new_tf_mirrored()), (tfd, tfd.MirroredStrategy())):
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(parts[ctx.replica_id_in_sync_group]))
+
+    def all_reduce(mod=mod, strategy=strategy, values=values):
+      return strategy.experimental_local_results(strategy.run(
+          lambda x: mod.get_replica_context().all_reduce("SUM", x), args=(values,)))
+    results[mod] = [t.numpy() for t in run_mode(all_reduce)]
+  for ours, theirs in zip(results[tfd], results[tf.distribute]):
+    np.testing.assert_array_equal(ours, theirs)
+  in_order = ((parts[0] + parts[1]) + parts[2]) + parts[3]
+  in_another_order = ((parts[3] + parts[2]) + parts[1]) + parts[0]
+  assert not np.array_equal(in_order, in_another_order)  # the order shows
+
+
 @MODULES
 @pytest.mark.parametrize("ops", ["ReductionToOneDevice", "HierarchicalCopyAllReduce"])
 def test_given_cross_device_ops_are_used(mod, ops, run_mode):
