@@ -599,6 +599,19 @@ def test_collective_packing_gives_the_same_values(bytes_per_pack, run_mode):
                                np.full([k + 1, 2], 1.5 + k))
 
 
+def test_eager_collective_all_reduces_of_changing_shapes_stop_retracing(caplog):
+  """Eagerly, all-reduces of new shapes reuse one shape-generic function
+  after the second, without TensorFlow's excessive-retracing warning."""
+  ops = _collective(DEVICES[:2])
+  strategy = tfd.MirroredStrategy(list(DEVICES[:2]), cross_device_ops=ops)
+  for n in range(1, 8):
+    result = strategy.run(lambda n=n: tfd.get_replica_context().all_reduce("SUM", tf.ones([n])))
+    assert [r.numpy().tolist() for r in strategy.experimental_local_results(result)] == [
+        [2.0] * n] * 2
+  assert ops._eager_launch.experimental_get_tracing_count() == 2  # pylint: disable=protected-access
+  assert "retracing" not in caplog.text
+
+
 def _collective_op_count(ops, options):
   @tf.function
   def batch_reduce():

@@ -497,7 +497,8 @@ class CollectiveAllReduce(_AllReduce):
     self._group_key = _next_group_key() if group_key is None else group_key
     self._ordering_tokens = None
     self._instance_counter = None
-    self._eager_launch = tf.function(self._launch, autograph=False)
+    self._eager_launch = tf.function(self._launch, autograph=False,
+                                     reduce_retracing=True)
 
   def _packs(self, values, options):
     limit = self._options.merge(options).bytes_per_pack or self.DEFAULT_BYTES_PER_PACK
