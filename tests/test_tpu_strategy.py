@@ -274,6 +274,24 @@ def test_a_shape_xla_cannot_know_at_compile_time_fails(strategy):
     strategy.run(step, args=(tf.constant([1.0]),))
 
 
+def test_an_input_of_unknown_rank_needs_a_static_batch_as_on_a_tpu(strategy):
+  def step(x):
+    return strategy.run(lambda x: x * 2.0, args=(x,), options=options)
+  traced = tf.function(step, input_signature=[tf.TensorSpec(None, tf.float32)])
+  options = tfd.RunOptions()
+  with pytest.raises(ValueError, match="has unknown rank, which is not allowed"):
+    traced(tf.constant([1.0, 2.0]))
+  options = tfd.RunOptions(experimental_enable_dynamic_batch_size=False)
+  results = strategy.experimental_local_results(traced(tf.constant([1.0, 2.0])))
+  assert [r.numpy().tolist() for r in results] == [[2.0, 4.0]] * 4
+
+
+def test_a_string_input_fails_saying_so(strategy):
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"a TPU computes no strings.*tf.string inputs"):
+    strategy.run(tf.strings.length, args=(tf.constant("abc"),))
+
+
 def test_a_captured_tensor_is_an_input_of_the_step_not_a_constant(strategy):
   @tf.function
   def step(x, size):

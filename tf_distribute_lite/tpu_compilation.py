@@ -73,6 +73,13 @@ def check_compiles(strategy, fn, args, kwargs, created_variables=()):
   leaves = tf.nest.flatten(inputs)
   positions = [i for i, leaf in enumerate(leaves) if tf.is_tensor(leaf)]
   specs = [tf.type_spec_from_value(leaves[i]) for i in positions]
+  strings = [leaves[i] for i, spec in zip(positions, specs) if spec.dtype == tf.string]
+  if strings:
+    raise tf.errors.InvalidArgumentError(
+        None, None,
+        f"XLA cannot compile the step, as a TPU must: a TPU computes no strings, "
+        f"and the step takes tf.string inputs {strings}. Turn them into numbers "
+        f"before `strategy.run` (in the input pipeline).")
   static_specs = [_static(spec) for spec in specs]
   if None in static_specs:
     return

@@ -147,13 +147,22 @@ def replicate(strategy, fn, args, kwargs, device_assignment, options):
        for replica_outputs in outputs])
 
 
+def check_input_ranks(replica_inputs, options):
+  """Raises `ValueError` where a dynamic batch is enabled (as by default)
+  and an input tensor of a replica has unknown rank: XLA can pad dimensions
+  of unknown size, never an unknown number of them."""
+  if not options.experimental_enable_dynamic_batch_size:
+    return
+  for tensor in replica_inputs:
+    if tensor.shape.rank is None:
+      raise ValueError(f"input tensor {tensor} to TPUStrategy.run() has unknown "
+                       f"rank, which is not allowed")
+
+
 def _maximum_shapes(replica_inputs, options):
   """Each input's shape with every dimension unknown, so that XLA pads
   inputs whose shapes vary between steps; None without dynamic batches."""
   if not options.experimental_enable_dynamic_batch_size or not replica_inputs:
     return None
-  for tensor in replica_inputs:
-    if tensor.shape.rank is None:
-      raise ValueError(f"input tensor {tensor} to TPUStrategy.run() has unknown "
-                       f"rank, which is not allowed")
+  check_input_ranks(replica_inputs, options)
   return [tf.TensorShape([None] * t.shape.rank) for t in replica_inputs]

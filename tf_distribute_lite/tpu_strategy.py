@@ -26,6 +26,7 @@ from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import tpu_compilation
 from tf_distribute_lite import tpu_replication
+from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.cluster_resolver import TPUClusterResolver
 
 
@@ -271,6 +272,8 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
       # One XLA program cannot span the CPU devices standing for the cores:
       # the step runs as its Python function, which the check compiles.
       fn = fn.python_function
+    replica_inputs = tf.nest.flatten(values_lib.select_replica(0, (args, kwargs)))
+    tpu_replication.check_input_ranks([t for t in replica_inputs if tf.is_tensor(t)], options)
     created = []
 
     def record_variable(next_creator, **kwargs):
