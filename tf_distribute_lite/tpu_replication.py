@@ -15,7 +15,16 @@ from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
 
 
-class TPUReplicaContext(distribute_lib.ReplicaContext):
+class LogicalDevices:
+  """What a TPU replica context adds: `experimental_logical_device`."""
+
+  def experimental_logical_device(self, logical_device_id):
+    """Places the ops made in it on logical device `logical_device_id` of
+    the replica (`TPUExtended.experimental_logical_device`)."""
+    return self.strategy.extended.experimental_logical_device(logical_device_id)
+
+
+class TPUReplicaContext(LogicalDevices, distribute_lib.ReplicaContext):
   """The replica context inside a TPU computation: one trace for all
   replicas."""
 
