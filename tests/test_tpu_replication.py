@@ -162,6 +162,23 @@ def test_variables_are_each_replicas_own_component():
       "CrossReplicaSum"]
 
 
+def test_a_variable_passed_to_the_step_stays_a_variable():
+  with tf.Graph().as_default() as graph:
+    strategy = tfd.TPUStrategy(_tpu_resolver())
+    with strategy.scope():
+      v = tf.Variable(1.0)
+    seen = []
+
+    def step_fn(variable):
+      seen.append(variable)
+      return variable.assign_add(1.0)
+    strategy.run(step_fn, args=(v,))
+  assert seen == [v]
+  replicated = [op.get_attr("is_mirrored_variable") for op in graph.get_operations()
+                if op.type == "TPUReplicatedInput"]
+  assert replicated == [True]
+
+
 def _traced_run(fn, shape, dtype=tf.float32, options=None, **strategy_kwargs):
   """The graph of `strategy.run(fn)` on a v3-8, each replica's input a
   placeholder of `shape`; and the replicas' results."""

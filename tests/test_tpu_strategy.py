@@ -343,6 +343,18 @@ def test_sparse_and_ragged_batches_must_stay_on_the_host(strategy):
   assert [int(t) for t in strategy.experimental_local_results(sums)] == [6] * 4
 
 
+def test_a_variable_passed_to_the_step_stays_a_variable(strategy):
+  with strategy.scope():
+    v = tf.Variable(1.0)
+
+  def step(variable, x):
+    variable.assign_add(x)
+    return variable * 2.0
+  result = strategy.run(step, args=(v, tf.constant(1.0)))
+  assert [float(r) for r in strategy.experimental_local_results(result)] == [4.0] * 4
+  assert v.numpy() == 2.0
+
+
 def test_a_captured_tensor_is_an_input_of_the_step_not_a_constant(strategy):
   @tf.function
   def step(x, size):

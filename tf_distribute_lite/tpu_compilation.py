@@ -72,7 +72,7 @@ def check_compiles(strategy, fn, args, kwargs, created_variables=()):
     return  # a TF 1.x graph
   inputs = values_lib.select_replica(0, (tuple(args), dict(kwargs)))
   leaves = tf.nest.flatten(inputs)
-  positions = [i for i, leaf in enumerate(leaves) if tf.is_tensor(leaf)]
+  positions = tpu_replication.input_positions(leaves)
   specs = [tf.type_spec_from_value(leaves[i]) for i in positions]
   strings = [leaves[i] for i, spec in zip(positions, specs) if spec.dtype == tf.string]
   if strings:

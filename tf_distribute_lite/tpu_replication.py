@@ -122,7 +122,7 @@ def replicate(strategy, fn, args, kwargs, device_assignment, options):
   count = strategy.num_replicas_in_sync
   per_replica = [values_lib.select_replica(i, (args, kwargs)) for i in range(count)]
   leaves = tf.nest.flatten(per_replica[0])
-  positions = [i for i, leaf in enumerate(leaves) if tf.is_tensor(leaf)]
+  positions = input_positions(leaves)
   inputs = [[tf.nest.flatten(p)[i] for i in positions] for p in per_replica]
   results = []
 
@@ -154,6 +154,14 @@ def replicate(strategy, fn, args, kwargs, device_assignment, options):
   return values_lib.regroup(
       [tf.nest.pack_sequence_as(structure, replica_outputs, expand_composites=True)
        for replica_outputs in outputs])
+
+
+def input_positions(leaves):
+  """Where in a replica's flattened arguments `leaves` the inputs of its TPU
+  computation are: the tensors. Variables stay variables, captured by the
+  computation, as in TensorFlow's `TPUStrategy`."""
+  return [i for i, leaf in enumerate(leaves)
+          if tf.is_tensor(leaf) and not isinstance(leaf, tf.Variable)]
 
 
 def check_input_ranks(replica_inputs, options):

@@ -325,8 +325,9 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
       # One XLA program cannot span the CPU devices standing for the cores:
       # the step runs as its Python function, which the check compiles.
       fn = fn.python_function
-    replica_inputs = tf.nest.flatten(values_lib.select_replica(0, (args, kwargs)))
-    tpu_replication.check_input_ranks([t for t in replica_inputs if tf.is_tensor(t)], options)
+    leaves = tf.nest.flatten(values_lib.select_replica(0, (args, kwargs)))
+    tpu_replication.check_input_ranks(
+        [leaves[i] for i in tpu_replication.input_positions(leaves)], options)
     created = []
 
     def record_variable(next_creator, **kwargs):
