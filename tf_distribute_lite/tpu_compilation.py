@@ -145,10 +145,9 @@ def _lowerable_value(value, variable, device):
   """An eager `value` itself, unless it is a variable (`variable`) not yet
   initialized or on another device than `device` (as replica 0's variables
   on its other logical devices are): a variable of zeros of its shape on
-  `device`. A tensor of the enclosing
-  trace: zeros of its shape (a TPU computation takes such a tensor as an
-  input, not a constant). None for a resource of the enclosing trace, or a
-  shape of unknown rank."""
+  `device`. A tensor of the enclosing trace: zeros of its shape (a TPU
+  computation takes such a tensor as an input, not a constant). None for a
+  resource of the enclosing trace, or a shape of unknown rank."""
   if tf.is_symbolic_tensor(value):
     spec = _static(tf.TensorSpec(value.shape, value.dtype))
     if spec is None or value.dtype in (tf.resource, tf.variant):
