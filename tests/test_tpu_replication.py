@@ -99,6 +99,21 @@ def test_spec_split_to_logical_devices_eight_cores_one_replica():
   assert sum(xla_data_pb2.OpSharding.Type.Name(s.type) == "REPLICATED" for s in shardings) == 2
 
 
+def test_ops_on_a_logical_device_are_on_its_replicated_core():
+  assignment = tfd.tpu.experimental.DeviceAssignment.build(
+      TOPOLOGY, computation_shape=[1, 1, 2], num_replicas=4)
+  with tf.Graph().as_default() as graph:
+    strategy = tfd.TPUStrategy(_tpu_resolver(), assignment)
+
+    def step_fn():
+      context = tfd.get_replica_context()
+      with context.experimental_logical_device(1):
+        return tf.identity(tf.constant(2.0), name="on_core_1")
+    strategy.run(step_fn)
+  (node,) = [n for n in _ops(graph, "Identity") if n.name.endswith("on_core_1")]
+  assert node.device == "/device:TPU_REPLICATED_CORE:1"
+
+
 def test_all_reduce_and_replica_id_are_tpu_ops():
   with tf.Graph().as_default() as graph:
     strategy = tfd.TPUStrategy(_tpu_resolver())
@@ -145,6 +160,23 @@ def test_variables_are_each_replicas_own_component():
   assert {"ReadVariableOp", "AssignSubVariableOp"} <= users
   assert [op.type for op in graph.get_operations() if op.type == "CrossReplicaSum"] == [
       "CrossReplicaSum"]
+
+
+def test_a_variable_passed_to_the_step_stays_a_variable():
+  with tf.Graph().as_default() as graph:
+    strategy = tfd.TPUStrategy(_tpu_resolver())
+    with strategy.scope():
+      v = tf.Variable(1.0)
+    seen = []
+
+    def step_fn(variable):
+      seen.append(variable)
+      return variable.assign_add(1.0)
+    strategy.run(step_fn, args=(v,))
+  assert seen == [v]
+  replicated = [op.get_attr("is_mirrored_variable") for op in graph.get_operations()
+                if op.type == "TPUReplicatedInput"]
+  assert replicated == [True]
 
 
 def _traced_run(fn, shape, dtype=tf.float32, options=None, **strategy_kwargs):

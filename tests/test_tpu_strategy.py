@@ -145,6 +145,39 @@ def test_annotation_errors_name_the_numbers(two_core_strategy, call, message):
     call(two_core_strategy)
 
 
+def test_variables_and_ops_on_a_logical_device(two_core_strategy, tmp_path):
+  extended = two_core_strategy.extended
+  with two_core_strategy.scope():
+    v = tf.Variable(2.0)
+    with extended.experimental_logical_device(1):
+      w = tf.Variable(3.0)
+      second_cores = extended.worker_devices
+  first_cores = extended.worker_devices
+  assert [c.device for c in two_core_strategy.experimental_local_results(v)] == list(first_cores)
+  assert [c.device for c in two_core_strategy.experimental_local_results(w)] == list(second_cores)
+  assert not set(first_cores) & set(second_cores)
+
+  @tf.function
+  def step(x):
+    context = tfd.get_replica_context()
+    with tf.GradientTape() as tape:
+      with context.experimental_logical_device(0):
+        y = v * x
+      with context.experimental_logical_device(1):
+        z = w * y
+    return z, tape.gradient(z, [v, w])
+  z, (dv, dw) = two_core_strategy.run(step, args=(5.0,))
+  local = two_core_strategy.experimental_local_results
+  assert [float(t) for t in local(z) + local(dv) + local(dw)] == [30.0] * 2 + [15.0] * 2 + [10.0] * 2
+  path = tf.train.Checkpoint(v=v, w=w).save(str(tmp_path / "ckpt"))
+  plain_v, plain_w = tf.Variable(0.0), tf.Variable(0.0)
+  tf.train.Checkpoint(v=plain_v, w=plain_w).restore(path).assert_consumed()
+  assert (float(plain_v), float(plain_w)) == (2.0, 3.0)
+  with pytest.raises(ValueError, match=r"not in range \(was 2, but there are only 2"):
+    with extended.experimental_logical_device(2):
+      pass
+
+
 def test_assignment_is_refused_in_spmd_mode(resolver):
   strategy = tfd.TPUStrategy(resolver, experimental_spmd_xla_partitioning=True)
   with pytest.raises(ValueError, match="Cannot assign a tensor to a logical device in SPMD mode"):
@@ -280,6 +313,54 @@ def test_a_shape_xla_cannot_know_at_compile_time_fails(strategy):
     return tf.reshape(x, [tf.cast(tf.reduce_sum(x), tf.int32)])
   with pytest.raises(tf.errors.InvalidArgumentError, match="compile-time constant"):
     strategy.run(step, args=(tf.constant([1.0]),))
+
+
+def test_an_input_of_unknown_rank_needs_a_static_batch_as_on_a_tpu(strategy):
+  def step(x):
+    return strategy.run(lambda x: x * 2.0, args=(x,), options=options)
+  traced = tf.function(step, input_signature=[tf.TensorSpec(None, tf.float32)])
+  options = tfd.RunOptions()
+  with pytest.raises(ValueError, match="has unknown rank, which is not allowed"):
+    traced(tf.constant([1.0, 2.0]))
+  options = tfd.RunOptions(experimental_enable_dynamic_batch_size=False)
+  results = strategy.experimental_local_results(traced(tf.constant([1.0, 2.0])))
+  assert [r.numpy().tolist() for r in results] == [[2.0, 4.0]] * 4
+
+
+def test_a_string_input_fails_saying_so(strategy):
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"a TPU computes no strings.*tf.string inputs"):
+    strategy.run(tf.strings.length, args=(tf.constant("abc"),))
+
+
+def test_sparse_and_ragged_batches_must_stay_on_the_host(strategy):
+  ragged = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1, 2], [3]] * 4)).batch(8)
+  sparse = lambda _: tf.data.Dataset.from_tensors(
+      tf.sparse.SparseTensor([[0, 0], [1, 1]], [1, 2], [2, 2])).repeat(8).batch(2)
+  message = "TPUStrategy does not support distributed datasets with device prefetch"
+  with pytest.raises(ValueError, match=message):
+    strategy.experimental_distribute_dataset(ragged)
+  with pytest.raises(ValueError, match=message):
+    strategy.distribute_datasets_from_function(sparse)
+  on_host = tfd.InputOptions(experimental_fetch_to_device=False)
+  batch = next(iter(strategy.experimental_distribute_dataset(ragged, on_host)))
+  sums = strategy.run(tf.reduce_sum, args=(batch,))
+  assert [int(t) for t in strategy.experimental_local_results(sums)] == [6] * 4
+  batch = next(iter(strategy.distribute_datasets_from_function(sparse, on_host)))
+  sums = strategy.run(tf.sparse.reduce_sum, args=(batch,))
+  assert [int(t) for t in strategy.experimental_local_results(sums)] == [6] * 4
+
+
+def test_a_variable_passed_to_the_step_stays_a_variable(strategy):
+  with strategy.scope():
+    v = tf.Variable(1.0)
+
+  def step(variable, x):
+    variable.assign_add(x)
+    return variable * 2.0
+  result = strategy.run(step, args=(v, tf.constant(1.0)))
+  assert [float(r) for r in strategy.experimental_local_results(result)] == [4.0] * 4
+  assert v.numpy() == 2.0
 
 
 def test_a_captured_tensor_is_an_input_of_the_step_not_a_constant(strategy):

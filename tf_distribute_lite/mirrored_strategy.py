@@ -85,7 +85,7 @@ class MirroredExtended(distribute_lib.StrategyExtended):
 
   def _create_variable(self, next_creator, **kwargs):
     colocate_with = kwargs.pop("colocate_with", None)
-    devices = self._devices if colocate_with is None else tuple(
+    devices = self.parameter_devices if colocate_with is None else tuple(
         v.device for v in colocate_with.values)
     kwargs.pop("caching_device", None)
     synchronization = kwargs.get("synchronization") or tf.VariableSynchronization.AUTO

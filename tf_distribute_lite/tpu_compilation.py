@@ -31,6 +31,7 @@ import contextlib
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import device_util
 from tf_distribute_lite import tpu_replication
 from tf_distribute_lite import values as values_lib
 
@@ -71,8 +72,15 @@ def check_compiles(strategy, fn, args, kwargs, created_variables=()):
     return  # a TF 1.x graph
   inputs = values_lib.select_replica(0, (tuple(args), dict(kwargs)))
   leaves = tf.nest.flatten(inputs)
-  positions = [i for i, leaf in enumerate(leaves) if tf.is_tensor(leaf)]
+  positions = tpu_replication.input_positions(leaves)
   specs = [tf.type_spec_from_value(leaves[i]) for i in positions]
+  strings = [leaves[i] for i, spec in zip(positions, specs) if spec.dtype == tf.string]
+  if strings:
+    raise tf.errors.InvalidArgumentError(
+        None, None,
+        f"XLA cannot compile the step, as a TPU must: a TPU computes no strings, "
+        f"and the step takes tf.string inputs {strings}. Turn them into numbers "
+        f"before `strategy.run` (in the input pipeline).")
   static_specs = [_static(spec) for spec in specs]
   if None in static_specs:
     return
@@ -95,12 +103,12 @@ def check_compiles(strategy, fn, args, kwargs, created_variables=()):
   with _mode(strategy.extended, "xla_check"):
     traced = tf.function(replica_step, jit_compile=True).get_concrete_function(
         _UNUSED, *specs)
-  captured = _lowerable(traced)
+  device = strategy.extended.worker_devices[0]
+  captured = _lowerable(traced, device)
   if captured is None:
     return
   try:
-    _tf_bridge.hlo_text(traced, [_UNUSED] + static_specs, captured,
-                        strategy.extended.worker_devices[0])
+    _tf_bridge.hlo_text(traced, [_UNUSED] + static_specs, captured, device)
   except (ValueError, tf.errors.OpError) as e:
     message = str(e).split("Failed getting HLO text: ", 1)[-1]
     raise tf.errors.InvalidArgumentError(
@@ -122,34 +130,38 @@ def _static(spec):
   return tf.TensorSpec([1 if d is None else d for d in spec.shape.as_list()], spec.dtype)
 
 
-def _lowerable(traced):
-  """The values to compile `traced` with, for what it captured (XLA needs
-  their shapes, not their values); None where a capture has no stand-in."""
+def _lowerable(traced, device):
+  """The values to compile `traced` with on `device`, for what it captured
+  (XLA needs their shapes, not their values); None where a capture has no
+  stand-in."""
   variables = {id(v.handle): v for v in traced.variables}
   with tf.init_scope():
-    values = [_lowerable_value(value, variables.get(id(value)))
+    values = [_lowerable_value(value, variables.get(id(value)), device)
               for value in traced.captured_inputs]
   return None if any(value is None for value in values) else values
 
 
-def _lowerable_value(value, variable):
-  """An eager `value` itself, unless it is a variable not yet initialized
-  (`variable`): a variable of zeros of its shape. A tensor of the enclosing
-  trace: zeros of its shape (a TPU computation takes such a tensor as an
-  input, not a constant). None for a resource of the enclosing trace, or a
-  shape of unknown rank."""
+def _lowerable_value(value, variable, device):
+  """An eager `value` itself, unless it is a variable (`variable`) not yet
+  initialized or on another device than `device` (as replica 0's variables
+  on its other logical devices are): a variable of zeros of its shape on
+  `device`. A tensor of the enclosing trace: zeros of its shape (a TPU
+  computation takes such a tensor as an input, not a constant). None for a
+  resource of the enclosing trace, or a shape of unknown rank."""
   if tf.is_symbolic_tensor(value):
     spec = _static(tf.TensorSpec(value.shape, value.dtype))
     if spec is None or value.dtype in (tf.resource, tf.variant):
       return None
     return tf.zeros(spec.shape, spec.dtype)
-  if value.dtype != tf.resource or tf.raw_ops.VarIsInitializedOp(resource=value):
+  if value.dtype != tf.resource or (
+      tf.raw_ops.VarIsInitializedOp(resource=value) and
+      device_util.canonicalize(value.device) == device_util.canonicalize(device)):
     return value
   spec = None if variable is None else _static(tf.TensorSpec(variable.shape, variable.dtype))
   if spec is None:
     return None
-  return _tf_bridge.plain_variable(tf.zeros(spec.shape, spec.dtype), variable.device,
-                                   "uninitialized_stand_in").handle
+  return _tf_bridge.plain_variable(tf.zeros(spec.shape, spec.dtype), device,
+                                   "stand_in").handle
 
 
 @contextlib.contextmanager

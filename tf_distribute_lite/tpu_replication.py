@@ -15,7 +15,16 @@ from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
 
 
-class TPUReplicaContext(distribute_lib.ReplicaContext):
+class LogicalDevices:
+  """What a TPU replica context adds: `experimental_logical_device`."""
+
+  def experimental_logical_device(self, logical_device_id):
+    """Places the ops made in it on logical device `logical_device_id` of
+    the replica (`TPUExtended.experimental_logical_device`)."""
+    return self.strategy.extended.experimental_logical_device(logical_device_id)
+
+
+class TPUReplicaContext(LogicalDevices, distribute_lib.ReplicaContext):
   """The replica context inside a TPU computation: one trace for all
   replicas."""
 
@@ -113,7 +122,7 @@ def replicate(strategy, fn, args, kwargs, device_assignment, options):
   count = strategy.num_replicas_in_sync
   per_replica = [values_lib.select_replica(i, (args, kwargs)) for i in range(count)]
   leaves = tf.nest.flatten(per_replica[0])
-  positions = [i for i, leaf in enumerate(leaves) if tf.is_tensor(leaf)]
+  positions = input_positions(leaves)
   inputs = [[tf.nest.flatten(p)[i] for i in positions] for p in per_replica]
   results = []
 
@@ -147,13 +156,30 @@ def replicate(strategy, fn, args, kwargs, device_assignment, options):
        for replica_outputs in outputs])
 
 
+def input_positions(leaves):
+  """Where in a replica's flattened arguments `leaves` the inputs of its TPU
+  computation are: the tensors. Variables stay variables, captured by the
+  computation, as in TensorFlow's `TPUStrategy`."""
+  return [i for i, leaf in enumerate(leaves)
+          if tf.is_tensor(leaf) and not isinstance(leaf, tf.Variable)]
+
+
+def check_input_ranks(replica_inputs, options):
+  """Raises `ValueError` where a dynamic batch is enabled (as by default)
+  and an input tensor of a replica has unknown rank: XLA can pad dimensions
+  of unknown size, never an unknown number of them."""
+  if not options.experimental_enable_dynamic_batch_size:
+    return
+  for tensor in replica_inputs:
+    if tensor.shape.rank is None:
+      raise ValueError(f"input tensor {tensor} to TPUStrategy.run() has unknown "
+                       f"rank, which is not allowed")
+
+
 def _maximum_shapes(replica_inputs, options):
   """Each input's shape with every dimension unknown, so that XLA pads
   inputs whose shapes vary between steps; None without dynamic batches."""
   if not options.experimental_enable_dynamic_batch_size or not replica_inputs:
     return None
-  for tensor in replica_inputs:
-    if tensor.shape.rank is None:
-      raise ValueError(f"input tensor {tensor} to TPUStrategy.run() has unknown "
-                       f"rank, which is not allowed")
+  check_input_ranks(replica_inputs, options)
   return [tf.TensorShape([None] * t.shape.rank) for t in replica_inputs]

@@ -13,12 +13,14 @@ with TensorFlow's kernels, and XLA must compile it, as on a TPU
 (`tpu_compilation`).
 """
 
+import contextlib
 import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import contexts
 from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
@@ -26,6 +28,7 @@ from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import tpu_compilation
 from tf_distribute_lite import tpu_replication
+from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.cluster_resolver import TPUClusterResolver
 
 
@@ -232,7 +235,58 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     self._tpu_mode = None  # "replicate" or "xla_check" while tracing those
     self._run_options = distribute_lib.RunOptions()  # those of the current `run`
     self._replicated_variables = {}
+    self._logical_device = 0  # where variables go (`experimental_logical_device`)
     super().__init__(container_strategy, [cores[0] for cores in self._tpu_devices], None)
+
+  @property
+  def worker_devices(self):
+    """Each replica's core of the current logical device (0 outside
+    `experimental_logical_device`)."""
+    return tuple(cores[self._logical_device] for cores in self._tpu_devices)
+
+  parameter_devices = worker_devices
+
+  @contextlib.contextmanager
+  def experimental_logical_device(self, logical_device_id):
+    """In cross-replica context, places the variables made in it on logical
+    device `logical_device_id` of each replica; in a replica, the ops made
+    in it (an emulated replica computes on one device: they stay there).
+
+    >>> strategy = TPUStrategy(TPUClusterResolver("emulated:v4-8"))
+    >>> with strategy.extended.experimental_logical_device(1):
+    ...   pass
+    Traceback (most recent call last):
+    ...
+    ValueError: `logical_device_id` not in range (was 1, but there are only 1 logical devices per replica).
+    """
+    count = self.num_logical_devices_per_replica
+    if not 0 <= logical_device_id < count:
+      raise ValueError(f"`logical_device_id` not in range (was {logical_device_id}, "
+                       f"but there are only {count} logical devices per replica).")
+    if self._tpu_mode == "replicate":
+      with tf.device(tf.compat.v1.tpu.core(logical_device_id)):
+        yield
+    elif contexts.in_cross_replica_context():
+      previous, self._logical_device = self._logical_device, logical_device_id
+      try:
+        yield
+      finally:
+        self._logical_device = previous
+    else:
+      yield
+
+  def _make_replica_context(self, replica_id, runner):
+    return _EmulatedReplicaContext(self._container_strategy(), replica_id, runner)
+
+  def _experimental_distribute_dataset(self, dataset, options):
+    _check_fetchable(dataset.element_spec, options)
+    return super()._experimental_distribute_dataset(dataset, options)
+
+  def _distribute_datasets_from_function(self, dataset_fn, options, partial_steps=None):
+    distributed = super()._distribute_datasets_from_function(dataset_fn, options,
+                                                             partial_steps)
+    _check_fetchable(distributed.element_spec, options)
+    return distributed
 
   @property
   def num_logical_devices_per_replica(self):
@@ -271,6 +325,9 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
       # One XLA program cannot span the CPU devices standing for the cores:
       # the step runs as its Python function, which the check compiles.
       fn = fn.python_function
+    leaves = tf.nest.flatten(values_lib.select_replica(0, (args, kwargs)))
+    tpu_replication.check_input_ranks(
+        [leaves[i] for i in tpu_replication.input_positions(leaves)], options)
     created = []
 
     def record_variable(next_creator, **kwargs):
@@ -327,6 +384,26 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     if self._emulated:
       return tensor
     return _tf_bridge.xla_sharding_annotation(tensor, kind, detail)
+
+
+class _EmulatedReplicaContext(tpu_replication.LogicalDevices, distribute_lib.ReplicaContext):
+  """A replica's context on an emulated slice."""
+
+
+def _check_fetchable(element_spec, options):
+  """Raises `ValueError` where the elements go to the TPU cores (by default)
+  and hold sparse or ragged tensors, which a TPU's infeed cannot take."""
+  if options is not None and not options.experimental_fetch_to_device:
+    return
+  for spec in tf.nest.flatten(element_spec):
+    if isinstance(spec, values_lib.PerReplicaSpec):
+      spec = spec._component_specs[0]  # pylint: disable=protected-access
+    if isinstance(spec, (tf.SparseTensorSpec, tf.RaggedTensorSpec)):
+      raise ValueError(
+          f"Found tensor with spec {spec}. TPUStrategy does not support "
+          f"distributed datasets with device prefetch when using sparse or "
+          f"ragged tensors: pass tf_distribute_lite.InputOptions("
+          f"experimental_fetch_to_device=False) to the dataset's distribution.")
 
 
 def _replica_cores(resolver, metadata, device_assignment):
