@@ -252,7 +252,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     device `logical_device_id` of each replica; in a replica, the ops made
     in it (an emulated replica computes on one device: they stay there).
 
-    >>> strategy = TPUStrategy(TPUClusterResolver("emulated:v4-8"))
+    >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
     >>> with strategy.extended.experimental_logical_device(1):
     ...   pass
     Traceback (most recent call last):
