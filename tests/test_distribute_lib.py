@@ -569,6 +569,23 @@ def test_merge_call_on_a_branch_of_each_replica_raises_like_tf():
   assert "`merge_call` called while defining a new graph" in str(error)
 
 
+@pytest.mark.parametrize("sync", ["all_reduce", "merge_call"])
+def test_sync_point_in_a_nested_function_raises_like_tf(sync, run_mode):
+  """A `tf.function` called by the replica function holds the sync point:
+  a RuntimeError, as in TF, not replicas waiting for each other forever."""
+  def snippet(a):
+    @tf.function
+    def nested(x):
+      replica_context = a.mod.get_replica_context()
+      if sync == "all_reduce":
+        return replica_context.all_reduce("SUM", x)
+      return replica_context.merge_call(lambda _, v: v, args=(x,))
+    return run_mode(lambda: a.mirrored.run(lambda: nested(tf.constant(1.0))))
+  error = both(snippet)
+  assert isinstance(error, RuntimeError)
+  assert "`merge_call` called while defining a new graph or a tf.function" in str(error)
+
+
 def test_merge_call_hands_out_a_mirrored_result(run_mode):
   def snippet(a):
     def merge_fn(strategy, value):

@@ -8,7 +8,9 @@ behind a private attribute, so every private access sits here, behind a
 check that refuses a TensorFlow whose internals look different.
 
 The other private contacts are `tf.summary`'s per-thread state (which
-replica records summaries, and what replica threads inherit), the saving
+replica records summaries, and what replica threads inherit), the classes
+of control-flow graphs (a `merge_call` may sit in a `tf.cond`, not in a
+nested `tf.function`), the saving
 context (a `tf.saved_model.save` in progress maps distributed variables onto
 single ones), the per-thread variable-creator stack that replica threads
 inherit, and AutoGraph's list of
@@ -72,6 +74,11 @@ def _check_tensorflow():
     summary_ops_v2._summary_state.is_recording_distribution_strategy  # pylint: disable=pointless-statement,protected-access
   except (ImportError, AttributeError):
     missing.append("ops.summary_ops_v2._summary_state")
+  try:
+    from tensorflow.python.ops import control_flow_v2_func_graphs  # pylint: disable=g-import-not-at-top
+    control_flow_v2_func_graphs.ControlFlowFuncGraph  # pylint: disable=pointless-statement
+  except (ImportError, AttributeError):
+    missing.append("ops.control_flow_v2_func_graphs.ControlFlowFuncGraph")
   if missing or not tf.__version__.startswith("2."):
     raise ImportError(
         f"tf_distribute_lite does not recognise the internals of TensorFlow "
@@ -132,6 +139,13 @@ def variable_creator_stack(graph):
 
 def set_variable_creator_stack(graph, stack):
   setattr(graph, _CREATOR_ATTRIBUTE, stack)
+
+
+def is_control_flow_graph(graph):
+  """Whether `graph` is the branch of a `tf.cond` or the body or condition
+  of a `tf.while_loop` (control flow v2), rather than a function's graph."""
+  from tensorflow.python.ops import control_flow_v2_func_graphs  # pylint: disable=g-import-not-at-top
+  return isinstance(graph, control_flow_v2_func_graphs.ControlFlowFuncGraph)
 
 
 @functools.lru_cache(maxsize=None)

@@ -220,6 +220,7 @@ class ReplicaRunner:
 
   def merge_call(self, replica_id, merge_fn, args, kwargs):
     """Pauses replica `replica_id` until all replicas call merge; runs it."""
+    self._check_not_in_a_nested_function()
     if threading.current_thread() is not self._main_thread:
       return self._threads[replica_id - 1].wait_for_merge((args, kwargs))
     if replica_id != 0:
@@ -261,6 +262,24 @@ class ReplicaRunner:
     for thread in self._threads:
       thread.merge_result = values_lib.select_replica(thread.replica_id, result)
     return values_lib.select_replica(0, result)
+
+  def _check_not_in_a_nested_function(self):
+    """Raises TensorFlow's RuntimeError for a `merge_call` (an all-reduce, an
+    optimizer's update) inside a `tf.function` that the replica function
+    calls: each replica traces that function on its own, so the replicas
+    cannot meet there. (A `tf.cond` or `tf.while_loop` branch may hold one.)"""
+    graph = tf.compat.v1.get_default_graph()
+    while graph is not self._state.graph and isinstance(graph, tf.__internal__.FuncGraph):
+      if not _tf_bridge.is_control_flow_graph(graph):
+        raise RuntimeError(
+            f"`merge_call` called while defining a new graph or a "
+            f"tf.function: {graph.name}, a tf.function that the function "
+            f"passed to strategy.run calls, reaches a synchronization point "
+            f"(such as all_reduce or optimizer.apply_gradients), where the "
+            f"replicas, each tracing it on its own, cannot meet. Remove that "
+            f"tf.function, or wrap the whole strategy.run call (or the "
+            f"function passed to it) in a tf.function instead.")
+      graph = graph.outer_graph
 
   def _check_readable(self, requests):
     """Raises TensorFlow's RuntimeError where a replica hands `merge_call`
