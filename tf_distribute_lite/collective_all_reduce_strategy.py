@@ -209,14 +209,6 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     return self._num_workers > 1
 
   @property
-  def should_checkpoint(self):
-    return self._is_chief
-
-  @property
-  def should_save_summary(self):
-    return self._is_chief
-
-  @property
   def _num_replicas_in_sync(self):
     return len(self._devices) * self._num_workers
 

@@ -495,20 +495,16 @@ class StrategyExtended:
     """Whether the input must have static shapes."""
     return False
 
-  @property
-  def experimental_should_init(self):
-    """Whether this task initializes the variables."""
-    return True
+  # The chief of a cluster writes checkpoints and summaries; a strategy of
+  # one task is its own chief. Every task initializes its variables.
+  _is_chief = True
 
-  @property
-  def should_checkpoint(self):
-    """Whether this task writes checkpoints."""
-    return True
-
-  @property
-  def should_save_summary(self):
-    """Whether this task saves summaries."""
-    return True
+  experimental_should_init = property(
+      lambda self: True, doc="Whether this task initializes the variables.")
+  should_checkpoint = property(
+      lambda self: self._is_chief, doc="Whether this task writes checkpoints.")
+  should_save_summary = property(
+      lambda self: self._is_chief, doc="Whether this task saves summaries.")
 
   # --- Variables.
 
