@@ -39,6 +39,7 @@ and saves checkpoints from every worker into the same files
 """
 
 import functools
+import importlib
 import importlib.metadata
 import os
 import tempfile
@@ -50,45 +51,43 @@ _STACK_ATTRIBUTE = "_distribution_strategy_stack"
 _CREATOR_ATTRIBUTE = "_variable_creator_stack"
 
 
+# (module under tensorflow.python, attribute path) of the internal names the
+# strategies need wherever they run, checked at import.
+_INTERNALS = (
+    ("saved_model.save_context", "in_save_context"),
+    ("autograph.core.config", "CONVERSION_RULES"),
+    ("eager.record", "could_possibly_record"),
+    ("ops.summary_ops_v2", "_summary_state.is_recording_distribution_strategy"),
+    ("ops.control_flow_v2_func_graphs", "ControlFlowFuncGraph"),
+)
+
+
+def _has_internal(module, path):
+  try:
+    found = importlib.import_module(f"tensorflow.python.{module}")
+    for name in path.split("."):
+      found = getattr(found, name)
+  except (ImportError, AttributeError):
+    return False
+  return True
+
+
 def _check_tensorflow():
   graph = tf.Graph
   missing = [a for a in (_STACK_ATTRIBUTE, _CREATOR_ATTRIBUTE)
              if not hasattr(graph, a)]
-  try:
-    from tensorflow.python.saved_model import save_context  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    save_context = None
-    missing.append("saved_model.save_context")
-  try:
-    from tensorflow.python.autograph.core import config as autograph_config  # pylint: disable=g-import-not-at-top
-    autograph_config.CONVERSION_RULES  # pylint: disable=pointless-statement
-  except (ImportError, AttributeError):
-    missing.append("autograph.core.config.CONVERSION_RULES")
-  try:
-    from tensorflow.python.eager import record  # pylint: disable=g-import-not-at-top
-    record.could_possibly_record  # pylint: disable=pointless-statement
-  except (ImportError, AttributeError):
-    missing.append("eager.record.could_possibly_record")
-  try:
-    from tensorflow.python.ops import summary_ops_v2  # pylint: disable=g-import-not-at-top
-    summary_ops_v2._summary_state.is_recording_distribution_strategy  # pylint: disable=pointless-statement,protected-access
-  except (ImportError, AttributeError):
-    missing.append("ops.summary_ops_v2._summary_state")
-  try:
-    from tensorflow.python.ops import control_flow_v2_func_graphs  # pylint: disable=g-import-not-at-top
-    control_flow_v2_func_graphs.ControlFlowFuncGraph  # pylint: disable=pointless-statement
-  except (ImportError, AttributeError):
-    missing.append("ops.control_flow_v2_func_graphs.ControlFlowFuncGraph")
+  missing += [f"{module}.{path}" for module, path in _INTERNALS
+              if not _has_internal(module, path)]
   if missing or not tf.__version__.startswith("2."):
     raise ImportError(
         f"tf_distribute_lite does not recognise the internals of TensorFlow "
         f"{tf.__version__} (missing: {', '.join(missing) or 'TF 2.x'}); "
         f"it needs a TensorFlow 2.x release that keeps the distribution "
         f"strategy stack on tf.Graph.")
-  return save_context
 
 
-_save_context = _check_tensorflow()
+_check_tensorflow()
+from tensorflow.python.saved_model import save_context as _save_context  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 
 def _exempt_from_autograph(package):
