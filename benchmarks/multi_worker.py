@@ -81,13 +81,19 @@ def mw_allreduce_16mb(module, strategy, budget):
   return ms, {"sum": scenarios.checksum(strategy.experimental_local_results(fn()))}
 
 
-def mw_mlp_step(module, strategy, budget):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+def _mlp_data():
+  """Initial weights of a 784-256-10 MLP and a global batch (x, y)."""
   rng = np.random.default_rng(0)
   initial = [rng.normal(0, 0.05, (784, 256)).astype(np.float32), np.zeros(256, np.float32),
              rng.normal(0, 0.05, (256, 10)).astype(np.float32), np.zeros(10, np.float32)]
   x = rng.random((scenarios.GLOBAL_BATCH, 784), np.float32)
   y = rng.integers(0, 10, scenarios.GLOBAL_BATCH).astype(np.int32)
+  return initial, x, y
+
+
+def mw_mlp_step(module, strategy, budget):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  initial, x, y = _mlp_data()
   with strategy.scope():
     params = [tf.Variable(v) for v in initial]
   rows = scenarios.GLOBAL_BATCH // strategy.num_replicas_in_sync
@@ -121,11 +127,7 @@ def mw_mlp_step(module, strategy, budget):
 def mw_keras_step(module, strategy, budget):
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  rng = np.random.default_rng(0)
-  initial = [rng.normal(0, 0.05, (784, 256)).astype(np.float32), np.zeros(256, np.float32),
-             rng.normal(0, 0.05, (256, 10)).astype(np.float32), np.zeros(10, np.float32)]
-  x = rng.random((scenarios.GLOBAL_BATCH, 784), np.float32)
-  y = rng.integers(0, 10, scenarios.GLOBAL_BATCH).astype(np.int32)
+  initial, x, y = _mlp_data()
   with strategy.scope():
     model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
                               keras.layers.Dense(10)])
