@@ -91,15 +91,21 @@ def _mlp_data():
   return initial, x, y
 
 
+def _replica_batches(strategy, x, y):
+  """Each replica's consecutive rows of the global batch (x, y)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  rows = scenarios.GLOBAL_BATCH // strategy.num_replicas_in_sync
+  return strategy.experimental_distribute_values_from_function(
+      lambda ctx: (tf.constant(x[ctx.replica_id_in_sync_group * rows:][:rows]),
+                   tf.constant(y[ctx.replica_id_in_sync_group * rows:][:rows])))
+
+
 def mw_mlp_step(module, strategy, budget):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   initial, x, y = _mlp_data()
   with strategy.scope():
     params = [tf.Variable(v) for v in initial]
-  rows = scenarios.GLOBAL_BATCH // strategy.num_replicas_in_sync
-  batch = strategy.experimental_distribute_values_from_function(
-      lambda ctx: (tf.constant(x[ctx.replica_id_in_sync_group * rows:][:rows]),
-                   tf.constant(y[ctx.replica_id_in_sync_group * rows:][:rows])))
+  batch = _replica_batches(strategy, x, y)
 
   def step_fn(inputs):
     features, labels = inputs
@@ -135,10 +141,7 @@ def mw_keras_step(module, strategy, budget):
     optimizer = keras.optimizers.SGD(learning_rate=scenarios.LEARNING_RATE)
     optimizer.build(model.trainable_variables)
   loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-  rows = scenarios.GLOBAL_BATCH // strategy.num_replicas_in_sync
-  batch = strategy.experimental_distribute_values_from_function(
-      lambda ctx: (tf.constant(x[ctx.replica_id_in_sync_group * rows:][:rows]),
-                   tf.constant(y[ctx.replica_id_in_sync_group * rows:][:rows])))
+  batch = _replica_batches(strategy, x, y)
 
   def step_fn(inputs):
     features, labels = inputs

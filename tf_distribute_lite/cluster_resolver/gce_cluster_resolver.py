@@ -90,19 +90,12 @@ class GCEClusterResolver(ClusterResolver):
     return tf.train.ClusterSpec({self._task_type: sorted(addresses)})
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
-    """The address of the given (by default this) task.
+    """The address of the given (by default this) task in `cluster_spec()`.
 
-    >>> from types import SimpleNamespace as Obj
-    >>> answer = lambda value: Obj(execute=lambda: value)
-    >>> compute = Obj(
-    ...     instanceGroups=lambda: Obj(
-    ...         listInstances=lambda **kwargs: answer(
-    ...             {"items": [{"instance": f"zones/z/instances/vm-{i}"} for i in (1, 2)]}),
-    ...         listInstances_next=lambda previous_request, previous_response: None),
-    ...     instances=lambda: Obj(get=lambda project, zone, instance: answer(
-    ...         {"networkInterfaces": [{"networkIP": "10.0.0." + instance[-1]}]})))
     >>> resolver = GCEClusterResolver("project", "zone", "group", 8470, task_id=1,
-    ...                               service=compute)
+    ...                               service=object())
+    >>> resolver.cluster_spec = lambda: tf.train.ClusterSpec(
+    ...     {"worker": ["10.0.0.1:8470", "10.0.0.2:8470"]})
     >>> resolver.master(), resolver.master("worker", 0, rpc_layer="grpc+verbs")
     ('grpc://10.0.0.2:8470', 'grpc+verbs://10.0.0.1:8470')
     """
