@@ -162,6 +162,29 @@ def test_each_replica_runs_on_its_device(mod, run_mode):
 
 
 @MODULES
+@pytest.mark.parametrize("batched", [False, True], ids=["one", "list"])
+def test_all_reduce_of_function_arguments_lands_on_every_replica(mod, batched):
+  """Per-replica arguments of a `tf.function` have no device; the all-reduce
+  still gives each replica its result on its own device."""
+  strategy = new_mirrored(mod)
+  values = strategy.experimental_distribute_values_from_function(
+      lambda ctx: [tf.constant(float(ctx.replica_id_in_sync_group))] * 2)
+  seen = {}
+
+  def replica_fn(value):
+    context = mod.get_replica_context()
+    reduced = context.all_reduce("SUM", value if batched else value[0])
+    seen[int(tf.get_static_value(context.replica_id_in_sync_group))] = [
+        t.device for t in tf.nest.flatten(reduced)]
+    return reduced
+
+  result = tf.function(lambda v: strategy.run(replica_fn, args=(v,)))(values)
+  assert seen == {i: [d] * (2 if batched else 1) for i, d in enumerate(DEVICES)}
+  assert [float(t) for t in strategy.experimental_local_results(
+      tf.nest.flatten(result)[0])] == [6.0] * 4
+
+
+@MODULES
 def test_ops_in_scope_are_not_placed(mod):
   strategy = new_mirrored(mod)
   with strategy.scope():

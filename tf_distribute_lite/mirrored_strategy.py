@@ -246,8 +246,7 @@ class MirroredExtended(distribute_lib.StrategyExtended):
         continue
       ops = self._cross_device_ops_for(value)
       placed = self._placed(value, ops)
-      pairs.append((placed, placed if destinations is value else
-                    self._destination_devices(destinations)))
+      pairs.append((placed, self._destination_devices(destinations)))
       by_ops.setdefault(ops, []).append(i)
     for ops, indices in by_ops.items():
       reduced = ops.batch_reduce(reduce_op, [pairs[i] for i in indices], options)
