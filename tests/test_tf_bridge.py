@@ -56,6 +56,44 @@ def test_plain_variable_ignores_variable_creators():
   assert token.dtype == tf.int32 and int(token) == 3
 
 
+def _recording_creator(name, calls):
+  def creator(next_creator, **kwargs):
+    calls.append(name)
+    return next_creator(**kwargs)
+  return creator
+
+
+def test_variable_creator_scope_nests_with_tensorflows():
+  calls = []
+  with tf.variable_creator_scope(_recording_creator("outer", calls)):
+    with _tf_bridge.VariableCreatorScope(_recording_creator("bridge", calls)):
+      with tf.variable_creator_scope(_recording_creator("inner", calls)):
+        tf.Variable(1.0)
+      tf.Variable(1.0)
+    tf.Variable(1.0)
+  tf.Variable(1.0)
+  assert calls == ["inner", "bridge", "outer", "bridge", "outer", "outer"]
+
+
+def test_variable_creator_scope_keeps_priorities_and_nesting():
+  from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top
+  calls = []
+  graph = ops.get_default_graph()
+  with graph._variable_creator_scope(_recording_creator("high", calls), priority=200):  # pylint: disable=protected-access
+    with _tf_bridge.VariableCreatorScope(_recording_creator("bridge", calls)):
+      tf.Variable(1.0)
+  assert calls == ["high", "bridge"]  # a higher priority runs first, as in TF
+  before = _tf_bridge.variable_creator_stack(graph)
+  scope = _tf_bridge.VariableCreatorScope(_recording_creator("left open", calls))
+  scope.__enter__()
+  try:
+    with pytest.raises(RuntimeError, match="without proper nesting"):
+      with tf.variable_creator_scope(_recording_creator("inner", calls)):
+        scope.__exit__(None, None, None)
+  finally:
+    _tf_bridge.set_variable_creator_stack(graph, before)
+
+
 def test_autograph_leaves_the_package_alone():
   from tensorflow.python.autograph.impl import conversion  # pylint: disable=g-import-not-at-top
   assert conversion.is_allowlisted(tfd.MirroredStrategy.run)

@@ -246,6 +246,29 @@ def test_per_replica_returned_from_function_is_per_replica():
   assert ran == tuple(3.0 * i for i in range(NUM_DEVICES))
 
 
+def test_per_replica_of_composite_or_mixed_components_through_a_function():
+  """Ragged, IndexedSlices and int/float components round-trip a function."""
+  def snippet(impl, strategy):
+    identity = tf.function(lambda x: x)
+    ragged = identity(impl.PerReplica(
+        [tf.ragged.constant([[i, 1], [2]]) for i in range(NUM_DEVICES)]))
+    slices = identity(impl.PerReplica(
+        [tf.IndexedSlices(tf.constant([[float(i)]]), tf.constant([1]), tf.constant([2, 1]))
+         for i in range(NUM_DEVICES)]))
+    mixed = identity(impl.PerReplica(
+        [tf.constant(i) if i % 2 else tf.constant([float(i)]) for i in range(NUM_DEVICES)]))
+    return ([type(v).__name__ for v in (ragged, slices, mixed)],
+            [r.to_list() for r in ragged.values],
+            [_numpy(tf.convert_to_tensor(s)) for s in slices.values],
+            [_numpy(m) for m in mixed.values])
+
+  kinds, ragged, slices, mixed = compare(snippet)
+  assert kinds == ["PerReplica"] * 3
+  assert ragged == [[[i, 1], [2]] for i in range(NUM_DEVICES)]
+  assert slices == [[[0.0], [float(i)]] for i in range(NUM_DEVICES)]
+  assert mixed == [i if i % 2 else [float(i)] for i in range(NUM_DEVICES)]
+
+
 def test_mirrored_function_argument_traces_once():
   """New Mirrored arguments of the same shapes reuse the first trace."""
   def snippet(impl, strategy):

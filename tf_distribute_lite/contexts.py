@@ -91,7 +91,10 @@ def has_strategy():
   >>> has_strategy()
   False
   """
-  strategy = get_strategy()
+  stack = _tf_bridge.strategy_stack()
+  if not stack:
+    return False
+  strategy = stack[-1].strategy
   return (strategy is not _defaults["strategy"]() and
           strategy is not _tf_bridge.tensorflow_default_strategy())
 

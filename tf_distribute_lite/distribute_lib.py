@@ -74,7 +74,7 @@ class _StrategyScope:
   def __init__(self, strategy):
     self._strategy = strategy
     self._entry = contexts.ContextEntry.cross_replica(strategy)
-    self._creator_scope = tf.variable_creator_scope(self._create_variable)
+    self._creator_scope = _tf_bridge.VariableCreatorScope(self._create_variable)
     self._reentered = 0
 
   def _create_variable(self, next_creator, **kwargs):
@@ -374,8 +374,10 @@ def _check_run_arguments(args, kwargs):
 
 def _check_replica_counts(strategy, structure, argument):
   expected = strategy.extended._num_local_replicas  # pylint: disable=protected-access
-  if all(_replica_count(leaf) in (None, expected)
-         for leaf in tf.nest.flatten(structure)):
+  for leaf in tf.nest.flatten(structure):
+    if _replica_count(leaf) not in (None, expected):
+      break
+  else:
     return
   count, path = next(
       ((_replica_count(value), path) for path, value in
@@ -390,10 +392,7 @@ def _check_replica_counts(strategy, structure, argument):
 
 def _replica_count(value):
   """How many per-replica components `value` has, None if not distributed."""
-  if (isinstance(value, tf.distribute.DistributedValues) and
-      not values_lib.is_distributed_variable(value)):
-    return len(value.values)
-  return None
+  return len(value.values) if values_lib.is_split(value) else None
 
 
 def _reduce_local_along(reduce_op, components, axis):

@@ -71,6 +71,7 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   # --- Properties of the variable it stands for.
 
   is_distributed_variable = True
+  splits_per_replica = False  # Each replica picks its component when used.
 
   @property
   def _primary(self):
@@ -171,7 +172,7 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
     return self.read_value().numpy()
 
   def __tf_tensor__(self, dtype=None, name=None):
-    return tf.convert_to_tensor(self.value(), dtype=dtype, name=name)
+    return values_lib.as_tensor(self.value(), dtype, name)
 
   def __array__(self, dtype=None, copy=None):
     """The value as a numpy array, a 0-d one for a scalar (TensorFlow 2.21

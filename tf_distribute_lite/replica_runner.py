@@ -156,7 +156,7 @@ class ReplicaRunner:
     return len(self._inputs)
 
   def run(self):
-    with conversion_guard(), tf.variable_creator_scope(self._share_variable):
+    with conversion_guard(), _tf_bridge.VariableCreatorScope(self._share_variable):
       self._state = _ThreadState()
       self._input_barrier = _input_barrier(self._inputs)
       try:
