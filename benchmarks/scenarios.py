@@ -180,16 +180,7 @@ class _Mlp:
     replicas = 1 if strategy is None else strategy.num_replicas_in_sync
 
     def step_fn(x, y):
-      with tf.GradientTape() as tape:
-        logits = x
-        for i in range(0, len(params), 2):
-          logits = logits @ params[i] + params[i + 1]
-          if i + 2 < len(params):
-            logits = tf.nn.relu(logits)
-        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
-        loss = tf.reduce_sum(losses) / tf.cast(tf.shape(x)[0] * replicas,
-                                               tf.float32)
-      grads = tape.gradient(loss, params)
+      loss, grads = _loss_and_grads(params, x, y, replicas)
       if module is not None:
         grads = module.get_replica_context().all_reduce(module.ReduceOp.SUM,
                                                         grads)
@@ -217,9 +208,67 @@ class _Mlp:
 
   def weight_change(self):
     """Fingerprint of the weights: sum |w - w0|, per replica."""
+    return self._weight_change(replica_values(self.strategy, self.params))
+
+  def _weight_change(self, per_replica_params):
     sums = [sum(checksum(v - w0, np.abs) for v, w0 in zip(vs, self.initial))
-            for vs in replica_values(self.strategy, self.params)]
+            for vs in per_replica_params]
     return agreed("weight_change", sums)
+
+
+def _loss_and_grads(params, x, y, replicas):
+  """The MLP's loss on batch `(x, y)`, scaled for `replicas` replicas, and
+  its gradients."""
+  with tf.GradientTape() as tape:
+    logits = x
+    for i in range(0, len(params), 2):
+      logits = logits @ params[i] + params[i + 1]
+      if i + 2 < len(params):
+        logits = tf.nn.relu(logits)
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+    loss = tf.reduce_sum(losses) / tf.cast(tf.shape(x)[0] * replicas, tf.float32)
+  return loss, tape.gradient(loss, params)
+
+
+class _MlpByHand(_Mlp):
+  """The step a strategy runs on the 4 devices, written by hand in plain
+  TensorFlow: a copy of the weights per device, each device's quarter of the
+  batch traced on that device, gradients summed on the first device and
+  applied to every copy. It is the least that tracing each replica builds,
+  so the `_x4` rows compare the strategies with it."""
+
+  def __init__(self, widths=(784, 256, 10)):
+    super().__init__(None, widths)
+    self.copies = []
+    for device in DEVICES:
+      with tf.device(device):
+        self.copies.append([tf.Variable(v) for v in self.initial])
+
+    @tf.function
+    def train_step(xs, ys):
+      losses, grads = [], []
+      for device, params, x, y in zip(DEVICES, self.copies, xs, ys):
+        with tf.device(device):
+          loss, device_grads = _loss_and_grads(params, x, y, NUM_DEVICES)
+        losses.append(loss)
+        grads.append(device_grads)
+      with tf.device(DEVICES[0]):
+        summed = [tf.add_n(list(g)) for g in zip(*grads)]
+        total = tf.add_n(losses)
+      for device, params in zip(DEVICES, self.copies):
+        with tf.device(device):
+          for v, g in zip(params, summed):
+            v.assign_sub(LEARNING_RATE * g)
+      return total
+    self.train_step = train_step
+
+  def batch(self, size):
+    n = size // NUM_DEVICES
+    return tuple(per_replica(None, lambda i, a=a: tf.constant(a[i * n:][:n]))
+                 for a in (self.x, self.y))
+
+  def weight_change(self):
+    return self._weight_change(self.copies)
 
 
 def mlp_step(module, budget):
@@ -231,17 +280,23 @@ def mlp_step(module, budget):
   return median_ms(lambda: mlp.train_step(x, y), budget), fingerprint
 
 
-def mlp_first_call(module, budget):
+def _mlp(module, widths=(784, 256, 10), by_hand=False):
+  """The MLP of `module`; plain TensorFlow's written for 4 devices if
+  `by_hand`."""
+  return _MlpByHand(widths) if by_hand and module is None else _Mlp(module, widths)
+
+
+def mlp_first_call(module, budget, by_hand=False):
   del budget
-  mlp = _Mlp(module)
+  mlp = _mlp(module, by_hand=by_hand)
   x, y = mlp.batch(GLOBAL_BATCH)
   ms, loss = time_once_ms(lambda: mlp.train_step(x, y))
   return ms, {"loss_1": float(loss), **mlp.weight_change()}
 
 
-def mlp_retrace(module, budget, widths=(784, 256, 10)):
+def mlp_retrace(module, budget, widths=(784, 256, 10), by_hand=False):
   del budget
-  mlp = _Mlp(module, widths)
+  mlp = _mlp(module, widths, by_hand)
   x, y = mlp.batch(GLOBAL_BATCH)
   x_half, y_half = mlp.batch(GLOBAL_BATCH // 2)
   for _ in range(2):
@@ -253,9 +308,24 @@ def mlp_retrace(module, budget, widths=(784, 256, 10)):
   return ms, {"loss_3": float(loss), **mlp.weight_change()}
 
 
-def deep_mlp_retrace(module, budget):
+def deep_mlp_retrace(module, budget, by_hand=False):
   """`mlp_retrace` of a 20-layer MLP (128 wide): tracing cost dominates."""
-  return mlp_retrace(module, budget, widths=(128,) * 21)
+  return mlp_retrace(module, budget, widths=(128,) * 21, by_hand=by_hand)
+
+
+def mlp_first_call_x4(module, budget):
+  """`mlp_first_call`; plain runs the step written by hand for 4 devices."""
+  return mlp_first_call(module, budget, by_hand=True)
+
+
+def mlp_retrace_x4(module, budget):
+  """`mlp_retrace`; plain runs the step written by hand for 4 devices."""
+  return mlp_retrace(module, budget, by_hand=True)
+
+
+def deep_mlp_retrace_x4(module, budget):
+  """`deep_mlp_retrace`; plain runs the step written by hand for 4 devices."""
+  return deep_mlp_retrace(module, budget, by_hand=True)
 
 
 # --- 3. All-reduce of ~16 MB per replica in a tf.function.
@@ -326,24 +396,49 @@ def reduce_axis0(module, budget):
 # --- 5. Strategy construction and variable creation.
 
 
+def _layer_initializers():
+  """(name, initial value function) of the 20 layers' kernels and biases."""
+  for i in range(20):
+    yield (f"dense_{i}/kernel",
+           lambda i=i: tf.random.stateless_normal([128, 128], seed=[i, 0]))
+    yield f"dense_{i}/bias", lambda: tf.zeros([128])
+
+
 def build_20_layer_mlp(module, budget):
   del budget
 
   def build():
     strategy = make_strategy(module)
-    variables = []
     with scope(strategy):
-      for i in range(20):
-        variables.append(tf.Variable(
-            lambda i=i: tf.random.stateless_normal([128, 128], seed=[i, 0]),
-            name=f"dense_{i}/kernel"))
-        variables.append(tf.Variable(lambda: tf.zeros([128]),
-                                     name=f"dense_{i}/bias"))
+      variables = [tf.Variable(make, name=name)
+                   for name, make in _layer_initializers()]
     return strategy, variables
 
   ms, (strategy, variables) = time_once_ms(build)
-  sums = [checksum(vs, np.square) for vs in replica_values(strategy, variables)]
-  return ms, agreed("sum_of_squares", sums)
+  return ms, agreed("sum_of_squares", [checksum(vs, np.square) for vs in
+                                       replica_values(strategy, variables)])
+
+
+def build_20_layer_mlp_x4(module, budget):
+  """`build_20_layer_mlp`; plain builds by hand what 4 replicas' variables
+  are at least: each variable on every device, the copies initialised from
+  the first one's value."""
+  if module is not None:
+    return build_20_layer_mlp(module, budget)
+
+  def build():
+    copies = [[] for _ in DEVICES]
+    for name, make in _layer_initializers():
+      with tf.device(DEVICES[0]):
+        first = tf.Variable(make, name=name)
+      copies[0].append(first)
+      for i in range(1, NUM_DEVICES):
+        with tf.device(DEVICES[i]):
+          copies[i].append(tf.Variable(first.read_value(), name=f"{name}/replica_{i}"))
+    return copies
+
+  ms, copies = time_once_ms(build)
+  return ms, agreed("sum_of_squares", [checksum(vs, np.square) for vs in copies])
 
 
 # --- 6. Distributed input: iterating over, creating and dropping iterators.
@@ -484,6 +579,7 @@ def iterator_teardown(module, budget):
 
 SCENARIOS = {f.__name__: f for f in (
     eager_run_1, eager_run_4, mlp_step, mlp_first_call, mlp_retrace,
-    deep_mlp_retrace, allreduce_16mb, reduce_none, reduce_axis0, build_20_layer_mlp,
-    dataset_iter_python, dataset_iter_function, iterator_create,
+    deep_mlp_retrace, mlp_first_call_x4, mlp_retrace_x4, deep_mlp_retrace_x4,
+    allreduce_16mb, reduce_none, reduce_axis0, build_20_layer_mlp,
+    build_20_layer_mlp_x4, dataset_iter_python, dataset_iter_function, iterator_create,
     iterator_teardown)}

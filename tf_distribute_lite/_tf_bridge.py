@@ -141,9 +141,9 @@ def set_variable_creator_stack(graph, stack):
 
 
 class VariableCreatorScope:
-  """`tf.variable_creator_scope(creator)` for the default graph, entered at
-  a third of its cost (its generator context managers cost as much as the
-  rest of an eager `strategy.run`, which enters one per call).
+  """`tf.variable_creator_scope(creator)` for the default graph, without
+  its two generator context managers: an eager `strategy.run` enters one
+  per call, and they cost as much as the rest of its scope.
 
   Creators are kept ordered by priority, TensorFlow's default one here, and
   scopes must nest with TensorFlow's, as in `tf.variable_creator_scope`.

@@ -71,7 +71,7 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   # --- Properties of the variable it stands for.
 
   is_distributed_variable = True
-  splits_per_replica = False  # Each replica picks its component when used.
+  _splits_per_replica = False  # Each replica picks its component when used.
 
   @property
   def _primary(self):

@@ -29,7 +29,7 @@ class DistributedValues(tf.distribute.DistributedValues):
   # Each replica sees its own component; distributed variables say False and
   # pick theirs when used. A class attribute, read from the type: cheaper
   # than an `isinstance` of this abstract base on every `strategy.run`.
-  splits_per_replica = True
+  _splits_per_replica = True
 
   def __init__(self, values):
     self._values = tuple(values)
@@ -291,7 +291,7 @@ def is_split(value):
   >>> is_split(PerReplica([1, 2])), is_split(1)
   (True, False)
   """
-  return getattr(type(value), "splits_per_replica", False)
+  return getattr(type(value), "_splits_per_replica", False)
 
 
 def regroup(per_replica_results, wrap_class=PerReplica, always_wrap=False):
