@@ -100,6 +100,18 @@ def _replica_batches(strategy, x, y):
                    tf.constant(y[ctx.replica_id_in_sync_group * rows:][:rows])))
 
 
+def _train_step(module, strategy, step_fn):
+  """A `tf.function` running `step_fn` on each replica's part of a batch and
+  returning the summed loss."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  @tf.function
+  def train_step(batch):
+    return strategy.reduce(module.ReduceOp.SUM, strategy.run(step_fn, args=(batch,)),
+                           axis=None)
+  return train_step
+
+
 def mw_mlp_step(module, strategy, budget):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   initial, x, y = _mlp_data()
@@ -109,21 +121,14 @@ def mw_mlp_step(module, strategy, budget):
 
   def step_fn(inputs):
     features, labels = inputs
-    with tf.GradientTape() as tape:
-      hidden = tf.nn.relu(features @ params[0] + params[1])
-      logits = hidden @ params[2] + params[3]
-      loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
-          labels, logits)) / scenarios.GLOBAL_BATCH
-    grads = module.get_replica_context().all_reduce(
-        module.ReduceOp.SUM, tape.gradient(loss, params))
+    loss, grads = scenarios.loss_and_grads(params, features, labels,
+                                           strategy.num_replicas_in_sync)
+    grads = module.get_replica_context().all_reduce(module.ReduceOp.SUM, grads)
     for v, g in zip(params, grads):
       v.assign_sub(scenarios.LEARNING_RATE * g)
     return loss
 
-  @tf.function
-  def train_step(batch):
-    return strategy.reduce(module.ReduceOp.SUM, strategy.run(step_fn, args=(batch,)),
-                           axis=None)
+  train_step = _train_step(module, strategy, step_fn)
   losses = [float(train_step(batch)) for _ in range(3)]
   change = sum(scenarios.checksum(p.numpy() - w0, np.abs) for p, w0 in zip(params, initial))
   ms = _median_ms(lambda: train_step(batch), budget)
@@ -152,10 +157,7 @@ def mw_keras_step(module, strategy, budget):
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss
 
-  @tf.function
-  def train_step(batch):
-    return strategy.reduce(module.ReduceOp.SUM, strategy.run(step_fn, args=(batch,)),
-                           axis=None)
+  train_step = _train_step(module, strategy, step_fn)
   losses = [float(train_step(batch)) for _ in range(3)]
   change = sum(scenarios.checksum(w - w0, np.abs)
                for w, w0 in zip(model.get_weights(), initial))

@@ -167,20 +167,14 @@ class _Mlp:
   step, for one implementation."""
 
   def __init__(self, module, widths=(784, 256, 10)):
-    rng = np.random.default_rng(0)
-    self.initial = []
-    for fan_in, fan_out in zip(widths[:-1], widths[1:]):
-      self.initial += [rng.normal(0, 0.05, (fan_in, fan_out)).astype(np.float32),
-                       np.zeros(fan_out, np.float32)]
-    self.x = rng.random((GLOBAL_BATCH, widths[0]), np.float32)
-    self.y = rng.integers(0, widths[-1], GLOBAL_BATCH).astype(np.int32)
+    self._make_data(widths)
     self.strategy = strategy = make_strategy(module)
     with scope(strategy):
       self.params = params = [tf.Variable(v) for v in self.initial]
     replicas = 1 if strategy is None else strategy.num_replicas_in_sync
 
     def step_fn(x, y):
-      loss, grads = _loss_and_grads(params, x, y, replicas)
+      loss, grads = loss_and_grads(params, x, y, replicas)
       if module is not None:
         grads = module.get_replica_context().all_reduce(module.ReduceOp.SUM,
                                                         grads)
@@ -196,6 +190,16 @@ class _Mlp:
         losses = strategy.run(step_fn, args=(x, y))
         return strategy.reduce(module.ReduceOp.SUM, losses, axis=None)
       self.train_step = train_step
+
+  def _make_data(self, widths):
+    """The initial weights (`initial`) and the global batch (`x`, `y`)."""
+    rng = np.random.default_rng(0)
+    self.initial = []
+    for fan_in, fan_out in zip(widths[:-1], widths[1:]):
+      self.initial += [rng.normal(0, 0.05, (fan_in, fan_out)).astype(np.float32),
+                       np.zeros(fan_out, np.float32)]
+    self.x = rng.random((GLOBAL_BATCH, widths[0]), np.float32)
+    self.y = rng.integers(0, widths[-1], GLOBAL_BATCH).astype(np.int32)
 
   def batch(self, size):
     """The first `size` examples: global tensors, or per-replica slices."""
@@ -216,7 +220,7 @@ class _Mlp:
     return agreed("weight_change", sums)
 
 
-def _loss_and_grads(params, x, y, replicas):
+def loss_and_grads(params, x, y, replicas):
   """The MLP's loss on batch `(x, y)`, scaled for `replicas` replicas, and
   its gradients."""
   with tf.GradientTape() as tape:
@@ -237,8 +241,8 @@ class _MlpByHand(_Mlp):
   applied to every copy. It is the least that tracing each replica builds,
   so the `_x4` rows compare the strategies with it."""
 
-  def __init__(self, widths=(784, 256, 10)):
-    super().__init__(None, widths)
+  def __init__(self, widths=(784, 256, 10)):  # pylint: disable=super-init-not-called
+    self._make_data(widths)
     self.copies = []
     for device in DEVICES:
       with tf.device(device):
@@ -249,7 +253,7 @@ class _MlpByHand(_Mlp):
       losses, grads = [], []
       for device, params, x, y in zip(DEVICES, self.copies, xs, ys):
         with tf.device(device):
-          loss, device_grads = _loss_and_grads(params, x, y, NUM_DEVICES)
+          loss, device_grads = loss_and_grads(params, x, y, NUM_DEVICES)
         losses.append(loss)
         grads.append(device_grads)
       with tf.device(DEVICES[0]):

@@ -137,10 +137,11 @@ class PerReplicaSpec(tf.TypeSpec):
   PerReplicaSpec(TensorSpec(shape=(), dtype=tf.float32, name=None), TensorSpec(shape=(), dtype=tf.float32, name=None))
   """
 
-  __slots__ = ("_specs",)
+  __slots__ = ("_specs", "_all_tensor_specs")
 
   def __init__(self, *component_specs):
     self._specs = component_specs
+    self._all_tensor_specs = all(type(spec) is tf.TensorSpec for spec in component_specs)  # pylint: disable=unidiomatic-typecheck
 
   @property
   def value_type(self):
@@ -168,19 +169,16 @@ class PerReplicaSpec(tf.TypeSpec):
 
   def to_tensors(self, value):
     components = value.values
-    if self._all_tensor_specs() and all(
+    if self._all_tensor_specs and all(
         isinstance(c, tf.Tensor) and c.dtype == spec.dtype
         for c, spec in zip(components, self._specs)):
       return list(components)
     return super().to_tensors(value)
 
   def from_tensors(self, tensors):
-    if self._all_tensor_specs():
+    if self._all_tensor_specs:
       return PerReplica([spec.from_tensors(tensors) for spec in self._specs])
     return super().from_tensors(tensors)
-
-  def _all_tensor_specs(self):
-    return all(type(spec) is tf.TensorSpec for spec in self._specs)  # pylint: disable=unidiomatic-typecheck
 
 
 class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored):
