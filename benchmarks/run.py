@@ -28,7 +28,8 @@ SCENARIOS = (
     "eager_run_1", "eager_run_4", "mlp_step", "mlp_first_call", "mlp_retrace",
     "deep_mlp_retrace", "mlp_first_call_x4", "mlp_retrace_x4", "deep_mlp_retrace_x4",
     "allreduce_16mb", "reduce_none", "reduce_axis0", "build_20_layer_mlp",
-    "build_20_layer_mlp_x4", "dataset_iter_python", "dataset_iter_function", "iterator_create",
+    "build_20_layer_mlp_x4", "variables_mb_x4", "variables_peak_mb_x4",
+    "mlp_step_peak_mb_x4", "dataset_iter_python", "dataset_iter_function", "iterator_create",
     "iterator_teardown")
 RTOL, ATOL = 1e-4, 1e-6
 
@@ -42,6 +43,8 @@ def worker(scenario, impl, quick, timeout):
   import traceback  # pylint: disable=g-import-not-at-top
   faulthandler.dump_traceback_later(timeout, exit=True)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  if is_memory(scenario):  # An allocator that counts its bytes.
+    os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import scenarios  # pylint: disable=g-import-not-at-top
   cpu = tf.config.list_physical_devices("CPU")[0]
@@ -56,8 +59,8 @@ def worker(scenario, impl, quick, timeout):
   budget = scenarios.QUICK if quick else scenarios.Budget()
   result = {"scenario": scenario, "impl": impl}
   try:
-    ms, fingerprint = scenarios.SCENARIOS[scenario](module, budget)
-    result.update(ms=ms, fingerprint=fingerprint)
+    value, fingerprint = scenarios.SCENARIOS[scenario](module, budget)
+    result.update(value=value, fingerprint=fingerprint)
   except Exception as e:  # pylint: disable=broad-except
     result.update(error=f"{type(e).__name__}: {_summary(e)}")
     traceback.print_exc()
@@ -65,6 +68,11 @@ def worker(scenario, impl, quick, timeout):
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(1 if "error" in result else 0)  # Skips TensorFlow's slow teardown.
+
+
+def is_memory(scenario):
+  """Whether `scenario` measures MB allocated rather than ms."""
+  return "mb" in scenario.split("_")
 
 
 def _summary(error):
@@ -138,8 +146,9 @@ def check(runs):
   return "OK"
 
 
-def fmt_ms(ms):
-  return f"{ms:.3f}" if ms < 10 else f"{ms:.2f}" if ms < 100 else f"{ms:.1f}"
+def fmt_cell(value):
+  return (f"{value:.3f}" if value < 10 else f"{value:.2f}" if value < 100
+          else f"{value:.1f}")
 
 
 def report(results, scenarios):
@@ -157,8 +166,8 @@ def report(results, scenarios):
                      f"{scenario} {impl})")
         cells.append(f"error [{len(notes)}]")
       elif runs[impl]:
-        medians[impl] = statistics.median(r["ms"] for r in runs[impl])
-        cells.append(fmt_ms(medians[impl]))
+        medians[impl] = statistics.median(r["value"] for r in runs[impl])
+        cells.append(fmt_cell(medians[impl]))
       else:
         cells.append("-")
     ratios = [f"{medians['tfd'] / medians[base]:.2f}"
@@ -210,7 +219,8 @@ def main(argv=None):
   repeats = args.repeats or (1 if args.quick else 3)
   print(machine_summary())
   print(f"4 logical CPU devices, {repeats} fresh worker process(es) per "
-        f"(scenario, impl); times in ms, medians across repeats"
+        f"(scenario, impl); times in ms (rows with _mb: MB allocated), medians "
+        f"across repeats"
         f"{'; --quick' if args.quick else ''}", flush=True)
   start = time.perf_counter()
   results = {s: {impl: [] for impl in IMPLS} for s in scenarios}
@@ -223,7 +233,8 @@ def main(argv=None):
         results[scenario][impl].append(result)
         count += 1
         outcome = (f"error: {result['error']}" if "error" in result
-                   else f"{fmt_ms(result['ms'])} ms")
+                   else f"{fmt_cell(result['value'])} "
+                   f"{'MB' if is_memory(scenario) else 'ms'}")
         print(f"[{count}/{total}] {scenario} {impl} #{repeat + 1}: "
               f"{outcome} ({time.perf_counter() - t0:.1f} s)",
               file=sys.stderr, flush=True)

@@ -2,9 +2,9 @@
 
 A scenario takes `module` (None for plain TensorFlow, else `tf.distribute` or
 `tf_distribute_lite`, used as `module.MirroredStrategy`, `module.ReduceOp`,
-...) and a `Budget`, and returns `(ms, fingerprint)`: the measured time in
-milliseconds and a dict of floats summarising what was computed, which must
-agree across implementations.
+...) and a `Budget`, and returns `(value, fingerprint)`: the measured time in
+milliseconds (MB allocated for the memory rows) and a dict of floats
+summarising what was computed, which must agree across implementations.
 
 Importing this module does not start TensorFlow's runtime, so the worker
 configures the `NUM_DEVICES` logical CPU devices after importing it.
@@ -408,29 +408,14 @@ def _layer_initializers():
     yield f"dense_{i}/bias", lambda: tf.zeros([128])
 
 
-def build_20_layer_mlp(module, budget):
-  del budget
+def _build_20_layers(module, by_hand=False):
+  """Builds the 20 layers' variables: `build()` returns each replica's list.
 
-  def build():
-    strategy = make_strategy(module)
-    with scope(strategy):
-      variables = [tf.Variable(make, name=name)
-                   for name, make in _layer_initializers()]
-    return strategy, variables
-
-  ms, (strategy, variables) = time_once_ms(build)
-  return ms, agreed("sum_of_squares", [checksum(vs, np.square) for vs in
-                                       replica_values(strategy, variables)])
-
-
-def build_20_layer_mlp_x4(module, budget):
-  """`build_20_layer_mlp`; plain builds by hand what 4 replicas' variables
-  are at least: each variable on every device, the copies initialised from
-  the first one's value."""
-  if module is not None:
-    return build_20_layer_mlp(module, budget)
-
-  def build():
+  With `by_hand`, plain TensorFlow builds what 4 replicas' variables are at
+  least: each variable on every device, the copies initialised from the
+  first one's value.
+  """
+  def build_by_hand():
     copies = [[] for _ in DEVICES]
     for name, make in _layer_initializers():
       with tf.device(DEVICES[0]):
@@ -441,11 +426,75 @@ def build_20_layer_mlp_x4(module, budget):
           copies[i].append(tf.Variable(first.read_value(), name=f"{name}/replica_{i}"))
     return copies
 
-  ms, copies = time_once_ms(build)
-  return ms, agreed("sum_of_squares", [checksum(vs, np.square) for vs in copies])
+  def build():
+    strategy = make_strategy(module)
+    with scope(strategy):
+      variables = [tf.Variable(make, name=name)
+                   for name, make in _layer_initializers()]
+    return replica_values(strategy, variables)
+
+  return build_by_hand if by_hand and module is None else build
 
 
-# --- 6. Distributed input: iterating over, creating and dropping iterators.
+def _squares(copies):
+  return agreed("sum_of_squares", [checksum(vs, np.square) for vs in copies])
+
+
+def build_20_layer_mlp(module, budget, by_hand=False):
+  del budget
+  ms, copies = time_once_ms(_build_20_layers(module, by_hand))
+  return ms, _squares(copies)
+
+
+def build_20_layer_mlp_x4(module, budget):
+  """`build_20_layer_mlp`; plain builds the variables by hand on 4 devices."""
+  return build_20_layer_mlp(module, budget, by_hand=True)
+
+
+# --- 6. Memory: what the allocator holds, in MB (the worker turns on
+# TensorFlow's BFC CPU allocator, which counts its bytes, for these rows; the
+# 4 logical devices share it). "plain" is the work written by hand for the 4
+# devices, since one copy of every variable per device is what replicas are.
+
+
+def allocated_mb(fn):
+  """`(peak, held, result)` of `fn()`: the MB allocated at the peak of the
+  call and still allocated after it, over what was allocated before it."""
+  tf.config.experimental.reset_memory_stats(DEVICES[0])
+  before = tf.config.experimental.get_memory_info(DEVICES[0])["current"]
+  result = fn()
+  info = tf.config.experimental.get_memory_info(DEVICES[0])
+  return ((info["peak"] - before) / 2**20, (info["current"] - before) / 2**20,
+          result)
+
+
+def variables_mb_x4(module, budget):
+  """MB held by the 20 layers' variables on 4 devices once built."""
+  del budget
+  _, held, copies = allocated_mb(_build_20_layers(module, by_hand=True))
+  return held, _squares(copies)
+
+
+def variables_peak_mb_x4(module, budget):
+  """Peak MB allocated while building the 20 layers' variables on 4 devices."""
+  del budget
+  peak, _, copies = allocated_mb(_build_20_layers(module, by_hand=True))
+  return peak, _squares(copies)
+
+
+def mlp_step_peak_mb_x4(module, budget):
+  """Peak MB allocated by a step of `mlp_step` (after 3 steps), variables
+  and inputs excluded."""
+  del budget
+  mlp = _mlp(module, by_hand=True)
+  x, y = mlp.batch(GLOBAL_BATCH)
+  for _ in range(3):
+    mlp.train_step(x, y)
+  peak, _, loss = allocated_mb(lambda: mlp.train_step(x, y))
+  return peak, {"loss_4": float(loss), **mlp.weight_change()}
+
+
+# --- 7. Distributed input: iterating over, creating and dropping iterators.
 
 INPUT_ROWS = 4096
 INPUT_STEPS = 200
@@ -585,5 +634,6 @@ SCENARIOS = {f.__name__: f for f in (
     eager_run_1, eager_run_4, mlp_step, mlp_first_call, mlp_retrace,
     deep_mlp_retrace, mlp_first_call_x4, mlp_retrace_x4, deep_mlp_retrace_x4,
     allreduce_16mb, reduce_none, reduce_axis0, build_20_layer_mlp,
-    build_20_layer_mlp_x4, dataset_iter_python, dataset_iter_function, iterator_create,
+    build_20_layer_mlp_x4, variables_mb_x4, variables_peak_mb_x4,
+    mlp_step_peak_mb_x4, dataset_iter_python, dataset_iter_function, iterator_create,
     iterator_teardown)}
