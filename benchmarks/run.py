@@ -25,12 +25,13 @@ import numpy as np
 HERE = pathlib.Path(__file__).resolve().parent
 IMPLS = ("plain", "tf.distribute", "tfd")
 SCENARIOS = (
-    "eager_run_1", "eager_run_4", "mlp_step", "mlp_first_call", "mlp_retrace",
-    "deep_mlp_retrace", "mlp_first_call_x4", "mlp_retrace_x4", "deep_mlp_retrace_x4",
-    "allreduce_16mb", "reduce_none", "reduce_axis0", "build_20_layer_mlp",
+    "eager_run_1", "eager_run_4", "mlp_step", "mlp_first_call",
+    "mlp_retrace", "deep_mlp_retrace", "mlp_step_x4", "mlp_first_call_x4",
+    "mlp_retrace_x4", "deep_mlp_retrace_x4", "allreduce_16mb",
+    "reduce_none", "reduce_axis0", "build_20_layer_mlp",
     "build_20_layer_mlp_x4", "variables_mb_x4", "variables_peak_mb_x4",
-    "mlp_step_peak_mb_x4", "dataset_iter_python", "dataset_iter_function", "iterator_create",
-    "iterator_teardown")
+    "mlp_step_peak_mb_x4", "dataset_iter_python", "dataset_iter_function",
+    "iterator_create", "iterator_teardown")
 RTOL, ATOL = 1e-4, 1e-6
 
 

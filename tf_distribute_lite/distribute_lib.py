@@ -421,11 +421,13 @@ def _reduce_local_along(reduce_op, components, axis):
 def _joined(tensors, axes):
   """`[tf.concat(tensors)]` along the first of `axes` when the tensors agree
   on every other dimension (statically), else `tensors` unchanged."""
-  if len(tensors) == 1 or tensors[0].shape.rank is None:
+  if len(tensors) == 1:
     return tensors
-  first = (axes[0] if isinstance(axes, list) else axes) % tensors[0].shape.rank
-  rest = [t.shape.as_list() if t.shape.rank is not None else None for t in tensors]
-  rest = [None if r is None else r[:first] + r[first + 1:] for r in rest]
+  dims = [t.shape.as_list() if t.shape.rank is not None else None for t in tensors]
+  if dims[0] is None:
+    return tensors
+  first = (axes[0] if isinstance(axes, list) else axes) % len(dims[0])
+  rest = [None if d is None else d[:first] + d[first + 1:] for d in dims]
   if None in rest[0] or any(r != rest[0] for r in rest[1:]):
     return tensors
   return [tf.concat(tensors, axis=first)]
