@@ -128,7 +128,7 @@ class MirroredExtended(distribute_lib.StrategyExtended):
       fn = tf.__internal__.autograph.tf_convert(
           fn, tf.__internal__.autograph.control_status_ctx(),
           convert_by_default=False)
-    inputs = [values_lib.select_replica(i, (args, kwargs))
+    inputs = [(values_lib.select_replica(i, args), values_lib.select_replica(i, kwargs))
               for i in range(len(self._devices))]
     if len(inputs) == 1:  # Nothing to wait for at merge_call: no runner.
       (args, kwargs), = inputs

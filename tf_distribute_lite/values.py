@@ -268,6 +268,8 @@ def select_replica(replica_id, structure):
       return type(structure)(*items)
     return type(structure)(items)
   if type(structure) in (dict, collections.OrderedDict):
+    if not structure:
+      return structure
     items = {key: select_replica(replica_id, item) for key, item in structure.items()}
     if all(items[key] is item for key, item in structure.items()):
       return structure
