@@ -421,6 +421,30 @@ def test_properties():
       False, [False] * NUM_DEVICES, True)
 
 
+def test_aggregation_is_kept_as_given():
+  """The aggregation is the enum given, a TF 1.x one included (the default
+  is TF 1.x's NONE, as for any tf.Variable), and the components carry it;
+  `is_initialized` is a boolean tensor, as in TensorFlow."""
+  v1 = tf.compat.v1.VariableAggregation
+
+  def snippet(dist, strategy):
+    with strategy.scope():
+      variables = [
+          tf.Variable(1.0), tf.Variable(1.0, aggregation=AGG.SUM),
+          tf.Variable(1.0, aggregation=v1.MEAN),
+          tf.Variable(1.0, synchronization=SYNC.ON_READ,
+                      aggregation=v1.ONLY_FIRST_TOWER)]
+    return ([(repr(v.aggregation), repr(v.values[-1].aggregation))
+             for v in variables],
+            [repr(v.is_initialized()) for v in variables[:1]])
+
+  assert compare(snippet)[0] == [
+      ("<VariableAggregation.NONE: 0>",) * 2,
+      ("<VariableAggregationV2.SUM: 1>",) * 2,
+      ("<VariableAggregation.MEAN: 2>",) * 2,
+      ("<VariableAggregation.ONLY_FIRST_REPLICA: 3>",) * 2]
+
+
 def test_unhashable_but_ref_works():
   """Like tf.Variable: hashing raises TypeError, `ref()` is the key."""
   def snippet(dist, strategy):

@@ -102,10 +102,8 @@ class ParameterServerStrategyExtended(mirrored_strategy.MirroredExtended):
     if len(self._devices) == 1:
       with tf.device(device):
         return next_creator(**kwargs)
-    aggregation = kwargs.pop("aggregation", None) or tf.VariableAggregation.NONE
-    if aggregation not in tuple(tf.VariableAggregation):
-      raise ValueError(f"Invalid variable aggregation mode: {aggregation} for "
-                       f"variable: {kwargs.get('name')}")
+    aggregation = distributed_variables.checked_aggregation(kwargs)
+    del kwargs["aggregation"]  # The variable on the parameter device has none.
     with tf.device(device):
       variable = next_creator(**kwargs)
     return AggregatingVariable(self._container_strategy(), [variable], aggregation)

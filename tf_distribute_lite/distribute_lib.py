@@ -83,9 +83,6 @@ class _StrategyScope:
     kwargs["distribute_strategy"] = self._strategy
     if "use_resource" in kwargs:  # TF 1.x creation: mirror resource variables
       kwargs["use_resource"] = True
-    if isinstance(kwargs.get("aggregation"), tf.compat.v1.VariableAggregation):
-      # TF 1.x names, such as ONLY_FIRST_TOWER, for the same aggregations.
-      kwargs["aggregation"] = tf.VariableAggregation(kwargs["aggregation"].value)
     return self._strategy.extended._create_variable(next_creator, **kwargs)  # pylint: disable=protected-access
 
   def __enter__(self):

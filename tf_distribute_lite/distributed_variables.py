@@ -131,8 +131,8 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
     return (self._get_on_device_or_primary() if local is None else local).handle
 
   def is_initialized(self, name=None):
-    if tf.executing_eagerly():
-      return all(v.is_initialized() for v in self._values)
+    """A boolean tensor: whether every component is initialized; `name`
+    names the op that combines them."""
     return tf.reduce_all([v.is_initialized() for v in self._values], name=name)
 
   def _should_act_as_resource_variable(self):
@@ -421,6 +421,23 @@ class MirroredVariable(DistributedVariable, tf.types.experimental.distributed.Mi
       return strategy.extended.update(self, update_fn, args=(aggregated,), group=True)
 
     return contexts.get_replica_context().merge_call(merge_fn, args=(value,))
+
+
+def checked_aggregation(kwargs):
+  """The `aggregation` in a variable creator's `kwargs`, as given: a
+  `tf.compat.v1.VariableAggregation` stays one, as in TensorFlow (the two
+  enums compare equal value for value).
+
+  >>> checked_aggregation({"aggregation": tf.VariableAggregation.SUM})
+  <VariableAggregationV2.SUM: 1>
+  >>> checked_aggregation({})
+  <VariableAggregation.NONE: 0>
+  """
+  aggregation = kwargs.get("aggregation") or tf.compat.v1.VariableAggregation.NONE
+  if aggregation not in tuple(tf.VariableAggregation):
+    raise ValueError(f"Invalid variable aggregation mode: {aggregation} for "
+                     f"variable: {kwargs.get('name')}")
+  return aggregation
 
 
 def aggregate(strategy, value, aggregation, destinations):

@@ -91,16 +91,13 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     synchronization = kwargs.get("synchronization") or tf.VariableSynchronization.AUTO
     if synchronization == tf.VariableSynchronization.AUTO:
       synchronization = kwargs["synchronization"] = tf.VariableSynchronization.ON_WRITE
-    aggregation = kwargs.pop("aggregation", None) or tf.VariableAggregation.NONE
-    name = kwargs.get("name")
     if synchronization == tf.VariableSynchronization.NONE:
       raise ValueError(
           "`NONE` variable synchronization mode is not supported with "
           f"tf.distribute strategy. Please change the `synchronization` for "
-          f"variable: {name}")
-    if aggregation not in tuple(tf.VariableAggregation):
-      raise ValueError(f"Invalid variable aggregation mode: {aggregation} for "
-                       f"variable: {name}")
+          f"variable: {kwargs.get('name')}")
+    # The components are created with the aggregation too, as in TensorFlow.
+    aggregation = kwargs["aggregation"] = distributed_variables.checked_aggregation(kwargs)
     components = []
     for i, device in enumerate(devices):
       with tf.device(device):
