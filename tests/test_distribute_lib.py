@@ -937,3 +937,22 @@ def test_all_reduce_outside_a_tape_builds_no_gradient_ops():
   for with_tape, identity_ns in [(False, 0), (True, 2)]:
     graph = tf.function(lambda: step(with_tape)).get_concrete_function().graph  # pylint: disable=cell-var-from-loop
     assert [op.type for op in graph.get_operations()].count("IdentityN") == identity_ns
+
+
+# --- TF 1.x methods of TF 2.x strategies.
+
+
+def test_tf1_methods_of_a_tf2_strategy():
+  """TensorFlow's TF 2.x strategies keep TF 1.x's input and grouping
+  methods (undocumented, but code written for TF 1.x calls them)."""
+  def snippet(a):
+    s = a.mirrored
+    iterator = s.make_dataset_iterator(tf.data.Dataset.range(8).batch(4))
+    doubled = s.experimental_run(lambda x: x * 2, iterator)
+    config = s.update_config_proto(tf.compat.v1.ConfigProto())
+    return (local(s, doubled), s.experimental_run(lambda: 1),
+            s.group(s.run(lambda: tf.constant(1.0))), s.group(tf.constant(2.0)),
+            type(config).__name__)
+
+  result = both(snippet)
+  assert result[:2] == ([[0], [2], [4], [6]], 1)

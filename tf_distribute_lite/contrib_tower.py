@@ -17,9 +17,9 @@ import tensorflow as tf
 
 from tf_distribute_lite import contexts
 from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import input_lib
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import one_device_strategy
-from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import tpu_strategy
 from tf_distribute_lite import tpu_system
 from tf_distribute_lite import values as values_lib
@@ -303,7 +303,7 @@ class PerDeviceDataset:
 
   def make_initializable_iterator(self):
     """An iterator whose `initializer` (re)starts it (a TF1 graph)."""
-    return strategy_v1.initializable_iterator(self._distributed)
+    return input_lib.initializable_iterator(self._distributed)
 
 
 class TowerContext:

@@ -307,6 +307,82 @@ class StrategyBase:
     """
     return self._extended.experimental_make_numpy_dataset(numpy_input)
 
+  # --- TF 1.x methods, which TensorFlow's TF 2.x strategies have too.
+
+  def update_config_proto(self, config_proto):
+    """Returns a copy of `config_proto` adjusted for this strategy."""
+    return self._extended._update_config_proto(config_proto)  # pylint: disable=protected-access
+
+  def configure(self, session_config=None, cluster_spec=None, task_type=None,
+                task_id=None):
+    """Deprecated: adjusts `session_config` in place for this strategy
+    (`update_config_proto` returns an adjusted copy instead) and takes the
+    cluster this task belongs to, where the strategy has one.
+
+    >>> strategy = tf_distribute_lite.compat.v1.OneDeviceStrategy("/cpu:0")
+    >>> config = tf.compat.v1.ConfigProto()
+    >>> strategy.configure(config)
+    """
+    if cluster_spec:
+      self._configure_cluster(tf.train.ClusterSpec(cluster_spec), task_type, task_id)
+    if session_config is not None:
+      session_config.CopyFrom(self.update_config_proto(session_config))
+
+  def _configure_cluster(self, cluster_spec, task_type, task_id):
+    """Takes the cluster `configure` was given; a strategy on one task's
+    devices ignores it, as TensorFlow's `OneDeviceStrategy` and
+    `TPUStrategy` do."""
+    del cluster_spec, task_type, task_id
+
+  def make_dataset_iterator(self, dataset):
+    """An iterator giving each replica its slice of every global batch of
+    `dataset`; in a TF1 graph run its `initializer` first."""
+    with self.scope():
+      return input_lib.initializable_iterator(self.experimental_distribute_dataset(dataset))
+
+  def make_input_fn_iterator(self, input_fn,
+                             replication_mode=input_context_lib.InputReplicationMode.PER_WORKER):
+    """An iterator over the dataset `input_fn(InputContext)` returns for
+    this worker, batched per replica: each replica takes the next element.
+
+    >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> iterator = strategy.make_input_fn_iterator(
+    ...     lambda ctx: tf.data.Dataset.range(4).batch(ctx.get_per_replica_batch_size(4)))
+    >>> [t.numpy().tolist() for t in iterator.get_next().values]
+    [[0, 1], [2, 3]]
+    """
+    if replication_mode != input_context_lib.InputReplicationMode.PER_WORKER:
+      raise ValueError(f"Input replication mode not supported: {replication_mode!r}")
+    with self.scope():
+      # As TensorFlow's: a partial last step ends the input.
+      return input_lib.initializable_iterator(self._extended._distribute_datasets_from_function(  # pylint: disable=protected-access
+          input_fn, None, partial_steps=False))
+
+  def experimental_run(self, fn, input_iterator=None):
+    """Runs `fn` on every replica with its part of the next input from
+    `input_iterator` (or with no argument)."""
+    with self.scope():
+      args = () if input_iterator is None else (input_iterator.get_next(),)
+    return self.run(fn, args=args)
+
+  def group(self, value, name=None):
+    """One op that runs every component of `value` (a graph's fetch); the
+    component itself where there is one.
+
+    >>> strategy = tf_distribute_lite.compat.v1.OneDeviceStrategy("/cpu:0")
+    >>> strategy.group(tf.constant(1.0))
+    <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
+    """
+    components = tf.nest.flatten(self.experimental_local_results(value))
+    if len(components) == 1 and name is None:
+      (component,) = components
+      return component.op if hasattr(component, "op") and not tf.executing_eagerly() else component
+    return tf.group(components, name=name)
+
+  def colocate_vars_with(self, colocate_with_variable):
+    """`extended.colocate_vars_with`."""
+    return self._extended.colocate_vars_with(colocate_with_variable)
+
 
 class Strategy(StrategyBase):
   """A distribution policy: where variables live and how steps run.

@@ -737,3 +737,47 @@ def numpy_dataset(numpy_input, device):
   with tf.init_scope(), tf.device(device):  # eager tensors: captured, not Const
     tensors = tf.nest.map_structure(tf.convert_to_tensor, numpy_input)
   return tf.data.Dataset.from_tensor_slices(tensors)
+
+
+def initializable_iterator(distributed_dataset):
+  """The TF 1.x iterator over a distributed dataset: in a TF1 graph one whose
+  `initializer` op (re)starts it; eagerly one that `initialize()` restarts."""
+  if tf.executing_eagerly():
+    return _EagerIterator(distributed_dataset)
+  return distributed_dataset.make_initializable_iterator()
+
+
+class _EagerIterator:
+  """An eager distributed iterator with TF 1.x's `initialize()`, which
+  restarts it, as TensorFlow's does.
+
+  >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(4).batch(2))
+  >>> [t.numpy().tolist() for t in iterator.get_next().values]
+  [[0], [1]]
+  >>> iterator.initialize()
+  >>> [t.numpy().tolist() for t in iterator.get_next().values]
+  [[0], [1]]
+  """
+
+  def __init__(self, distributed_dataset):
+    self._dataset = distributed_dataset
+    self._iterator = iter(distributed_dataset)
+
+  @property
+  def initializer(self):
+    """Eagerly there is no op to run: reading it restarts the iterator (as
+    in TensorFlow) and gives None."""
+    self._iterator = iter(self._dataset)
+
+  def initialize(self):
+    """Deprecated: restarts the iterator; returns None."""
+    deprecation.warn_once("DistributedIterator.initialize",
+                          "Use the iterator's `initializer` property instead.")
+    return self.initializer
+
+  def get_next(self):
+    return self._iterator.get_next()
+
+  def __getattr__(self, name):
+    return getattr(self._iterator, name)

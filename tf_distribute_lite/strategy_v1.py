@@ -3,17 +3,18 @@
 
 These are adapters over the same extended objects as the TF 2.x classes: a
 TF 1.x strategy is a `compat.v1.Strategy`, not a TF 2.x `Strategy` (as in
-TensorFlow), and keeps the methods TF 1.x code calls (`experimental_run`,
-`make_dataset_iterator`, `configure`, ...). Everything works eagerly and in a
-TF 1.x graph run by a `tf.compat.v1.Session`.
+TensorFlow), with TF 1.x's `reduce` (`axis` optional) and
+`experimental_make_numpy_dataset` (a `session` argument); the TF 1.x methods
+TensorFlow's TF 2.x strategies share (`experimental_run`,
+`make_dataset_iterator`, `configure`, ...) are in `distribute_lib`.
+Everything works eagerly and in a TF 1.x graph run by a
+`tf.compat.v1.Session`.
 """
 
 import tensorflow as tf
 
 from tf_distribute_lite import contexts
-from tf_distribute_lite import deprecation
 from tf_distribute_lite import distribute_lib
-from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
 
@@ -40,80 +41,6 @@ class StrategyV1(distribute_lib.StrategyBase):
     accepted: the arrays are held on the input host."""
     return self._extended.experimental_make_numpy_dataset(numpy_input, session)
 
-  def update_config_proto(self, config_proto):
-    """Returns a copy of `config_proto` adjusted for this strategy."""
-    return self._extended._update_config_proto(config_proto)  # pylint: disable=protected-access
-
-  def configure(self, session_config=None, cluster_spec=None, task_type=None,
-                task_id=None):
-    """Deprecated: adjusts `session_config` in place for this strategy
-    (`update_config_proto` returns an adjusted copy instead) and takes the
-    cluster this task belongs to, where the strategy has one.
-
-    >>> strategy = tf_distribute_lite.compat.v1.OneDeviceStrategy("/cpu:0")
-    >>> config = tf.compat.v1.ConfigProto()
-    >>> strategy.configure(config)
-    """
-    if cluster_spec:
-      self._configure_cluster(tf.train.ClusterSpec(cluster_spec), task_type, task_id)
-    if session_config is not None:
-      session_config.CopyFrom(self.update_config_proto(session_config))
-
-  def _configure_cluster(self, cluster_spec, task_type, task_id):
-    """Takes the cluster `configure` was given; a strategy on one task's
-    devices ignores it, as TensorFlow's `OneDeviceStrategy` and
-    `TPUStrategy` do."""
-    del cluster_spec, task_type, task_id
-
-  def make_dataset_iterator(self, dataset):
-    """An iterator giving each replica its slice of every global batch of
-    `dataset`; in a TF1 graph run its `initializer` first."""
-    with self.scope():
-      return initializable_iterator(self.experimental_distribute_dataset(dataset))
-
-  def make_input_fn_iterator(self, input_fn,
-                             replication_mode=input_context_lib.InputReplicationMode.PER_WORKER):
-    """An iterator over the dataset `input_fn(InputContext)` returns for
-    this worker, batched per replica: each replica takes the next element.
-
-    >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> iterator = strategy.make_input_fn_iterator(
-    ...     lambda ctx: tf.data.Dataset.range(4).batch(ctx.get_per_replica_batch_size(4)))
-    >>> [t.numpy().tolist() for t in iterator.get_next().values]
-    [[0, 1], [2, 3]]
-    """
-    if replication_mode != input_context_lib.InputReplicationMode.PER_WORKER:
-      raise ValueError(f"Input replication mode not supported: {replication_mode!r}")
-    with self.scope():
-      # As TensorFlow's: a partial last step ends the input.
-      return initializable_iterator(self._extended._distribute_datasets_from_function(  # pylint: disable=protected-access
-          input_fn, None, partial_steps=False))
-
-  def experimental_run(self, fn, input_iterator=None):
-    """Runs `fn` on every replica with its part of the next input from
-    `input_iterator` (or with no argument)."""
-    with self.scope():
-      args = () if input_iterator is None else (input_iterator.get_next(),)
-    return self.run(fn, args=args)
-
-  def group(self, value, name=None):
-    """One op that runs every component of `value` (a graph's fetch); the
-    component itself where there is one.
-
-    >>> strategy = tf_distribute_lite.compat.v1.OneDeviceStrategy("/cpu:0")
-    >>> strategy.group(tf.constant(1.0))
-    <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
-    """
-    components = tf.nest.flatten(self.experimental_local_results(value))
-    if len(components) == 1 and name is None:
-      (component,) = components
-      return component.op if hasattr(component, "op") and not tf.executing_eagerly() else component
-    return tf.group(components, name=name)
-
-  def colocate_vars_with(self, colocate_with_variable):
-    """`extended.colocate_vars_with`."""
-    return self._extended.colocate_vars_with(colocate_with_variable)
-
 
 class ReplicaContextV1(distribute_lib.ReplicaContextBase):
   """`tf.compat.v1.distribute.ReplicaContext`: the replica context's TF 1.x
@@ -133,50 +60,6 @@ def get_loss_reduction():
   <ReduceOp.SUM: 'SUM'>
   """
   return ReduceOp.SUM
-
-
-def initializable_iterator(distributed_dataset):
-  """The TF 1.x iterator over a distributed dataset: in a TF1 graph one whose
-  `initializer` op (re)starts it; eagerly one that `initialize()` restarts."""
-  if tf.executing_eagerly():
-    return _EagerIterator(distributed_dataset)
-  return distributed_dataset.make_initializable_iterator()
-
-
-class _EagerIterator:
-  """An eager distributed iterator with TF 1.x's `initialize()`, which
-  restarts it, as TensorFlow's does.
-
-  >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
-  >>> iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(4).batch(2))
-  >>> [t.numpy().tolist() for t in iterator.get_next().values]
-  [[0], [1]]
-  >>> iterator.initialize()
-  >>> [t.numpy().tolist() for t in iterator.get_next().values]
-  [[0], [1]]
-  """
-
-  def __init__(self, distributed_dataset):
-    self._dataset = distributed_dataset
-    self._iterator = iter(distributed_dataset)
-
-  @property
-  def initializer(self):
-    """Eagerly there is no op to run: reading it restarts the iterator (as
-    in TensorFlow) and gives None."""
-    self._iterator = iter(self._dataset)
-
-  def initialize(self):
-    """Deprecated: restarts the iterator; returns None."""
-    deprecation.warn_once("DistributedIterator.initialize",
-                          "Use the iterator's `initializer` property instead.")
-    return self.initializer
-
-  def get_next(self):
-    return self._iterator.get_next()
-
-  def __getattr__(self, name):
-    return getattr(self._iterator, name)
 
 
 class MultiStepContext:
