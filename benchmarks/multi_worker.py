@@ -180,7 +180,7 @@ def worker(impl, quick, result_path):
   for name in SCENARIOS:
     try:
       ms, fingerprint = globals()[name](module, strategy, budget)
-      results[name] = {"ms": ms, "fingerprint": fingerprint}
+      results[name] = {"value": ms, "fingerprint": fingerprint}
     except Exception as e:  # pylint: disable=broad-except
       results[name] = {"error": f"{type(e).__name__}: {run._summary(e)}"}  # pylint: disable=protected-access
   with open(result_path, "w") as f:
@@ -260,7 +260,7 @@ def main(argv=None):
       for name in SCENARIOS:
         results[name][impl].append(_task_zero_or_disagreement(tasks, name))
       print(f"[{repeat + 1}/{repeats}] {impl}: " + ", ".join(
-          f"{name} {run.fmt_ms(r[name]['ms'])} ms" if "ms" in r[name] else
+          f"{name} {run.fmt_cell(r[name]['value'])} ms" if "value" in r[name] else
           f"{name} {r[name]['error'][:200]}" for r in tasks[:1] for name in SCENARIOS)
             + f" ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
   print()

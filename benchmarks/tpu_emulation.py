@@ -103,8 +103,8 @@ def main(argv=None):
         f"MLP step, ms, medians across repeats")
   print("| scenario | MirroredStrategy | TPUStrategy (emulated v3-8) | ratio | check |")
   print("|---|---|---|---|---|")
-  print(f"| mlp_step_8_cores | {run.fmt_ms(medians['MirroredStrategy'])} | "
-        f"{run.fmt_ms(medians['TPUStrategy'])} | "
+  print(f"| mlp_step_8_cores | {run.fmt_cell(medians['MirroredStrategy'])} | "
+        f"{run.fmt_cell(medians['TPUStrategy'])} | "
         f"{medians['TPUStrategy'] / medians['MirroredStrategy']:.2f} | "
         f"{'OK' if same else 'MISMATCH'} |")
   return 0 if same else 1
