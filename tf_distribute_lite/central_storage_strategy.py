@@ -102,8 +102,9 @@ class ParameterServerStrategyExtended(mirrored_strategy.MirroredExtended):
     if len(self._devices) == 1:
       with tf.device(device):
         return next_creator(**kwargs)
-    aggregation = distributed_variables.checked_aggregation(kwargs)
-    del kwargs["aggregation"]  # The variable on the parameter device has none.
+    # The variable on the parameter device has no aggregation, as in TF.
+    aggregation = distributed_variables.checked_aggregation(
+        kwargs.pop("aggregation", None), kwargs.get("name"))
     with tf.device(device):
       variable = next_creator(**kwargs)
     return AggregatingVariable(self._container_strategy(), [variable], aggregation)

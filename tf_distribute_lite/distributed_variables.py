@@ -423,20 +423,21 @@ class MirroredVariable(DistributedVariable, tf.types.experimental.distributed.Mi
     return contexts.get_replica_context().merge_call(merge_fn, args=(value,))
 
 
-def checked_aggregation(kwargs):
-  """The `aggregation` in a variable creator's `kwargs`, as given: a
+def checked_aggregation(aggregation, name):
+  """The `aggregation` a variable named `name` is created with, as given: a
   `tf.compat.v1.VariableAggregation` stays one, as in TensorFlow (the two
-  enums compare equal value for value).
+  enums compare equal value for value); None means TF 1.x's NONE, the
+  default of any `tf.Variable`.
 
-  >>> checked_aggregation({"aggregation": tf.VariableAggregation.SUM})
+  >>> checked_aggregation(tf.VariableAggregation.SUM, "v")
   <VariableAggregationV2.SUM: 1>
-  >>> checked_aggregation({})
+  >>> checked_aggregation(None, "v")
   <VariableAggregation.NONE: 0>
   """
-  aggregation = kwargs.get("aggregation") or tf.compat.v1.VariableAggregation.NONE
+  aggregation = aggregation or tf.compat.v1.VariableAggregation.NONE
   if aggregation not in tuple(tf.VariableAggregation):
     raise ValueError(f"Invalid variable aggregation mode: {aggregation} for "
-                     f"variable: {kwargs.get('name')}")
+                     f"variable: {name}")
   return aggregation
 
 

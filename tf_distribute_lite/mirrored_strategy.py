@@ -97,7 +97,8 @@ class MirroredExtended(distribute_lib.StrategyExtended):
           f"tf.distribute strategy. Please change the `synchronization` for "
           f"variable: {kwargs.get('name')}")
     # The components are created with the aggregation too, as in TensorFlow.
-    aggregation = kwargs["aggregation"] = distributed_variables.checked_aggregation(kwargs)
+    aggregation = kwargs["aggregation"] = distributed_variables.checked_aggregation(
+        kwargs.get("aggregation"), kwargs.get("name"))
     components = []
     for i, device in enumerate(devices):
       with tf.device(device):
