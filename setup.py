@@ -22,6 +22,8 @@ setup(
         "absl-py",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist"],
+        # tf-keras (Keras 2) is tested as a client library; Orbit is installed
+        # by scripts/_env.sh (its package pins an older TensorFlow).
+        "test": ["pytest", "pytest-xdist", "tf-keras; python_version >= '3.10'"],
     },
 )

@@ -2,8 +2,13 @@
 #
 # Moves to the repository root, creates .venv on first use and installs the
 # project into it with its test extras. The install is redone only when
-# setup.py changes: .venv/.install-stamp holds a hash of setup.py from the
+# setup.py or the Orbit pin changes: .venv/.install-stamp holds a hash of them from the
 # last successful install.
+#
+# Test dependencies: tf-keras comes from setup.py's test extras; Orbit comes
+# from tf-models-no-deps, installed without dependencies because its
+# metadata pins an older TensorFlow (Orbit itself needs only TensorFlow,
+# tf-keras, absl and numpy).
 #
 # Environment:
 #   PYTHON                interpreter used to create .venv (default: python3)
@@ -15,6 +20,7 @@ cd "$REPO_ROOT"
 VENV_DIR="$REPO_ROOT/.venv"
 VENV_PYTHON="$VENV_DIR/bin/python"
 STAMP_FILE="$VENV_DIR/.install-stamp"
+ORBIT_PACKAGE="tf-models-no-deps==2.19.0"
 
 _say() { echo "[$(basename "$0")] $*" >&2; }
 
@@ -43,15 +49,16 @@ if [[ ! -d "$VENV_DIR" ]]; then
 fi
 
 _setup_hash="$("$VENV_PYTHON" -c '
-import hashlib
-print(hashlib.sha256(open("setup.py", "rb").read()).hexdigest())
-')"
+import hashlib, sys
+print(hashlib.sha256(open("setup.py", "rb").read() + sys.argv[1].encode()).hexdigest())
+' "$ORBIT_PACKAGE")"
 
 if [[ ! -f "$STAMP_FILE" || "$(cat "$STAMP_FILE")" != "$_setup_hash" ]]; then
   _say "installing tf_distribute_lite and its dependencies into .venv (first run downloads TensorFlow)"
   rm -f "$STAMP_FILE"
   # Build-backend chatter goes to a log, shown only if the install fails.
-  if ! "$VENV_PYTHON" -m pip install -q --disable-pip-version-check -e ".[test]" \
+  if ! { "$VENV_PYTHON" -m pip install -q --disable-pip-version-check -e ".[test]" &&
+         "$VENV_PYTHON" -m pip install -q --disable-pip-version-check --no-deps "$ORBIT_PACKAGE"; } \
       > "$VENV_DIR/install.log" 2>&1; then
     cat "$VENV_DIR/install.log" >&2
     _say "error: installation failed (log: .venv/install.log)"

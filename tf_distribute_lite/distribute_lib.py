@@ -107,6 +107,9 @@ class StrategyBase:
 
   # Read by TensorFlow's TF 1.x optimizers: losses are not rescaled.
   _scale_loss_for_estimator = False
+  # Read by tf_keras: only a parameter-server strategy is driven through a
+  # `ClusterCoordinator`.
+  _should_use_with_coordinator = False
 
   def __init__(self, extended):
     self._extended = extended
@@ -554,6 +557,10 @@ class StrategyExtended:
 
   def _in_multi_worker_mode(self):
     return False
+
+  # Read by tf_keras: datasets are batched by the global batch size (every
+  # TensorFlow strategy answers True).
+  _global_batch_size = True
 
   # --- What multi-worker code asks of a strategy; one worker answers alike.
 

@@ -247,33 +247,33 @@ def is_distributed_variable(value):
 
 
 def select_replica(replica_id, structure):
-  """`structure` as replica `replica_id` sees it.
+  """`structure` as replica `replica_id` sees it: its own copy of every
+  container, with distributed values replaced by their component.
 
-  Distributed values become their component; distributed variables stay
-  whole (they pick their component themselves when used). Parts without
-  distributed values come back as they are. Lists, tuples, namedtuples and
-  dicts are walked here (`tf.nest` costs ten times as much on this path,
-  which every `strategy.run` takes); other nests go through `tf.nest`.
+  Distributed variables stay whole (they pick their component themselves
+  when used); other leaves are shared. Each replica gets fresh lists,
+  tuples, namedtuples and dicts, as in TensorFlow, so a replica function
+  may mutate its inputs (`inputs.pop("label")`) without the other replicas
+  or the caller seeing it. Those containers are walked here (`tf.nest`
+  costs ten times as much on this path, which every `strategy.run` takes);
+  other nests (attrs classes, mappings of other types) go through `tf.nest`.
 
-  >>> select_replica(1, {"x": PerReplica([1, 2]), "y": 3})
+  >>> inputs = {"x": PerReplica([1, 2]), "y": 3}
+  >>> select_replica(1, inputs)
   {'x': 2, 'y': 3}
+  >>> select_replica(0, inputs) is inputs
+  False
   """
   if is_split(structure):
     return structure.values[replica_id]
   if isinstance(structure, (list, tuple)):
     items = [select_replica(replica_id, item) for item in structure]
-    if all(new is old for new, old in zip(items, structure)):
-      return structure
     if hasattr(structure, "_fields"):
       return type(structure)(*items)
     return type(structure)(items)
   if type(structure) in (dict, collections.OrderedDict):
-    if not structure:
-      return structure
-    items = {key: select_replica(replica_id, item) for key, item in structure.items()}
-    if all(items[key] is item for key, item in structure.items()):
-      return structure
-    return type(structure)(items)
+    return type(structure)(
+        (key, select_replica(replica_id, item)) for key, item in structure.items())
   if isinstance(structure, _LEAVES) or not tf.nest.is_nested(structure):
     return structure
   return tf.nest.map_structure(
