@@ -204,6 +204,50 @@ def test_replica_ops_of_every_run_in_a_graph_share_one_scope():
   assert names(TFD) == names(TF) == ["replica_1/own", "replica_1/own_1"]
 
 
+@pytest.mark.parametrize("strategy", ["pair", "one_device"])
+def test_run_gives_each_replica_its_own_argument_containers(run_mode, strategy):
+  """A replica may mutate its inputs, as Orbit's trainers do
+  (`inputs.pop(label_key)`): MirroredStrategy gives each replica (and so
+  the caller) its own containers; OneDeviceStrategy passes them as given."""
+  def snippet(a):
+    chosen = a.pair if strategy == "pair" else a.one_device()
+    features = {"x": tf.constant(1.0), "label": tf.constant(2.0)}
+    nested = [tf.constant(3.0), Pair([tf.constant(4.0)], {"y": tf.constant(5.0)})]
+
+    def replica_fn(inputs, more):
+      label = tf.identity(inputs.pop("label"))
+      more.append(None)
+      more[1].first.append(None)
+      more[1].second.clear()
+      return label
+    labels = run_mode(lambda: chosen.run(replica_fn, args=(features, nested)))
+    return local(chosen, labels), sorted(features), len(nested), nested[1]
+  labels, keys, length, pair = both(snippet)
+  assert labels == ([2.0] * 2 if strategy == "pair" else [2.0])
+  if strategy == "pair":
+    assert (keys, length, len(pair.first), sorted(pair.second)) == (["label", "x"], 2, 1, ["y"])
+  else:
+    assert (keys, length, len(pair.first), pair.second) == (["x"], 3, 2, {})
+
+
+def test_variables_made_after_merge_call_are_shared_by_the_replicas():
+  """After a `merge_call` the replicas run on threads; eagerly each thread
+  has a default graph of its own, which the strategy's variable creators
+  must reach too."""
+  def snippet(a):
+    def replica_fn():
+      a.mod.get_replica_context().merge_call(lambda strategy: None)
+      with tf.compat.v1.variable_scope("shared", reuse=tf.compat.v1.AUTO_REUSE):
+        by_name = tf.compat.v1.get_variable("w", shape=[], initializer=tf.compat.v1.ones_initializer())
+      return by_name, tf.Variable(2.0, name="v")
+    with a.pair.scope():
+      return a.pair.extended.call_for_each_replica(replica_fn)
+  by_name, plain = both(snippet)
+  for variable in (by_name, plain):
+    assert type(variable).__name__ == "MirroredVariable"
+    assert [c.device[-5:] for c in variable.values] == ["CPU:0", "CPU:1"]
+
+
 # --- experimental_distribute_values_from_function.
 
 def test_distribute_values_from_function_passes_a_value_context():
@@ -813,6 +857,34 @@ def test_update_non_slot(group):
 
 def test_non_slot_devices():
   assert both(lambda a: a.mirrored.extended.non_slot_devices([_variable(a)])) == DEVICES
+
+
+def test_default_strategy_accepts_variables_made_with_no_strategy():
+  """TF 1.x optimizers (tf_keras's legacy ones) ask the default strategy
+  about the plain variables they update and colocate their slots with."""
+  def snippet(a):
+    default = a.mod.get_strategy()
+    plain = tf.Variable(1.0)
+    with default.extended.colocate_vars_with(plain):
+      slot = tf.Variable(0.0)
+    with default.scope():
+      in_scope = tf.Variable(2.0)
+    with a.pair.scope():
+      mirrored = tf.Variable(3.0)
+    created = [default.extended.variable_created_in_scope(v)
+               for v in (plain, slot, in_scope, mirrored)]
+    return created, slot.device == plain.device
+  assert both(snippet) == ([True, True, True, False], True)
+
+
+def test_default_strategy_colocates_in_a_graph():
+  def snippet(a):
+    with tf.Graph().as_default():
+      plain = tf.Variable(1.0, name="plain")
+      with a.mod.get_strategy().extended.colocate_vars_with(plain):
+        slot = tf.Variable(0.0, name="slot")
+      return slot.op.colocation_groups()
+  assert both(snippet) == [b"loc:@plain"]
 
 
 # --- compat.v1.

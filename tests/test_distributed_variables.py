@@ -971,6 +971,22 @@ def test_on_read_cross_replica_add_updates_every_component(aggregation):
   assert compare(snippet) == ([3.0] * NUM_DEVICES, [2.5] * NUM_DEVICES, 2.5)
 
 
+def test_cross_replica_assignments_group_into_one_op():
+  """`tf.group` takes what a cross-replica `assign` returns, as tf_keras's
+  loss scaling does with `tf.group(var.assign(...), counter.assign(0))`."""
+  def snippet(dist, strategy):
+    with strategy.scope():
+      v = tf.Variable(1.0)
+
+    @tf.function(autograph=False)
+    def step():
+      return tf.group(v.assign(2.0), v.assign_add(1.0)) is not None
+    with strategy.scope():
+      grouped = step()
+    return bool(grouped), _components(v)
+  assert compare(snippet, 2) == (True, [3.0, 3.0])
+
+
 # --- Checkpoints.
 
 
@@ -991,6 +1007,34 @@ def test_checkpoint_between_mirrored_and_plain_variables(num_devices, tmp_path):
 
   assert compare(snippet, num_devices) == (
       [1.0, 2.0], [[5.0, 6.0]] * num_devices)
+
+
+@pytest.mark.parametrize("synchronization, aggregation", [
+    (SYNC.ON_WRITE, AGG.NONE), (SYNC.ON_READ, AGG.SUM)])
+def test_asynchronous_checkpoints_save_the_value_at_save_time(
+    synchronization, aggregation, tmp_path):
+  """An asynchronous save copies the variable to the host first: later
+  assignments do not reach the checkpoint, as for a plain variable."""
+  def snippet(dist, strategy):
+    directory = tmp_path / dist.__name__.split(".")[0]
+    with strategy.scope():
+      v = tf.Variable(1.0, synchronization=synchronization, aggregation=aggregation)
+    checkpoint = tf.train.Checkpoint(v=v)
+    asynchronous = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
+    first = checkpoint.save(str(directory / "ckpt"), options=asynchronous)
+    with strategy.scope():
+      v.assign(5.0)
+    second = checkpoint.save(str(directory / "ckpt"), options=asynchronous)
+    checkpoint.sync()
+    restored = []
+    for path in (first, second):
+      checkpoint.restore(path).assert_consumed()
+      restored.append(_components(v))
+    return restored
+  # A SUM variable stores its total (2.0, then 5.0) and restores half of it
+  # into each of its two components.
+  second = 5.0 if synchronization == SYNC.ON_WRITE else 2.5
+  assert compare(snippet, 2) == [[1.0, 1.0], [second, second]]
 
 
 def test_checkpoint_mirrored_to_mirrored_across_sizes(tmp_path):

@@ -29,6 +29,24 @@ def _dataset():
   return tf.data.Dataset.range(8).map(lambda x: tf.cast(x, tf.float32)).batch(4)
 
 
+def test_tf1_metric_value_fetched_without_pulling_the_next_input():
+  """A TF 1.x metric's value, fetched after its update, reads the summed
+  state of every replica and does not run the step's input again."""
+  def metric(mod):
+    with tf.Graph().as_default():
+      strategy = _mirrored(mod)
+      with strategy.scope():
+        iterator = strategy.make_dataset_iterator(
+            tf.data.Dataset.from_tensor_slices([1.0, 2.0, 3.0, 4.0]).batch(4))
+        mean, update = strategy.extended.call_for_each_replica(
+            tf.compat.v1.metrics.mean, args=(iterator.get_next(),))
+      with tf.compat.v1.Session() as session:
+        session.run([iterator.initializer, tf.compat.v1.local_variables_initializer()])
+        updates = session.run(strategy.experimental_local_results(update))
+        return [float(x) for x in updates], float(session.run(mean))
+  assert same(metric, TF1, OURS) == ([1.5, 3.5], 2.5)
+
+
 def test_class_relations_like_tf():
   for mod, v2 in ((TF1, tf.distribute), (OURS, tfd)):
     strategy = _mirrored(mod)

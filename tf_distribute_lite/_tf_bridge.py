@@ -30,18 +30,20 @@ module exports either. An emulated TPU lowers each step to XLA's HLO with
 the values it captured given explicitly (`hlo_text`). Inside a TPU computation a mirrored variable is a
 variable over a replicated handle (`variable_of_handle`).
 
-Three contacts answer Keras rather than TensorFlow: Keras 3 recognises a
+Four contacts answer Keras rather than TensorFlow: Keras 3 recognises a
 distributed dataset by the name and module of a base class
 (`KERAS_DATASET_BASES`), reduces its steps' outputs across workers only
 for TensorFlow's own multi-worker class (`route_keras_reduce_per_replica`),
 and saves checkpoints from every worker into the same files
-(`route_keras_checkpoint_writes`).
+(`route_keras_checkpoint_writes`); tf_keras allows loss scaling only under
+a list of TensorFlow's own strategy classes (`route_tf_keras_loss_scaling`).
 """
 
 import functools
 import importlib
 import importlib.metadata
 import os
+import sys
 import tempfile
 import threading
 
@@ -425,6 +427,35 @@ def _skipped_where(method, routes):
       return method(self, *args, **kwargs)
     return None
   return skipped
+
+
+_TF_KERAS_LOSS_SCALING = "tf_keras.src.mixed_precision.loss_scale_optimizer"
+
+
+def route_tf_keras_loss_scaling(takes):
+  """Makes tf_keras allow loss scaling, and so the `mixed_float16` policy,
+  under the current strategy where `takes(strategy)`, and as before
+  elsewhere.
+
+  tf_keras answers "does this strategy support loss scaling" with an
+  `isinstance` check against TensorFlow's own strategy classes (those that
+  keep a copy of each variable per replica), in its module-level
+  `strategy_supports_loss_scaling`, which its layers and optimizers call by
+  name. Call it whenever one of those strategies becomes current: it does
+  nothing until tf_keras is imported, and costs a dictionary look-up after.
+  """
+  module = sys.modules.get(_TF_KERAS_LOSS_SCALING)
+  if module is None:
+    return
+  original = module.strategy_supports_loss_scaling
+  if getattr(original, "takes", None) is takes:
+    return
+
+  @functools.wraps(original)
+  def strategy_supports_loss_scaling():
+    return takes(tf.distribute.get_strategy()) or original()
+  strategy_supports_loss_scaling.takes = takes
+  module.strategy_supports_loss_scaling = strategy_supports_loss_scaling
 
 
 def parse_topology_proto(serialized):

@@ -92,6 +92,8 @@ class _StrategyScope:
       return self._strategy
     contexts.push(self._entry)
     self._creator_scope.__enter__()
+    if self._strategy.extended._loss_scaling_supported:  # pylint: disable=protected-access
+      _tf_bridge.route_tf_keras_loss_scaling(_supports_loss_scaling)
     return self._strategy
 
   def __exit__(self, *exc_info):
@@ -100,6 +102,10 @@ class _StrategyScope:
       return
     self._creator_scope.__exit__(*exc_info)
     contexts.pop()
+
+
+def _supports_loss_scaling(strategy):
+  return getattr(strategy.extended, "_loss_scaling_supported", False)
 
 
 class StrategyBase:
@@ -561,6 +567,11 @@ class StrategyExtended:
   # Read by tf_keras: datasets are batched by the global batch size (every
   # TensorFlow strategy answers True).
   _global_batch_size = True
+
+  # Whether Keras may scale losses (mixed_float16): only where every replica
+  # keeps its own copy of each variable, as TensorFlow's Mirrored, OneDevice
+  # and MultiWorkerMirrored strategies do.
+  _loss_scaling_supported = False
 
   # --- What multi-worker code asks of a strategy; one worker answers alike.
 
@@ -1093,6 +1104,18 @@ class _DefaultReplicaContext(ReplicaContext):
 
 class _DefaultDistributionExtended(StrategyExtended):
   """The default strategy: one replica on whatever device is current."""
+
+  def variable_created_in_scope(self, v):
+    """Whether `v` was made with no strategy current, as every variable
+    made outside all scopes (or in this strategy's no-op scope) is."""
+    return getattr(v, "_distribute_strategy", None) is None
+
+  def colocate_vars_with(self, colocate_with_variable):
+    """Places new variables with `colocate_with_variable`, any variable made
+    with no strategy (TF 1.x optimizers ask this of their slots)."""
+    if tf.executing_eagerly():
+      return tf.device(colocate_with_variable.device)
+    return tf.compat.v1.get_default_graph().colocate_with(colocate_with_variable)
 
   def _experimental_distribute_dataset(self, dataset, options):
     return dataset

@@ -287,6 +287,17 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   def _component_restore_value(self, restored):
     return restored
 
+  def _copy_trackable_to_cpu(self, object_map):
+    # An asynchronous checkpoint saves a copy made on the host's CPU, as for
+    # a plain variable: one variable holding the value a checkpoint stores.
+    value = self._saved_value()
+    if self not in object_map:
+      host_cpu = tf.DeviceSpec.from_string(self._primary.device).replace(
+          device_type="CPU", device_index=0).to_string()
+      object_map[self] = _tf_bridge.plain_variable(value, host_cpu, self._common_name)
+    else:
+      object_map[self].assign(value)
+
   def _gather_saveables_for_checkpoint(self):
     # A TF 1.x Saver stores the same value under the variable's name.
     def saveable(name=self._common_name):

@@ -52,6 +52,8 @@ class MirroredStrategy(distribute_lib.Strategy):
 class MirroredExtended(distribute_lib.StrategyExtended):
   """`strategy.extended` of `MirroredStrategy`."""
 
+  _loss_scaling_supported = True
+
   def __init__(self, container_strategy, devices, cross_device_ops):
     super().__init__(container_strategy)
     self._devices = _resolve_devices(devices)

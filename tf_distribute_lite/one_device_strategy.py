@@ -34,6 +34,8 @@ class OneDeviceStrategy(distribute_lib.Strategy):
 class OneDeviceExtended(distribute_lib.StrategyExtended):
   """`strategy.extended` of `OneDeviceStrategy`."""
 
+  _loss_scaling_supported = True
+
   def __init__(self, container_strategy, device):
     super().__init__(container_strategy)
     self._device = device_util.canonicalize(device)

@@ -40,7 +40,10 @@ class _ThreadState:
     """Enters this state on the current thread, using `stack` (ExitStack)."""
     if not self.eager:
       stack.enter_context(self.graph.as_default())
-    _tf_bridge.set_variable_creator_stack(self.graph, list(self.creators))
+    # Eagerly each thread has a default graph of its own: the creators go
+    # onto this thread's.
+    _tf_bridge.set_variable_creator_stack(
+        tf.compat.v1.get_default_graph(), list(self.creators))
     summaries = _tf_bridge.summary_state()
     summaries.writer, summaries.step, summaries.is_recording = self.summaries
     if self.name_scope:
@@ -108,14 +111,17 @@ def conversion_guard():
 
 
 def _input_barrier(replica_inputs):
-  """In a graph, `[op]` where `op` waits for every replica's input tensors.
+  """In a `tf.function`, `[op]` where `op` waits for every replica's input
+  tensors.
 
   Every op of the step depends on it, so none starts before the whole step's
   input is there, as with a function call. Otherwise a step whose input
   fails at run time (the end of a dataset) could apply some of its updates:
-  some components of a variable updated and others not.
+  some components of a variable updated and others not. A TF 1.x graph has
+  none: there a `Session` runs only what is fetched, and fetching a value
+  (a metric's result, say) must not pull the next input.
   """
-  if tf.executing_eagerly():
+  if not isinstance(tf.compat.v1.get_default_graph(), tf.__internal__.FuncGraph):
     return []
   # Only tensors: variables (Keras ones too, which `tf.group` refuses) are
   # never input that fails at run time.

@@ -220,6 +220,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
   """`strategy.extended` of the TPU strategies."""
 
   experimental_between_graph = False
+  _loss_scaling_supported = False
 
   def __init__(self, container_strategy, tpu_cluster_resolver, steps_per_run,
                device_assignment, use_spmd_for_xla_partitioning):

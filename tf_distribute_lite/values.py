@@ -211,6 +211,13 @@ class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored):
   def __tf_tensor__(self, dtype=None, name=None):
     return as_tensor(self._get(), dtype, name)
 
+  def _as_graph_element(self):
+    # What `tf.group` and `Session.run` take it for: the current replica's
+    # component (as in TensorFlow, where it stands for all of them).
+    value = self._get()
+    as_element = getattr(value, "_as_graph_element", None)
+    return as_element() if callable(as_element) else value
+
 
 def as_tensor(value, dtype=None, name=None):
   """`tf.convert_to_tensor(value, dtype, name)`, skipping its dispatch where
