@@ -1,5 +1,6 @@
 """The bridge to TensorFlow's strategy stack: what it relies on, and its refusal."""
 
+import inspect
 import os
 import tempfile
 
@@ -189,6 +190,38 @@ def test_keras_reduce_per_replica_is_routed_for_chosen_strategies():
   assert trainer.reduce_per_replica({"loss": 1.0}, chosen, "auto") == ("ours", "auto")
   other = tfd.OneDeviceStrategy("CPU:1")
   assert trainer.reduce_per_replica({"loss": tf.constant(2.0)}, other, "auto")["loss"] == 2.0
+
+
+def test_tf_keras_loss_scaling_is_routed_for_chosen_strategies():
+  """tf_keras's layers and optimizers ask their module-level
+  `strategy_supports_loss_scaling` by name; the bridge answers it for the
+  strategies it is given, and leaves the others to tf_keras."""
+  from tf_keras.src.mixed_precision import loss_scale_optimizer, policy  # pylint: disable=g-import-not-at-top
+  assert "loss_scale_optimizer.strategy_supports_loss_scaling()" in inspect.getsource(policy)
+  chosen = tfd.OneDeviceStrategy("CPU:0")
+  _tf_bridge.route_tf_keras_loss_scaling(lambda strategy: strategy is chosen)
+  with chosen.scope():
+    assert loss_scale_optimizer.strategy_supports_loss_scaling()
+  with tfd.experimental.CentralStorageStrategy(["CPU:0", "CPU:1"]).scope():
+    assert not loss_scale_optimizer.strategy_supports_loss_scaling()
+  assert loss_scale_optimizer.strategy_supports_loss_scaling()
+
+
+def test_tf_keras_allows_mixed_float16_where_tensorflow_does():
+  """Mirrored and OneDevice strategies route the check as their scope is
+  entered; CentralStorage and TPU strategies refuse it, as in TensorFlow."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  for strategy, allowed in ((tfd.MirroredStrategy(["CPU:0", "CPU:1"]), True),
+                            (tfd.OneDeviceStrategy("CPU:0"), True),
+                            (tfd.experimental.CentralStorageStrategy(["CPU:0", "CPU:1"]), False)):
+    with strategy.scope():
+      try:
+        tf_keras.layers.Dense(1, dtype="mixed_float16")
+        outcome = True
+      except ValueError as e:
+        assert "Mixed precision is not supported" in str(e)
+        outcome = False
+    assert outcome == allowed, strategy
 
 
 def test_keras_checkpoint_writes_are_routed_for_chosen_strategies(tmp_path, monkeypatch):
