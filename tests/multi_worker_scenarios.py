@@ -376,6 +376,65 @@ def _fit_with_checkpoints(ctx, strategy):
   return out
 
 
+def tf_keras_fit(ctx):
+  """tf_keras (Keras 2): `fit`, `evaluate` and `predict` of the small
+  classifier on global batches of 16, then `fit` with `BackupAndRestore`
+  and `ModelCheckpoint` into directories the workers share, interrupted at
+  the start of epoch 2 and resumed by a fresh model."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  strategy = ctx.strategy(timeout_seconds=60)
+  loss = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+  def compiled(optimizer, metrics=()):
+    with strategy.scope():
+      model = classifier(tf_keras)
+      model.compile(optimizer=optimizer, loss=loss, metrics=list(metrics))
+    return model
+
+  model = compiled(tf_keras.optimizers.Adam(learning_rate=0.01), ["accuracy"])
+  dataset = tf.data.Dataset.from_tensor_slices(classification_data(64)).batch(16)
+  history = model.fit(dataset, epochs=2, verbose=0)
+  out = {"history": history.history,
+         "evaluation": model.evaluate(dataset, verbose=0, return_dict=True),
+         "predictions": np.asarray(model.predict(
+             tf.data.Dataset.from_tensor_slices(classification_data(24)[0]).batch(8),
+             verbose=0)).tolist(),
+         "weights": [w.tolist() for w in model.get_weights()]}
+
+  backup = os.path.join(ctx.directory, "tf_keras_backup")
+  checkpoints = os.path.join(ctx.directory, "tf_keras_checkpoints")
+
+  class Interruption(tf_keras.callbacks.Callback):
+
+    def on_epoch_begin(self, epoch, logs=None):
+      if epoch == 2:
+        raise RuntimeError("interrupted")
+
+  def fit_with_checkpoints(extra_callbacks):
+    model = compiled(tf_keras.optimizers.legacy.SGD(learning_rate=0.1))
+    callbacks = [tf_keras.callbacks.BackupAndRestore(backup),
+                 tf_keras.callbacks.ModelCheckpoint(
+                     os.path.join(checkpoints, "epoch{epoch}.h5"), save_weights_only=True)]
+    repeated = tf.data.Dataset.from_tensor_slices(classification_data(64)).batch(16).repeat()
+    return model, model.fit(repeated, epochs=3, steps_per_epoch=4, verbose=0,
+                            callbacks=callbacks + extra_callbacks)
+
+  try:
+    fit_with_checkpoints([Interruption()])
+  except RuntimeError as e:
+    out["interrupted"] = str(e)
+  strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+  out["backup_after_interruption"] = sorted(os.listdir(backup))
+  model, history = fit_with_checkpoints([])
+  out["resumed_epochs"] = history.epoch
+  out["resumed_loss"] = history.history["loss"]
+  out["resumed_weights"] = [w.tolist() for w in model.get_weights()]
+  out["backup_after_training"] = os.path.exists(backup)
+  strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+  out["checkpoints"] = sorted(os.listdir(checkpoints))
+  return out
+
+
 def tutorial_custom_loop(ctx):
   """TensorFlow's multi-worker custom training loop tutorial, on synthetic
   MNIST-shaped data: per-worker input from `distribute_datasets_from_function`,

@@ -200,7 +200,7 @@ def two_worker_runs(tmp_path_factory):
   as its strategies collide in one program (a later one reuses the
   collective instance keys of an earlier one). The clusters run at the
   same time. Results by module, then task index, then scenario."""
-  scenarios = ["tutorial_custom_loop", "keras_fit", "basics"]
+  scenarios = ["tutorial_custom_loop", "keras_fit", "tf_keras_fit", "basics"]
 
   def run(directory):
     (directory / "tmp").mkdir()
@@ -322,6 +322,30 @@ def test_keras_fit_on_two_workers(two_worker_runs):
       assert result["evaluation"][name] == pytest.approx(value, abs=TOLERANCE)
     np.testing.assert_allclose(result["predictions"], predictions, atol=TOLERANCE)
   _assert_checkpointing_as_in_the_tutorial(ours)
+
+
+@pytest.mark.multi_worker
+def test_tf_keras_fit_on_two_workers_matches_tensorflow(two_worker_runs):
+  """tf_keras trains, evaluates, predicts, backs up and resumes on 2 workers
+  as under TensorFlow's MultiWorkerMirroredStrategy, with the same files."""
+  ours = _scenario(two_worker_runs["tfd"], "tf_keras_fit")
+  theirs = _scenario(two_worker_runs["tf"], "tf_keras_fit")
+  for index in range(2):
+    assert "error" not in ours[index], ours[index].get("traceback")
+    assert "error" not in theirs[index], theirs[index].get("traceback")
+    mine, expected = ours[index], theirs[index]
+    for key in ("interrupted", "backup_after_interruption", "resumed_epochs",
+                "backup_after_training", "checkpoints"):
+      assert mine[key] == expected[key], key
+    for key in ("history", "evaluation"):
+      for name, value in expected[key].items():
+        np.testing.assert_allclose(mine[key][name], value, atol=TOLERANCE)
+    np.testing.assert_allclose(mine["predictions"], expected["predictions"], atol=TOLERANCE)
+    np.testing.assert_allclose(mine["resumed_loss"], expected["resumed_loss"], atol=TOLERANCE)
+    _assert_close(mine["weights"], expected["weights"])
+    _assert_close(mine["resumed_weights"], expected["resumed_weights"])
+  assert ours[0]["resumed_epochs"] == [2]
+  assert ours[0]["checkpoints"] == ["epoch1.h5", "epoch2.h5", "epoch3.h5"]
 
 
 def _assert_checkpointing_as_in_the_tutorial(results):

@@ -192,16 +192,26 @@ def test_keras_reduce_per_replica_is_routed_for_chosen_strategies():
   assert trainer.reduce_per_replica({"loss": tf.constant(2.0)}, other, "auto")["loss"] == 2.0
 
 
-def test_tf_keras_loss_scaling_is_routed_for_chosen_strategies():
-  """tf_keras's layers and optimizers ask their module-level
-  `strategy_supports_loss_scaling` by name; the bridge answers it for the
-  strategies it is given, and leaves the others to tf_keras."""
+def test_tf_keras_checks_are_routed_for_chosen_strategies():
+  """tf_keras looks up its module-level checks by name when it asks; the
+  bridge answers them for the strategies whose answers say so, and leaves
+  the others to tf_keras."""
+  from tf_keras.src import callbacks  # pylint: disable=g-import-not-at-top
+  from tf_keras.src.engine import training  # pylint: disable=g-import-not-at-top
   from tf_keras.src.mixed_precision import loss_scale_optimizer, policy  # pylint: disable=g-import-not-at-top
   assert "loss_scale_optimizer.strategy_supports_loss_scaling()" in inspect.getsource(policy)
+  assert "_collective_all_reduce_multi_worker(strategy)" in inspect.getsource(
+      training.reduce_per_replica)
+  assert "self._supported_strategies" in inspect.getsource(
+      callbacks.BackupAndRestore.on_train_begin)
   chosen = tfd.OneDeviceStrategy("CPU:0")
-  _tf_bridge.route_tf_keras_loss_scaling(lambda strategy: strategy is chosen)
+  _tf_bridge.route_tf_keras(
+      lambda strategy: {"loss_scaling", "multi_worker"} if strategy is chosen else set())
   with chosen.scope():
     assert loss_scale_optimizer.strategy_supports_loss_scaling()
+  assert training._collective_all_reduce_multi_worker(chosen)  # pylint: disable=protected-access
+  other = tfd.OneDeviceStrategy("CPU:1")
+  assert not training._collective_all_reduce_multi_worker(other)  # pylint: disable=protected-access
   with tfd.experimental.CentralStorageStrategy(["CPU:0", "CPU:1"]).scope():
     assert not loss_scale_optimizer.strategy_supports_loss_scaling()
   assert loss_scale_optimizer.strategy_supports_loss_scaling()

@@ -35,8 +35,9 @@ distributed dataset by the name and module of a base class
 (`KERAS_DATASET_BASES`), reduces its steps' outputs across workers only
 for TensorFlow's own multi-worker class (`route_keras_reduce_per_replica`),
 and saves checkpoints from every worker into the same files
-(`route_keras_checkpoint_writes`); tf_keras allows loss scaling only under
-a list of TensorFlow's own strategy classes (`route_tf_keras_loss_scaling`).
+(`route_keras_checkpoint_writes`); tf_keras decides loss scaling,
+multi-worker prediction and backups by the class of the strategy
+(`route_tf_keras`).
 """
 
 import functools
@@ -429,33 +430,61 @@ def _skipped_where(method, routes):
   return skipped
 
 
-_TF_KERAS_LOSS_SCALING = "tf_keras.src.mixed_precision.loss_scale_optimizer"
+# tf_keras answers three questions with `isinstance` checks against
+# TensorFlow's own strategy classes, each in a module-level name it looks up
+# when it asks: (module, name, the question).
+_TF_KERAS_CHECKS = (
+    ("tf_keras.src.mixed_precision.loss_scale_optimizer",
+     "strategy_supports_loss_scaling", "loss_scaling"),
+    ("tf_keras.src.engine.training", "_collective_all_reduce_multi_worker", "multi_worker"),
+    ("tf_keras.src.callbacks", "BackupAndRestore", "backup"),
+)
 
 
-def route_tf_keras_loss_scaling(takes):
-  """Makes tf_keras allow loss scaling, and so the `mixed_float16` policy,
-  under the current strategy where `takes(strategy)`, and as before
-  elsewhere.
+def route_tf_keras(answers):
+  """Makes tf_keras ask `answers(strategy)` (a set of the questions below it
+  answers yes to) before its own checks against TensorFlow's classes:
 
-  tf_keras answers "does this strategy support loss scaling" with an
-  `isinstance` check against TensorFlow's own strategy classes (those that
-  keep a copy of each variable per replica), in its module-level
-  `strategy_supports_loss_scaling`, which its layers and optimizers call by
-  name. Call it whenever one of those strategies becomes current: it does
-  nothing until tf_keras is imported, and costs a dictionary look-up after.
+  * "loss_scaling": may losses be scaled (the `mixed_float16` policy)?
+    TensorFlow lists the strategies that keep a variable copy per replica.
+  * "multi_worker": does prediction gather every worker's outputs? TensorFlow
+    asks for its own MultiWorkerMirroredStrategy on several workers.
+  * "backup": may `BackupAndRestore` back this strategy's training up?
+
+  Call it whenever a strategy becomes current: it changes nothing until
+  tf_keras is imported, routes each check once, and costs a few dictionary
+  look-ups after.
   """
-  module = sys.modules.get(_TF_KERAS_LOSS_SCALING)
-  if module is None:
-    return
-  original = module.strategy_supports_loss_scaling
-  if getattr(original, "takes", None) is takes:
-    return
+  for module_name, name, question in _TF_KERAS_CHECKS:
+    module = sys.modules.get(module_name)
+    if module is None or getattr(getattr(module, name), "_tfd_answers", None) is answers:
+      continue
+    if question == "backup":
+      _route_backup(module.BackupAndRestore, answers)
+    else:
+      setattr(module, name, _asking_first(getattr(module, name), answers, question))
 
-  @functools.wraps(original)
-  def strategy_supports_loss_scaling():
-    return takes(tf.distribute.get_strategy()) or original()
-  strategy_supports_loss_scaling.takes = takes
-  module.strategy_supports_loss_scaling = strategy_supports_loss_scaling
+
+def _asking_first(check, answers, question):
+  @functools.wraps(check)
+  def routed(*strategy):
+    current = strategy[0] if strategy else tf.distribute.get_strategy()
+    return question in answers(current) or check(*strategy)
+  routed._tfd_answers = answers  # pylint: disable=protected-access
+  return routed
+
+
+def _route_backup(callback_class, answers):
+  on_train_begin = callback_class.on_train_begin
+
+  @functools.wraps(on_train_begin)
+  def routed(self, logs=None):
+    strategy = self.model.distribute_strategy
+    if "backup" in answers(strategy):
+      self._supported_strategies += (type(strategy),)  # pylint: disable=protected-access
+    return on_train_begin(self, logs)
+  callback_class.on_train_begin = routed
+  callback_class._tfd_answers = answers  # pylint: disable=protected-access
 
 
 def parse_topology_proto(serialized):

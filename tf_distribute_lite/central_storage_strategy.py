@@ -72,7 +72,6 @@ class ParameterServerStrategyExtended(mirrored_strategy.MirroredExtended):
   reductions differ."""
 
   _between_graph = True
-  _loss_scaling_supported = False
 
   def __init__(self, container_strategy, compute_devices, parameter_device):
     if compute_devices is None:

@@ -88,6 +88,12 @@ class CollectiveAllReduceStrategy(distribute_lib.Strategy):
     """The cluster resolver given, or the `TF_CONFIG` one made by default."""
     return self._extended._cluster_resolver  # pylint: disable=protected-access
 
+  @property
+  def _tf_keras_answers(self):
+    if self._extended._in_multi_worker_mode():  # pylint: disable=protected-access
+      return frozenset({"loss_scaling", "backup", "multi_worker"})
+    return frozenset({"loss_scaling", "backup"})
+
 
 class _AnyMultiWorkerStrategy(type):
   """`isinstance` answers True for every `MultiWorkerMirroredStrategy`."""
@@ -129,6 +135,8 @@ class CollectiveAllReduceStrategyV1(strategy_v1.StrategyV1):
   >>> strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.0)))
   <tf.Tensor: shape=(), dtype=float32, numpy=2.0>
   """
+
+  _tf_keras_answers = frozenset({"loss_scaling"})
 
   def __init__(self, communication=CommunicationImplementation.AUTO,
                cluster_resolver=None):
@@ -176,6 +184,9 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     task_id = self._cluster_resolver.task_id
     self._task = ""
     self._num_workers, self._id_in_cluster, self._is_chief = 1, 0, True
+    # Read by tf_keras (where workers other than the chief write): this
+    # task in its cluster, None for a strategy of one process, as in TF.
+    self._task_type, self._task_id = (task_type, task_id) if cluster_spec.jobs else (None, None)
     if cluster_spec.jobs:
       cluster_runtime.validate_task(cluster_spec, task_type, task_id)
       if task_type != "evaluator":  # an evaluator works on its own

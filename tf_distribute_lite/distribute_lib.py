@@ -92,8 +92,7 @@ class _StrategyScope:
       return self._strategy
     contexts.push(self._entry)
     self._creator_scope.__enter__()
-    if self._strategy.extended._loss_scaling_supported:  # pylint: disable=protected-access
-      _tf_bridge.route_tf_keras_loss_scaling(_supports_loss_scaling)
+    _tf_bridge.route_tf_keras(_tf_keras_answers)
     return self._strategy
 
   def __exit__(self, *exc_info):
@@ -104,8 +103,8 @@ class _StrategyScope:
     contexts.pop()
 
 
-def _supports_loss_scaling(strategy):
-  return getattr(strategy.extended, "_loss_scaling_supported", False)
+def _tf_keras_answers(strategy):
+  return getattr(strategy, "_tf_keras_answers", frozenset())
 
 
 class StrategyBase:
@@ -116,6 +115,9 @@ class StrategyBase:
   # Read by tf_keras: only a parameter-server strategy is driven through a
   # `ClusterCoordinator`.
   _should_use_with_coordinator = False
+  # What tf_keras decides by the class of TensorFlow's strategy that this
+  # one stands for (see `_tf_bridge.route_tf_keras`).
+  _tf_keras_answers = frozenset()
 
   def __init__(self, extended):
     self._extended = extended
@@ -567,11 +569,6 @@ class StrategyExtended:
   # Read by tf_keras: datasets are batched by the global batch size (every
   # TensorFlow strategy answers True).
   _global_batch_size = True
-
-  # Whether Keras may scale losses (mixed_float16): only where every replica
-  # keeps its own copy of each variable, as TensorFlow's Mirrored, OneDevice
-  # and MultiWorkerMirrored strategies do.
-  _loss_scaling_supported = False
 
   # --- What multi-worker code asks of a strategy; one worker answers alike.
 

@@ -45,14 +45,14 @@ class MirroredStrategy(distribute_lib.Strategy):
   }
   """
 
+  _tf_keras_answers = frozenset({"loss_scaling", "backup"})
+
   def __init__(self, devices=None, cross_device_ops=None):
     super().__init__(MirroredExtended(self, devices, cross_device_ops))
 
 
 class MirroredExtended(distribute_lib.StrategyExtended):
   """`strategy.extended` of `MirroredStrategy`."""
-
-  _loss_scaling_supported = True
 
   def __init__(self, container_strategy, devices, cross_device_ops):
     super().__init__(container_strategy)
@@ -449,6 +449,8 @@ class MirroredStrategyV1(strategy_v1.StrategyV1):
   >>> strategy.reduce("MEAN", strategy.run(lambda: tf.constant(3.0)))
   <tf.Tensor: shape=(), dtype=float32, numpy=3.0>
   """
+
+  _tf_keras_answers = frozenset({"loss_scaling"})
 
   def __init__(self, devices=None, cross_device_ops=None):
     super().__init__(MirroredExtended(self, devices, cross_device_ops))

@@ -27,14 +27,14 @@ class OneDeviceStrategy(distribute_lib.Strategy):
   <tf.Tensor: shape=(), dtype=float32, numpy=2.0>
   """
 
+  _tf_keras_answers = frozenset({"loss_scaling"})
+
   def __init__(self, device):
     super().__init__(OneDeviceExtended(self, device))
 
 
 class OneDeviceExtended(distribute_lib.StrategyExtended):
   """`strategy.extended` of `OneDeviceStrategy`."""
-
-  _loss_scaling_supported = True
 
   def __init__(self, container_strategy, device):
     super().__init__(container_strategy)
@@ -89,6 +89,8 @@ class OneDeviceStrategyV1(strategy_v1.StrategyV1):
   >>> OneDeviceStrategyV1("/cpu:0").reduce("SUM", tf.constant(1.0))
   <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
   """
+
+  _tf_keras_answers = frozenset({"loss_scaling"})
 
   def __init__(self, device):
     super().__init__(OneDeviceExtended(self, device))

@@ -142,6 +142,8 @@ class TPUStrategyV2(_TPUStrategyMethods, distribute_lib.Strategy):
   <tf.Tensor: shape=(), dtype=float32, numpy=24.0>
   """
 
+  _tf_keras_answers = frozenset({"backup"})
+
   def __init__(self, tpu_cluster_resolver=None, experimental_device_assignment=None,
                experimental_spmd_xla_partitioning=False):
     super().__init__(TPUExtended(self, tpu_cluster_resolver, None,
@@ -220,7 +222,6 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
   """`strategy.extended` of the TPU strategies."""
 
   experimental_between_graph = False
-  _loss_scaling_supported = False
 
   def __init__(self, container_strategy, tpu_cluster_resolver, steps_per_run,
                device_assignment, use_spmd_for_xla_partitioning):
