@@ -42,6 +42,26 @@ def test_class_relations_like_tf():
   assert OURS.get_loss_reduction().value == TF1.get_loss_reduction().value
 
 
+@pytest.mark.parametrize("make", [
+    lambda mod, v2: _mirrored(v2), lambda mod, v2: v2.OneDeviceStrategy("/cpu:0"),
+    lambda mod, v2: mod.get_strategy()], ids=["mirrored", "one_device", "default"])
+def test_tf2_strategies_have_the_tf1_methods_like_tf(make):
+  """Every strategy's extended object is a TF 1.x `StrategyExtended`, and
+  the TF 2.x strategies (the default one too) keep TF 1.x's methods."""
+  def run(apis):
+    mod, v2 = apis
+    strategy = make(mod, v2)
+    iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(4).batch(4))
+    doubled = strategy.experimental_run(lambda x: x * 2, iterator)
+    numpy_dataset = strategy.extended.experimental_make_numpy_dataset(np.arange(3))
+    return (isinstance(strategy.extended, mod.StrategyExtended),
+            [t.numpy().tolist() for t in strategy.experimental_local_results(doubled)],
+            int(numpy_dataset.cardinality()),
+            type(strategy.update_config_proto(tf.compat.v1.ConfigProto())).__name__,
+            hasattr(strategy.extended, "experimental_run_steps_on_iterator"))
+  assert same(run, (TF1, tf.distribute), (OURS, tfd))[::2] == (True, 3, True)
+
+
 @pytest.mark.parametrize("name", ["experimental_run", "make_dataset_iterator",
                                   "make_input_fn_iterator", "configure", "group",
                                   "update_config_proto", "experimental_make_numpy_dataset",
