@@ -233,7 +233,7 @@ class MultiStepContext:
 
   def __init__(self):
     self._last_step_outputs = {}
-    self._reduce_ops = {}
+    self._reduced = {}
     self._non_tensor_outputs = {}
     self.run_op = None
 
@@ -247,24 +247,39 @@ class MultiStepContext:
     """The outputs `set_non_tensor_output` recorded."""
     return self._non_tensor_outputs
 
-  def set_last_step_output(self, name, output, reduce_op=None):
+  def set_last_step_output(self, name, output, reduce_op=None, aggregation=None):
     """Records `output` of this step as `name`, reduced across replicas by
-    `reduce_op` if given (required in a replica context)."""
+    `reduce_op` if given (required in a replica context).
+
+    TF 1.11-1.12 code passes `aggregation`, a `tf.VariableAggregation` (or
+    `tf.compat.v1.VariableAggregation`), instead: SUM and MEAN reduce,
+    ONLY_FIRST_REPLICA takes replica 0's value, NONE keeps every replica's.
+
+    >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> ones_and_twos = strategy.extended.call_for_each_replica(lambda: tf.cast(
+    ...     tf_distribute_lite.get_replica_context().replica_id_in_sync_group + 1, tf.float32))
+    >>> ctx = MultiStepContext()
+    >>> with strategy.scope():
+    ...   ctx.set_last_step_output("mean", ones_and_twos, aggregation=tf.VariableAggregation.MEAN)
+    ...   ctx.set_last_step_output(
+    ...       "first", ones_and_twos, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    >>> float(ctx.last_step_outputs["mean"]), float(ctx.last_step_outputs["first"])
+    (1.5, 1.0)
+    """
+    combine = _combiner(reduce_op, aggregation)
     if contexts.in_cross_replica_context():
-      self._record(contexts.get_strategy(), name, output, reduce_op)
+      self._record(contexts.get_strategy(), name, output, combine)
       return
-    if reduce_op is None:
-      raise ValueError("`reduce_op` must be set when `set_last_step_output` is "
-                       "called in a replica context.")
+    if combine is None:
+      raise ValueError("`reduce_op` (or an `aggregation` other than NONE) must be "
+                       "set when `set_last_step_output` is called in a replica context.")
     contexts.get_replica_context().merge_call(
-        lambda strategy, value: self._record(strategy, name, value, reduce_op),
+        lambda strategy, value: self._record(strategy, name, value, combine),
         args=(output,))
 
-  def _record(self, strategy, name, output, reduce_op):
-    self._reduce_ops[name] = reduce_op
-    if reduce_op is not None:
-      output = strategy.reduce(reduce_op, output, axis=None)
-    self._last_step_outputs[name] = output
+  def _record(self, strategy, name, output, combine):
+    self._reduced[name] = combine is not None
+    self._last_step_outputs[name] = output if combine is None else combine(strategy, output)
 
   def set_non_tensor_output(self, name, output):
     """Records a Python value as `name`."""
@@ -275,6 +290,23 @@ class MultiStepContext:
     def merge_fn(strategy, value):
       self._non_tensor_outputs[name] = strategy.experimental_local_results(value)
     contexts.get_replica_context().merge_call(merge_fn, args=(output,))
+
+
+def _combiner(reduce_op, aggregation):
+  """How `set_last_step_output` combines the replicas' `output`: a function
+  of `(strategy, output)`, or None to keep every replica's."""
+  if reduce_op is not None and aggregation is not None:
+    raise ValueError(
+        f"`set_last_step_output` takes `reduce_op` or `aggregation` (its TF "
+        f"1.11-1.12 name), not both; got reduce_op={reduce_op!r} and "
+        f"aggregation={aggregation!r}.")
+  if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
+    return lambda strategy, output: strategy.experimental_local_results(output)[0]
+  if aggregation is not None and aggregation != tf.VariableAggregation.NONE:
+    reduce_op = ReduceOp.from_variable_aggregation(aggregation)
+  if reduce_op is None:
+    return None
+  return lambda strategy, output: strategy.reduce(reduce_op, output, axis=None)
 
 
 def _run_steps(strategy, fn, iterator, iterations, initial_loop_values):
@@ -310,8 +342,8 @@ def _run_steps(strategy, fn, iterator, iterations, initial_loop_values):
   ctx.run_op = tf.group(loop)
   outputs = tf.nest.pack_sequence_as(structure[0] if structure else {}, loop[1:])
   for name, components in outputs.items():
-    ctx.last_step_outputs[name] = (values_lib.regroup(list(components))
-                                   if ctx._reduce_ops[name] is None else components[0])  # pylint: disable=protected-access
+    ctx.last_step_outputs[name] = (components[0] if ctx._reduced[name]  # pylint: disable=protected-access
+                                   else values_lib.regroup(list(components)))
   return ctx
 
 
