@@ -307,6 +307,22 @@ def test_run_steps_on_dataset_unpacks_inputs():
   assert context.last_step_outputs["total"].numpy() == 15.0
 
 
+def test_run_steps_on_dataset_takes_tf1_12s_aggregation():
+  """TF 1.11-1.12 contrib code passes the reduction as `aggregation`."""
+  distribution = _mirrored()
+  dataset = distribution.distribute_dataset(lambda: tf.data.Dataset.range(8))
+
+  def step(context, x):
+    def tower_fn(x):
+      context.set_last_step_output("mean", tf.cast(x, tf.float32),
+                                   aggregation=tf.VariableAggregation.MEAN)
+      return x
+    return distribution.group(distribution.call_for_each_tower(tower_fn, x))
+  context = distribution.run_steps_on_dataset(step, dataset.make_one_shot_iterator(), 3,
+                                              initial_loop_values={"mean": 0.0})
+  assert context.last_step_outputs["mean"].numpy() == 4.5  # towers' last: 4 and 5
+
+
 @pytest.mark.parametrize("strategy", ["mirrored", "one_device", "tpu"])
 def test_contrib_era_training_script_matches_numpy_sgd(strategy):
   result = subprocess.run([sys.executable, str(EXAMPLE), "--strategy", strategy],

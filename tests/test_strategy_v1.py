@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tf_distribute_lite as tfd
+from tf_distribute_lite import strategy_v1
 
 from outcomes import same
 
@@ -58,6 +59,26 @@ def test_class_relations_like_tf():
       assert not hasattr(strategy, name)
     assert not hasattr(mod.ReplicaContext, "all_gather")
   assert OURS.get_loss_reduction().value == TF1.get_loss_reduction().value
+
+
+@pytest.mark.parametrize("make", [
+    lambda mod, v2: _mirrored(v2), lambda mod, v2: v2.OneDeviceStrategy("/cpu:0"),
+    lambda mod, v2: mod.get_strategy()], ids=["mirrored", "one_device", "default"])
+def test_tf2_strategies_have_the_tf1_methods_like_tf(make):
+  """Every strategy's extended object is a TF 1.x `StrategyExtended`, and
+  the TF 2.x strategies (the default one too) keep TF 1.x's methods."""
+  def run(apis):
+    mod, v2 = apis
+    strategy = make(mod, v2)
+    iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(4).batch(4))
+    doubled = strategy.experimental_run(lambda x: x * 2, iterator)
+    numpy_dataset = strategy.extended.experimental_make_numpy_dataset(np.arange(3))
+    return (isinstance(strategy.extended, mod.StrategyExtended),
+            [t.numpy().tolist() for t in strategy.experimental_local_results(doubled)],
+            int(numpy_dataset.cardinality()),
+            type(strategy.update_config_proto(tf.compat.v1.ConfigProto())).__name__,
+            hasattr(strategy.extended, "experimental_run_steps_on_iterator"))
+  assert same(run, (TF1, tf.distribute), (OURS, tfd))[::2] == (True, 3, True)
 
 
 @pytest.mark.parametrize("name", ["experimental_run", "make_dataset_iterator",
@@ -392,6 +413,65 @@ def test_run_steps_loop_is_built_once():
       _run_steps(OURS, "in_replicas", graph=True, iterations=iterations)
       return len(graph.get_operations())
   assert graph_size(2) == graph_size(50)
+
+
+V1_AGGREGATION = tf.compat.v1.VariableAggregation
+
+
+# The last step's batch is [8..11]: replica 0 sums 8 + 9, replica 1 10 + 11.
+AGGREGATIONS = {
+    "sum": (tf.VariableAggregation.SUM, [38.0]),
+    "mean": (tf.VariableAggregation.MEAN, [19.0]),
+    "v1_mean": (V1_AGGREGATION.MEAN, [19.0]),
+    "only_first_replica": (tf.VariableAggregation.ONLY_FIRST_REPLICA, [17.0]),
+    "v1_only_first_tower": (V1_AGGREGATION.ONLY_FIRST_TOWER, [17.0]),
+    "none": (tf.VariableAggregation.NONE, [17.0, 21.0]),
+}
+
+
+@pytest.mark.parametrize("aggregation, where", [
+    (name, where) for name in AGGREGATIONS for where in ("replica", "cross")
+    if (name, where) != ("none", "replica")])  # see the test below
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_set_last_step_output_takes_tf1_12s_aggregation(aggregation, where, graph):
+  """TF 1.11-1.12 code names the reduction `aggregation`, a
+  `VariableAggregation`; NONE keeps each replica's value (cross-replica)."""
+  aggregation, expected = AGGREGATIONS[aggregation]
+  with tf.Graph().as_default() if graph else contextlib.nullcontext():
+    strategy = _mirrored(OURS)
+    iterator = strategy.make_dataset_iterator(
+        tf.data.Dataset.range(16).map(lambda v: tf.cast(v, tf.float32)).batch(4))
+
+    def step(ctx, inputs):
+      def replica_fn(x):
+        if where == "replica":
+          ctx.set_last_step_output("out", tf.reduce_sum(x), aggregation=aggregation)
+        return tf.reduce_sum(x)
+      result = strategy.extended.call_for_each_replica(replica_fn, args=(inputs,))
+      if where == "cross":
+        ctx.set_last_step_output("out", result, aggregation=aggregation)
+      return strategy.group(result)
+    ctx = strategy.extended.experimental_run_steps_on_iterator(
+        step, iterator, iterations=3, initial_loop_values={"out": [0.0] * len(expected)})
+    out = strategy.experimental_local_results(ctx.last_step_outputs["out"])
+    if graph:
+      with tf.compat.v1.Session() as session:
+        session.run(iterator.initializer)
+        out = session.run([ctx.run_op, out])[1]
+    assert [float(v) for v in out] == expected
+
+
+def test_set_last_step_output_needs_one_reduction():
+  strategy = _mirrored(OURS)
+  ctx = strategy_v1.MultiStepContext()
+  with strategy.scope():
+    with pytest.raises(ValueError, match=r"`reduce_op` or `aggregation`.*not both; "
+                       r"got reduce_op='SUM' and aggregation=.*SUM"):
+      ctx.set_last_step_output("out", 1.0, reduce_op="SUM",
+                               aggregation=tf.VariableAggregation.SUM)
+  with pytest.raises(ValueError, match=r"`reduce_op` \(or an `aggregation` other than NONE\)"):
+    strategy.extended.call_for_each_replica(lambda: ctx.set_last_step_output(
+        "out", 1.0, aggregation=tf.VariableAggregation.NONE))
 
 
 @pytest.fixture(scope="module")

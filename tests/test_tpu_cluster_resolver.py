@@ -554,6 +554,14 @@ def test_initialized_emulated_slice_gives_its_topology(cloud):
   assert assignment.num_replicas == 4
 
 
+def test_connect_initializes_the_tpu_system_it_finds(cloud):
+  del cloud
+  tpu_system.shutdown_tpu_system(OURS("emulated:v4-8"))
+  assert tpu_system.initialized_topology(OURS("emulated:v4-8")) is None
+  resolver = OURS.connect("emulated:v4-8")
+  assert tpu_system.initialized_topology(resolver).mesh_shape.tolist() == [2, 2, 1, 1]
+
+
 def test_unknown_emulated_slice_lists_the_presets(cloud):
   del cloud
   with pytest.raises(ValueError, match="emulated:v2-8, emulated:v3-8, emulated:v4-8, "

@@ -15,6 +15,7 @@ import tensorflow as tf
 from tf_distribute_lite import cluster_resolver
 from tf_distribute_lite import compat
 from tf_distribute_lite import contrib
+from tf_distribute_lite import default_strategy  # registers itself with `contexts`
 from tf_distribute_lite import experimental
 from tf_distribute_lite import tpu
 from tf_distribute_lite import values
@@ -28,7 +29,6 @@ from tf_distribute_lite.cross_device_ops import HierarchicalCopyAllReduce
 from tf_distribute_lite.cross_device_ops import NcclAllReduce
 from tf_distribute_lite.cross_device_ops import ReductionToOneDevice
 from tf_distribute_lite.distribute_lib import experimental_set_strategy
-from tf_distribute_lite.distribute_lib import ReplicaContext
 from tf_distribute_lite.distribute_lib import RunOptions
 from tf_distribute_lite.distribute_lib import Strategy
 from tf_distribute_lite.distribute_lib import StrategyExtended
@@ -40,6 +40,7 @@ from tf_distribute_lite.input_lib import DistributedIterator
 from tf_distribute_lite.mirrored_strategy import MirroredStrategy
 from tf_distribute_lite.one_device_strategy import OneDeviceStrategy
 from tf_distribute_lite.reduce_util import ReduceOp
+from tf_distribute_lite.replica_context import ReplicaContext
 from tf_distribute_lite.tpu_strategy import TPUStrategyV2 as TPUStrategy
 from tf_distribute_lite.values import DistributedValues
 

@@ -20,7 +20,7 @@ from tf_distribute_lite import values as values_lib
 _LOCAL_CPU = "/device:CPU:0"
 
 
-class CentralStorageStrategy(distribute_lib.Strategy):
+class CentralStorageStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy):
   """Synchronous training on one machine with every variable on one device.
 
   Args:

@@ -54,7 +54,7 @@ _group_keys = itertools.count(_GROUP_KEY_BASE, 2)  # two groups per strategy
 _SUMMABLE = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
 
 
-class CollectiveAllReduceStrategy(distribute_lib.Strategy):
+class CollectiveAllReduceStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy):
   """Synchronous training on the devices of several machines.
 
   Args:

@@ -4,7 +4,7 @@ Each entry on TensorFlow's per-thread strategy stack (see `_tf_bridge`) says
 which strategy is current and whether the thread is in its cross-replica
 context (inside `strategy.scope()`) or in a replica context (inside
 `strategy.run`). With the stack empty, the default strategy is current in its
-default replica context; `distribute_lib` defines it and registers it here.
+default replica context; `default_strategy` defines it and registers it here.
 """
 
 import threading
@@ -55,13 +55,13 @@ def pop():
   _tf_bridge.strategy_stack().pop()
 
 
-# How to get the default strategy and its context entry: `distribute_lib`,
+# How to get the default strategy and its context entry: `default_strategy`,
 # which defines them, registers them here when imported.
 _defaults = {}
 
 
 def register_defaults(default_strategy, default_context_entry):
-  """Called once by `distribute_lib` with its two getters."""
+  """Called once by `default_strategy` with its two getters."""
   _defaults.update(strategy=default_strategy, entry=default_context_entry)
 
 

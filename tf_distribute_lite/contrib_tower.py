@@ -16,7 +16,7 @@ aggregation is.
 import tensorflow as tf
 
 from tf_distribute_lite import contexts
-from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import default_strategy
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import one_device_strategy
@@ -138,7 +138,7 @@ class DistributionStrategy:
     >>> get_distribution_strategy().broadcast(1.0)
     1.0
     """
-    if destinations is None and self._strategy is not distribute_lib.default_strategy():
+    if destinations is None and self._strategy is not default_strategy.default_strategy():
       destinations = self.worker_devices
     return self._strategy.extended.broadcast_to(tensor, destinations)
 

@@ -1,17 +1,17 @@
-"""`Strategy`, `StrategyExtended`, `ReplicaContext` and the default strategy.
+"""`Strategy` and `StrategyExtended`: the TF 2.x core of every strategy.
 
 A strategy decides where variables live and how a step runs on several
 replicas. `Strategy` holds the user-facing methods (`scope`, `run`, `reduce`,
 ...); `StrategyExtended` the lower-level ones (`reduce_to`, `update`, ...).
 Concrete strategies subclass `StrategyExtended` and fill in its hooks:
 `_create_variable`, `_call_for_each_replica`, `_reduce_to`,
-`_batch_reduce_to`, `_update`, `_gather_to`.
+`_batch_reduce_to`, `_update`, `_gather_to`. Code inside `run` sees a
+`replica_context.ReplicaContext`; the TF 1.x methods that strategies carry
+too are added by `strategy_v1`, which this module never imports.
 """
 
 import collections
 import collections.abc
-import copy
-import threading
 import weakref
 
 import tensorflow as tf
@@ -22,6 +22,7 @@ from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
+from tf_distribute_lite import replica_context
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
 
@@ -306,94 +307,6 @@ class StrategyBase:
     """
     return self.distribute_datasets_from_function(dataset_fn, options)
 
-  def experimental_make_numpy_dataset(self, numpy_input):
-    """A `tf.data.Dataset` of the slices of `numpy_input` (a nest of arrays),
-    held on the input host rather than as constants of a graph.
-
-    >>> import numpy as np
-    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> dataset = strategy.experimental_make_numpy_dataset(np.ones([4], np.float32))
-    >>> dataset.element_spec
-    TensorSpec(shape=(), dtype=tf.float32, name=None)
-    """
-    return self._extended.experimental_make_numpy_dataset(numpy_input)
-
-  # --- TF 1.x methods, which TensorFlow's TF 2.x strategies have too.
-
-  def update_config_proto(self, config_proto):
-    """Returns a copy of `config_proto` adjusted for this strategy."""
-    return self._extended._update_config_proto(config_proto)  # pylint: disable=protected-access
-
-  def configure(self, session_config=None, cluster_spec=None, task_type=None,
-                task_id=None):
-    """Deprecated: adjusts `session_config` in place for this strategy
-    (`update_config_proto` returns an adjusted copy instead) and takes the
-    cluster this task belongs to, where the strategy has one.
-
-    >>> strategy = tf_distribute_lite.compat.v1.OneDeviceStrategy("/cpu:0")
-    >>> config = tf.compat.v1.ConfigProto()
-    >>> strategy.configure(config)
-    """
-    if cluster_spec:
-      self._configure_cluster(tf.train.ClusterSpec(cluster_spec), task_type, task_id)
-    if session_config is not None:
-      session_config.CopyFrom(self.update_config_proto(session_config))
-
-  def _configure_cluster(self, cluster_spec, task_type, task_id):
-    """Takes the cluster `configure` was given; a strategy on one task's
-    devices ignores it, as TensorFlow's `OneDeviceStrategy` and
-    `TPUStrategy` do."""
-    del cluster_spec, task_type, task_id
-
-  def make_dataset_iterator(self, dataset):
-    """An iterator giving each replica its slice of every global batch of
-    `dataset`; in a TF1 graph run its `initializer` first."""
-    with self.scope():
-      return input_lib.initializable_iterator(self.experimental_distribute_dataset(dataset))
-
-  def make_input_fn_iterator(self, input_fn,
-                             replication_mode=input_context_lib.InputReplicationMode.PER_WORKER):
-    """An iterator over the dataset `input_fn(InputContext)` returns for
-    this worker, batched per replica: each replica takes the next element.
-
-    >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> iterator = strategy.make_input_fn_iterator(
-    ...     lambda ctx: tf.data.Dataset.range(4).batch(ctx.get_per_replica_batch_size(4)))
-    >>> [t.numpy().tolist() for t in iterator.get_next().values]
-    [[0, 1], [2, 3]]
-    """
-    if replication_mode != input_context_lib.InputReplicationMode.PER_WORKER:
-      raise ValueError(f"Input replication mode not supported: {replication_mode!r}")
-    with self.scope():
-      # As TensorFlow's: a partial last step ends the input.
-      return input_lib.initializable_iterator(self._extended._distribute_datasets_from_function(  # pylint: disable=protected-access
-          input_fn, None, partial_steps=False))
-
-  def experimental_run(self, fn, input_iterator=None):
-    """Runs `fn` on every replica with its part of the next input from
-    `input_iterator` (or with no argument)."""
-    with self.scope():
-      args = () if input_iterator is None else (input_iterator.get_next(),)
-    return self.run(fn, args=args)
-
-  def group(self, value, name=None):
-    """One op that runs every component of `value` (a graph's fetch); the
-    component itself where there is one.
-
-    >>> strategy = tf_distribute_lite.compat.v1.OneDeviceStrategy("/cpu:0")
-    >>> strategy.group(tf.constant(1.0))
-    <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
-    """
-    components = tf.nest.flatten(self.experimental_local_results(value))
-    if len(components) == 1 and name is None:
-      (component,) = components
-      return component.op if hasattr(component, "op") and not tf.executing_eagerly() else component
-    return tf.group(components, name=name)
-
-  def colocate_vars_with(self, colocate_with_variable):
-    """`extended.colocate_vars_with`."""
-    return self._extended.colocate_vars_with(colocate_with_variable)
-
 
 class Strategy(StrategyBase):
   """A distribution policy: where variables live and how steps run.
@@ -656,7 +569,7 @@ class StrategyExtended:
       return self._call_for_each_replica(fn, args, kwargs or {})
 
   def _call_for_each_replica(self, fn, args, kwargs):
-    with ReplicaContext(self._container_strategy(), 0):
+    with replica_context.ReplicaContext(self._container_strategy(), 0):
       return fn(*args, **kwargs)
 
   def _distribute_values_from_function(self, value_fn):
@@ -804,35 +717,6 @@ class StrategyExtended:
       result = fn(*args, **kwargs)
     return result if group else self._local_results(result)
 
-  def _update_config_proto(self, config_proto):
-    return copy.deepcopy(config_proto)
-
-  # --- TF 1.x input.
-
-  def experimental_make_numpy_dataset(self, numpy_input, session=None):
-    """A dataset of the slices of `numpy_input` (a nest of arrays), held on
-    the input host; `session` (TF 1.x) is accepted."""
-    del session
-    return input_lib.numpy_dataset(numpy_input, self._input_host)
-
-  def experimental_run_steps_on_iterator(self, fn, iterator, iterations=1,
-                                         initial_loop_values=None):
-    """Runs `fn(ctx, inputs)` for `iterations` steps, each on the next
-    element of `iterator`, in a `tf.while_loop`; returns the
-    `MultiStepContext` `ctx` holding the last step's outputs and (in a
-    graph) the `run_op` running all steps.
-
-    In a graph `fn` must return what runs each step: an op, a tensor or, where
-    TensorFlow 2.21 takes only one op or tensor, any nest of them and of
-    distributed values. `initial_loop_values` starts the outputs `fn`
-    records with `ctx.set_last_step_output` (see `strategy_v1`)."""
-    from tf_distribute_lite import strategy_v1  # pylint: disable=g-import-not-at-top
-    strategy = self._container_strategy()
-    contexts.require_cross_replica_or_default(strategy)
-    with strategy.scope():
-      return strategy_v1.run_steps_on_iterator(strategy, fn, iterator, iterations,
-                                               initial_loop_values)
-
   @property
   def _input_host(self):
     """The device input pipelines run on."""
@@ -860,321 +744,6 @@ class StrategyExtended:
       return getattr(self, "experimental_enable_get_next_as_optional", False)
     return partial_steps
 
-
-def _own_copies(inputs, results):
-  """`results`, where one is its own input (a value every replica shares,
-  already in sync) as a copy on this replica's device, as TensorFlow's are."""
-  return [tf.identity(r) if r is x else r for x, r in zip(inputs, results)]
-
-
-def _with_gradient(xs, ys, gradient):
-  """`ys` (collective results of `xs`), with `gradient(dys)` as their
-  gradient with respect to `xs`.
-
-  The gradient flows from here, not through the merge, which reads other
-  replicas' values (and records on another thread's tape). Taking `ys` as
-  arguments keeps TensorFlow's search for variables used inside the function
-  from walking every replica's graph.
-  """
-  @tf.custom_gradient
-  def with_gradient(*xs_and_ys):
-    def grad(*dys):
-      return list(gradient(list(dys))) + [None] * len(ys)
-    return list(xs_and_ys[len(xs):]), grad
-  return with_gradient(*xs, *ys)
-
-
-class ReplicaContextBase:
-  """What code inside `strategy.run` sees: its replica and the collectives.
-
-  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-  >>> def step():
-  ...   ctx = tf_distribute_lite.get_replica_context()
-  ...   return ctx.all_reduce("SUM", tf.cast(ctx.replica_id_in_sync_group, tf.float32) + 1.0)
-  >>> strategy.run(step)
-  PerReplica:{
-    0: <tf.Tensor: shape=(), dtype=float32, numpy=3.0>,
-    1: <tf.Tensor: shape=(), dtype=float32, numpy=3.0>
-  }
-  """
-
-  def __init__(self, strategy, replica_id_in_sync_group, runner=None):
-    self._strategy = strategy
-    self._replica_id = replica_id_in_sync_group
-    self._runner = runner
-    self._entry = contexts.ContextEntry.in_replica(self)
-
-  def __enter__(self):
-    contexts.push(self._entry)
-    summaries = _tf_bridge.summary_state()
-    self._outer_summary_recording = summaries.is_recording_distribution_strategy
-    summaries.is_recording_distribution_strategy = self._is_replica_zero
-    return self
-
-  def __exit__(self, *exc_info):
-    _tf_bridge.summary_state().is_recording_distribution_strategy = (
-        self._outer_summary_recording)
-    contexts.pop()
-
-  def _is_replica_zero(self):
-    """Whether `tf.summary` records here: in replica 0 only, as in TF."""
-    return tf.equal(self.replica_id_in_sync_group, 0)
-
-  @property
-  def strategy(self):
-    """The strategy this replica belongs to."""
-    return self._strategy
-
-  @property
-  def num_replicas_in_sync(self):
-    """How many replicas take part in each synchronous step."""
-    return self._strategy.num_replicas_in_sync
-
-  @property
-  def replica_id_in_sync_group(self):
-    """This replica's index, a scalar int32 tensor."""
-    return tf.constant(self._replica_id, tf.int32, name="replica_id_in_sync_group")
-
-  @property
-  def devices(self):
-    """The devices this replica runs on."""
-    self._require_current()
-    return [[self._strategy.extended.worker_devices[self._replica_id]]]
-
-  def _require_current(self):
-    current = contexts.get_replica_context()
-    if current is self:
-      return
-    if current is None:
-      raise RuntimeError("Need to be inside `call_for_each_replica()`")
-    if current.strategy is self._strategy:
-      raise RuntimeError("Mismatching ReplicaContext.")
-    raise RuntimeError(f"Mismatching tf.distribute.Strategy objects: "
-                       f"{current.strategy} is not {self._strategy}.")
-
-  def merge_call(self, merge_fn, args=(), kwargs=None):
-    """Runs `merge_fn(strategy, *args, **kwargs)` once, across all replicas.
-
-    Every replica must call `merge_call`; `merge_fn` runs in the
-    cross-replica context with each argument grouped into a distributed
-    value, and each replica receives its part of the result.
-    """
-    self._require_current()
-    kwargs = {} if kwargs is None else kwargs
-    if not tf.executing_eagerly():
-      merge_fn = tf.__internal__.autograph.tf_convert(
-          merge_fn, tf.__internal__.autograph.control_status_ctx(),
-          convert_by_default=False)
-    if self._runner is not None and self._runner.num_replicas > 1:
-      return self._runner.merge_call(self._replica_id, merge_fn, args, kwargs)
-    with contexts.Entered(contexts.ContextEntry.cross_replica(self._strategy)):
-      return merge_fn(self._strategy, *args, **kwargs)
-
-  def all_reduce(self, reduce_op, value, options=None):
-    """Reduces `value` (a nest of tensors) across replicas; each gets the result.
-
-    A value that is the very same object in every replica (a tensor made
-    outside `strategy.run`, say) is already in sync: SUM and MEAN both return
-    it unchanged, not SUM times the number of replicas. Keras optimizers rely
-    on this. The gradient of a SUM (MEAN) all-reduce is the SUM (MEAN)
-    all-reduce of the gradients.
-
-    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> shared = tf.constant(5.0)
-    >>> strategy.run(lambda: tf_distribute_lite.get_replica_context().all_reduce(
-    ...     "SUM", shared)).values[1]
-    <tf.Tensor: shape=(), dtype=float32, numpy=5.0>
-    """
-    reduce_op = ReduceOp.from_any(reduce_op)
-    flat = tf.nest.flatten(value)
-    if not flat:
-      return value
-    if self.num_replicas_in_sync == 1:
-      return value
-
-    def batch_all_reduce(strategy, *per_replica):
-      return strategy.extended.batch_reduce_to(
-          reduce_op, [(v, v) for v in per_replica], options)
-
-    if any(isinstance(v, tf.IndexedSlices) for v in flat):
-      return tf.nest.pack_sequence_as(
-          value, self.merge_call(batch_all_reduce, args=flat))
-
-    reduced = _own_copies(flat, self.merge_call(batch_all_reduce, args=flat))
-    if _tf_bridge.gradient_tape_active():
-      reduced = _with_gradient(
-          flat, reduced, lambda dys: self.all_reduce(reduce_op, dys, options))
-    return tf.nest.pack_sequence_as(value, reduced)
-
-  def _update(self, var, fn, args=(), kwargs=None, group=True):
-    """Runs `fn(component, *args, **kwargs)` on each component of `var`,
-    after every replica has arrived, with the replicas' arguments grouped
-    (`strategy.extended.update` from a replica context).
-
-    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> with strategy.scope():
-    ...   v = tf.Variable(5.0)
-    >>> def replica_fn():
-    ...   context = tf_distribute_lite.get_replica_context()
-    ...   context._update(v, lambda var, x: var.assign(x), args=(tf.identity(1.0),))
-    >>> _ = strategy.run(replica_fn)
-    >>> [c.numpy().item() for c in v.values]
-    [1.0, 1.0]
-    """
-    self._require_current()
-    return self._strategy.extended.update(var, fn, args, kwargs, group)
-
-class ReplicaContext(ReplicaContextBase):
-  """The replica context of TF 2.x strategies, with `all_gather`.
-
-  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-  >>> strategy.run(lambda: tf_distribute_lite.get_replica_context().all_gather(
-  ...     tf.constant([1.0]), axis=0)).values[0]
-  <tf.Tensor: shape=(2,), dtype=float32, numpy=array([1., 1.], dtype=float32)>
-  """
-
-  def all_gather(self, value, axis, options=None):
-    """Concatenates every replica's `value` (a nest of tensors) along `axis`.
-
-    Replicas may differ in their size along `axis`. A value that is the very
-    same object in every replica is already in sync and comes back unchanged,
-    as with `all_reduce`. The gradient with respect to a replica's value is
-    its own slice of the SUM all-reduce of the gathered value's gradients.
-    (TensorFlow 2.21 fails to take that gradient of a shared value, or of
-    values of different ranks gathered at once.)
-
-    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> def step():
-    ...   context = tf_distribute_lite.get_replica_context()
-    ...   x = tf.ones([context.replica_id_in_sync_group + 1])
-    ...   with tf.GradientTape() as tape:
-    ...     tape.watch(x)
-    ...     gathered = context.all_gather(x, axis=0)
-    ...     loss = tf.reduce_sum(gathered * [1.0, 2.0, 3.0])
-    ...   return gathered, tape.gradient(loss, x)
-    >>> gathered, gradient = strategy.run(step)
-    >>> gathered.values[1].numpy(), gradient.values[1].numpy()
-    (array([1., 1., 1.], dtype=float32), array([4., 6.], dtype=float32))
-    """
-    flat = tf.nest.flatten(value)
-    if self.num_replicas_in_sync == 1:
-      return value
-
-    def gather(strategy, *per_replica):
-      return [strategy.extended._gather_to(v, v, axis, options)  # pylint: disable=protected-access
-              for v in per_replica]
-    merged = self.merge_call(gather, args=flat)
-    gathered = _own_copies(flat, merged)
-    if _tf_bridge.gradient_tape_active():
-      shared = [m is x for x, m in zip(flat, merged)]
-      gathered = _with_gradient(
-          flat, gathered,
-          lambda dys: self._gather_gradients(flat, shared, dys, axis, options))
-    return tf.nest.pack_sequence_as(value, gathered)
-
-  def _gather_gradients(self, xs, shared, dys, axis, options):
-    """Per `x` in `xs`, its slice of the summed gradients `dys` of its
-    gathered value (`dy` itself where `x` was shared)."""
-    gathered = [i for i, is_shared in enumerate(shared) if not is_shared]
-    summed = self.all_reduce(ReduceOp.SUM, [dys[i] for i in gathered], options)
-    sizes = self.all_gather([tf.shape(xs[i])[axis:][:1] for i in gathered],
-                            axis=0, options=options)
-    gradients = list(dys)
-    for i, dy, size in zip(gathered, summed, sizes):
-      begin = tf.reduce_sum(size[:self._replica_id])
-      gradients[i] = tf.gather(dy, tf.range(begin, begin + size[self._replica_id]),
-                               axis=axis)
-    return gradients
-
-
-class _DefaultReplicaContext(ReplicaContext):
-  """The replica context outside any strategy: one replica, id 0."""
-
-  @property
-  def replica_id_in_sync_group(self):
-    return 0
-
-  @property
-  def devices(self):
-    return (device_util.current(),)
-
-
-class _DefaultDistributionExtended(StrategyExtended):
-  """The default strategy: one replica on whatever device is current."""
-
-  def variable_created_in_scope(self, v):
-    """Whether `v` was made with no strategy current, as every variable
-    made outside all scopes (or in this strategy's no-op scope) is."""
-    return getattr(v, "_distribute_strategy", None) is None
-
-  def colocate_vars_with(self, colocate_with_variable):
-    """Places new variables with `colocate_with_variable`, any variable made
-    with no strategy (TF 1.x optimizers ask this of their slots)."""
-    if tf.executing_eagerly():
-      return tf.device(colocate_with_variable.device)
-    return tf.compat.v1.get_default_graph().colocate_with(colocate_with_variable)
-
-  def _experimental_distribute_dataset(self, dataset, options):
-    return dataset
-
-  def _distribute_datasets_from_function(self, dataset_fn, options,
-                                         partial_steps=None):
-    return dataset_fn(input_context_lib.InputContext())
-
-
-class _DefaultDistributionStrategy(Strategy):
-  """The strategy in effect outside any `scope()`."""
-
-  def __init__(self):
-    super().__init__(_DefaultDistributionExtended(self))
-
-  def scope(self):
-    """A no-op scope: the default strategy is already current, in its
-    default replica context (as in TensorFlow, nothing becomes
-    cross-replica). It must not be entered inside another strategy's."""
-    return _DefaultScope(self)
-
-
-class _DefaultScope:
-  """`scope()` of the default strategy."""
-
-  __slots__ = ("_strategy",)
-
-  def __init__(self, strategy):
-    self._strategy = strategy
-
-  def __enter__(self):
-    if contexts.has_strategy():
-      raise RuntimeError("Must not nest tf.distribute.Strategy scopes.")
-    return self._strategy
-
-  def __exit__(self, *exc_info):
-    pass
-
-
-_defaults = {}
-_defaults_lock = threading.Lock()
-
-
-def default_strategy():
-  """The single default strategy object."""
-  if "strategy" not in _defaults:
-    with _defaults_lock:
-      if "strategy" not in _defaults:
-        strategy = _DefaultDistributionStrategy()
-        replica_context = _DefaultReplicaContext(strategy, 0)
-        _defaults["entry"] = contexts.ContextEntry(strategy, None, replica_context)
-        _defaults["strategy"] = strategy
-  return _defaults["strategy"]
-
-
-def default_context_entry():
-  """The context in effect when the strategy stack is empty."""
-  default_strategy()
-  return _defaults["entry"]
-
-
-contexts.register_defaults(default_strategy, default_context_entry)
 
 _global_scopes = weakref.WeakKeyDictionary()
 

@@ -16,6 +16,7 @@ from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import distributed_variables
+from tf_distribute_lite import replica_context
 from tf_distribute_lite import replica_runner
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import values as values_lib
@@ -24,7 +25,7 @@ from tf_distribute_lite.collective_util import CommunicationOptions
 from tf_distribute_lite.reduce_util import ReduceOp
 
 
-class MirroredStrategy(distribute_lib.Strategy):
+class MirroredStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy):
   """Synchronous training across the devices of one machine.
 
   Args:
@@ -51,7 +52,7 @@ class MirroredStrategy(distribute_lib.Strategy):
     super().__init__(MirroredExtended(self, devices, cross_device_ops))
 
 
-class MirroredExtended(distribute_lib.StrategyExtended):
+class MirroredExtended(strategy_v1.StrategyExtendedV1):
   """`strategy.extended` of `MirroredStrategy`."""
 
   def __init__(self, container_strategy, devices, cross_device_ops):
@@ -405,7 +406,7 @@ def _resolve_devices(devices):
   return resolved
 
 
-class _MirroredReplicaContext(distribute_lib.ReplicaContext):
+class _MirroredReplicaContext(replica_context.ReplicaContext):
   """The replica context of `MirroredStrategy.run`, named as in TensorFlow."""
 
 

@@ -9,10 +9,11 @@ import tensorflow as tf
 
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import replica_context
 from tf_distribute_lite import strategy_v1
 
 
-class OneDeviceStrategy(distribute_lib.Strategy):
+class OneDeviceStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy):
   """Runs on one device, with the API of the multi-replica strategies.
 
   Args:
@@ -33,7 +34,7 @@ class OneDeviceStrategy(distribute_lib.Strategy):
     super().__init__(OneDeviceExtended(self, device))
 
 
-class OneDeviceExtended(distribute_lib.StrategyExtended):
+class OneDeviceExtended(strategy_v1.StrategyExtendedV1):
   """`strategy.extended` of `OneDeviceStrategy`."""
 
   def __init__(self, container_strategy, device):
@@ -75,7 +76,7 @@ class OneDeviceExtended(distribute_lib.StrategyExtended):
     return (self._device,)
 
 
-class _OneDeviceReplicaContext(distribute_lib.ReplicaContext):
+class _OneDeviceReplicaContext(replica_context.ReplicaContext):
 
   @property
   def devices(self):

@@ -1,25 +1,178 @@
-"""The TF 1.x strategy API (`tf.compat.v1.distribute`): `Strategy`,
-`ReplicaContext`, the multi-step loop and `get_loss_reduction`.
+"""The TF 1.x strategy API: the TF 1.x methods every strategy carries, and
+`tf.compat.v1.distribute`'s `Strategy`, `StrategyExtended`,
+`ReplicaContext`, multi-step loop and `get_loss_reduction`.
 
-These are adapters over the same extended objects as the TF 2.x classes: a
-TF 1.x strategy is a `compat.v1.Strategy`, not a TF 2.x `Strategy` (as in
-TensorFlow), with TF 1.x's `reduce` (`axis` optional) and
-`experimental_make_numpy_dataset` (a `session` argument); the TF 1.x methods
-TensorFlow's TF 2.x strategies share (`experimental_run`,
-`make_dataset_iterator`, `configure`, ...) are in `distribute_lib`.
+This module adapts the core (`distribute_lib`), never the reverse:
+
+* `TF1Methods`, mixed into every strategy class: the TF 1.x methods that
+  TensorFlow's TF 2.x strategies keep too (`make_dataset_iterator`,
+  `experimental_run`, `group`, `configure`, ...).
+* `StrategyExtendedV1`, the base of every strategy's `extended`: TF 1.x's
+  `experimental_make_numpy_dataset` and `experimental_run_steps_on_iterator`.
+* `StrategyV1`: a TF 1.x strategy is a `compat.v1.Strategy`, not a TF 2.x
+  `Strategy` (as in TensorFlow), with TF 1.x's `reduce` (`axis` optional) and
+  `experimental_make_numpy_dataset` (a `session` argument).
+
 Everything works eagerly and in a TF 1.x graph run by a
 `tf.compat.v1.Session`.
 """
+
+import copy
 
 import tensorflow as tf
 
 from tf_distribute_lite import contexts
 from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import input_context as input_context_lib
+from tf_distribute_lite import input_lib
+from tf_distribute_lite import replica_context
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
 
 
-class StrategyV1(distribute_lib.StrategyBase):
+class TF1Methods:
+  """The TF 1.x methods of a strategy, mixed into every strategy class (a
+  `distribute_lib.StrategyBase`): TensorFlow's TF 2.x strategies keep them,
+  and code written for TF 1.x calls them.
+
+  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+  >>> iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(4).batch(4))
+  >>> doubled = strategy.experimental_run(lambda x: x * 2, iterator)
+  >>> [t.numpy().tolist() for t in strategy.experimental_local_results(doubled)]
+  [[0, 2], [4, 6]]
+  """
+
+  def experimental_make_numpy_dataset(self, numpy_input):
+    """A `tf.data.Dataset` of the slices of `numpy_input` (a nest of arrays),
+    held on the input host rather than as constants of a graph.
+
+    >>> import numpy as np
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> dataset = strategy.experimental_make_numpy_dataset(np.ones([4], np.float32))
+    >>> dataset.element_spec
+    TensorSpec(shape=(), dtype=tf.float32, name=None)
+    """
+    return self._extended.experimental_make_numpy_dataset(numpy_input)
+
+  def update_config_proto(self, config_proto):
+    """Returns a copy of `config_proto` adjusted for this strategy."""
+    return self._extended._update_config_proto(config_proto)  # pylint: disable=protected-access
+
+  def configure(self, session_config=None, cluster_spec=None, task_type=None,
+                task_id=None):
+    """Deprecated: adjusts `session_config` in place for this strategy
+    (`update_config_proto` returns an adjusted copy instead) and takes the
+    cluster this task belongs to, where the strategy has one.
+
+    >>> strategy = tf_distribute_lite.compat.v1.OneDeviceStrategy("/cpu:0")
+    >>> config = tf.compat.v1.ConfigProto()
+    >>> strategy.configure(config)
+    """
+    if cluster_spec:
+      self._configure_cluster(tf.train.ClusterSpec(cluster_spec), task_type, task_id)
+    if session_config is not None:
+      session_config.CopyFrom(self.update_config_proto(session_config))
+
+  def _configure_cluster(self, cluster_spec, task_type, task_id):
+    """Takes the cluster `configure` was given; a strategy on one task's
+    devices ignores it, as TensorFlow's `OneDeviceStrategy` and
+    `TPUStrategy` do."""
+    del cluster_spec, task_type, task_id
+
+  def make_dataset_iterator(self, dataset):
+    """An iterator giving each replica its slice of every global batch of
+    `dataset`; in a TF1 graph run its `initializer` first."""
+    with self.scope():
+      return input_lib.initializable_iterator(self.experimental_distribute_dataset(dataset))
+
+  def make_input_fn_iterator(self, input_fn,
+                             replication_mode=input_context_lib.InputReplicationMode.PER_WORKER):
+    """An iterator over the dataset `input_fn(InputContext)` returns for
+    this worker, batched per replica: each replica takes the next element.
+
+    >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> iterator = strategy.make_input_fn_iterator(
+    ...     lambda ctx: tf.data.Dataset.range(4).batch(ctx.get_per_replica_batch_size(4)))
+    >>> [t.numpy().tolist() for t in iterator.get_next().values]
+    [[0, 1], [2, 3]]
+    """
+    if replication_mode != input_context_lib.InputReplicationMode.PER_WORKER:
+      raise ValueError(f"Input replication mode not supported: {replication_mode!r}")
+    with self.scope():
+      # As TensorFlow's: a partial last step ends the input.
+      return input_lib.initializable_iterator(self._extended._distribute_datasets_from_function(  # pylint: disable=protected-access
+          input_fn, None, partial_steps=False))
+
+  def experimental_run(self, fn, input_iterator=None):
+    """Runs `fn` on every replica with its part of the next input from
+    `input_iterator` (or with no argument)."""
+    with self.scope():
+      args = () if input_iterator is None else (input_iterator.get_next(),)
+    return self.run(fn, args=args)
+
+  def group(self, value, name=None):
+    """One op that runs every component of `value` (a graph's fetch); the
+    component itself where there is one.
+
+    >>> strategy = tf_distribute_lite.compat.v1.OneDeviceStrategy("/cpu:0")
+    >>> strategy.group(tf.constant(1.0))
+    <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
+    """
+    components = tf.nest.flatten(self.experimental_local_results(value))
+    if len(components) == 1 and name is None:
+      (component,) = components
+      return component.op if hasattr(component, "op") and not tf.executing_eagerly() else component
+    return tf.group(components, name=name)
+
+  def colocate_vars_with(self, colocate_with_variable):
+    """`extended.colocate_vars_with`."""
+    return self._extended.colocate_vars_with(colocate_with_variable)
+
+
+class StrategyExtendedV1(distribute_lib.StrategyExtended):
+  """`strategy.extended` with its TF 1.x methods
+  (`tf.compat.v1.distribute.StrategyExtended`); every strategy's extended
+  object is one, as in TensorFlow.
+
+  >>> import numpy as np
+  >>> extended = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"]).extended
+  >>> isinstance(extended, StrategyExtendedV1)
+  True
+  >>> int(extended.experimental_make_numpy_dataset(np.arange(3)).cardinality())
+  3
+  """
+
+  def _update_config_proto(self, config_proto):
+    return copy.deepcopy(config_proto)
+
+  def experimental_make_numpy_dataset(self, numpy_input, session=None):
+    """A dataset of the slices of `numpy_input` (a nest of arrays), held on
+    the input host; `session` (TF 1.x) is accepted."""
+    del session
+    return input_lib.numpy_dataset(numpy_input, self._input_host)
+
+  def experimental_run_steps_on_iterator(self, fn, iterator, iterations=1,
+                                         initial_loop_values=None):
+    """Runs `fn(ctx, inputs)` for `iterations` steps, each on the next
+    element of `iterator`, in a `tf.while_loop` (eagerly a Python loop);
+    returns the `MultiStepContext` `ctx` holding the last step's outputs and
+    (in a graph) the `run_op` running all steps.
+
+    In a graph only what `fn` returns runs each step: it must return an op,
+    a tensor or, where TensorFlow 2.21 takes only one op or tensor, any nest
+    of them and of distributed values. The outputs `fn` records with
+    `ctx.set_last_step_output` are the loop's variables, each as its
+    components (one if reduced), in the order of their names:
+    `initial_loop_values` gives their starting values, flattened in the same
+    order (a dict with the same keys, say). See `MultiStepContext`.
+    """
+    strategy = self._container_strategy()
+    contexts.require_cross_replica_or_default(strategy)
+    with strategy.scope():
+      return _run_steps(strategy, fn, iterator, iterations, initial_loop_values)
+
+
+class StrategyV1(TF1Methods, distribute_lib.StrategyBase):
   """The TF 1.x form of `Strategy` (`tf.compat.v1.distribute.Strategy`).
 
   `reduce`'s `axis` defaults to None; input comes from iterators with an
@@ -42,7 +195,7 @@ class StrategyV1(distribute_lib.StrategyBase):
     return self._extended.experimental_make_numpy_dataset(numpy_input, session)
 
 
-class ReplicaContextV1(distribute_lib.ReplicaContextBase):
+class ReplicaContextV1(replica_context.ReplicaContextBase):
   """`tf.compat.v1.distribute.ReplicaContext`: the replica context's TF 1.x
   interface (no `all_gather`). Strategies' replica contexts are TF 2.x ones,
   as in TensorFlow.
@@ -80,7 +233,7 @@ class MultiStepContext:
 
   def __init__(self):
     self._last_step_outputs = {}
-    self._reduce_ops = {}
+    self._reduced = {}
     self._non_tensor_outputs = {}
     self.run_op = None
 
@@ -94,24 +247,39 @@ class MultiStepContext:
     """The outputs `set_non_tensor_output` recorded."""
     return self._non_tensor_outputs
 
-  def set_last_step_output(self, name, output, reduce_op=None):
+  def set_last_step_output(self, name, output, reduce_op=None, aggregation=None):
     """Records `output` of this step as `name`, reduced across replicas by
-    `reduce_op` if given (required in a replica context)."""
+    `reduce_op` if given (required in a replica context).
+
+    TF 1.11-1.12 code passes `aggregation`, a `tf.VariableAggregation` (or
+    `tf.compat.v1.VariableAggregation`), instead: SUM and MEAN reduce,
+    ONLY_FIRST_REPLICA takes replica 0's value, NONE keeps every replica's.
+
+    >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> ones_and_twos = strategy.extended.call_for_each_replica(lambda: tf.cast(
+    ...     tf_distribute_lite.get_replica_context().replica_id_in_sync_group + 1, tf.float32))
+    >>> ctx = MultiStepContext()
+    >>> with strategy.scope():
+    ...   ctx.set_last_step_output("mean", ones_and_twos, aggregation=tf.VariableAggregation.MEAN)
+    ...   ctx.set_last_step_output(
+    ...       "first", ones_and_twos, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    >>> float(ctx.last_step_outputs["mean"]), float(ctx.last_step_outputs["first"])
+    (1.5, 1.0)
+    """
+    combine = _combiner(reduce_op, aggregation)
     if contexts.in_cross_replica_context():
-      self._record(contexts.get_strategy(), name, output, reduce_op)
+      self._record(contexts.get_strategy(), name, output, combine)
       return
-    if reduce_op is None:
-      raise ValueError("`reduce_op` must be set when `set_last_step_output` is "
-                       "called in a replica context.")
+    if combine is None:
+      raise ValueError("`reduce_op` (or an `aggregation` other than NONE) must be "
+                       "set when `set_last_step_output` is called in a replica context.")
     contexts.get_replica_context().merge_call(
-        lambda strategy, value: self._record(strategy, name, value, reduce_op),
+        lambda strategy, value: self._record(strategy, name, value, combine),
         args=(output,))
 
-  def _record(self, strategy, name, output, reduce_op):
-    self._reduce_ops[name] = reduce_op
-    if reduce_op is not None:
-      output = strategy.reduce(reduce_op, output, axis=None)
-    self._last_step_outputs[name] = output
+  def _record(self, strategy, name, output, combine):
+    self._reduced[name] = combine is not None
+    self._last_step_outputs[name] = output if combine is None else combine(strategy, output)
 
   def set_non_tensor_output(self, name, output):
     """Records a Python value as `name`."""
@@ -124,17 +292,25 @@ class MultiStepContext:
     contexts.get_replica_context().merge_call(merge_fn, args=(output,))
 
 
-def run_steps_on_iterator(strategy, fn, iterator, iterations, initial_loop_values):
-  """`extended.experimental_run_steps_on_iterator`: `fn(ctx, inputs)` for
-  `iterations` steps, each on the next input, in a `tf.while_loop` (eagerly
-  a Python loop); returns the `MultiStepContext`.
+def _combiner(reduce_op, aggregation):
+  """How `set_last_step_output` combines the replicas' `output`: a function
+  of `(strategy, output)`, or None to keep every replica's."""
+  if reduce_op is not None and aggregation is not None:
+    raise ValueError(
+        f"`set_last_step_output` takes `reduce_op` or `aggregation` (its TF "
+        f"1.11-1.12 name), not both; got reduce_op={reduce_op!r} and "
+        f"aggregation={aggregation!r}.")
+  if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
+    return lambda strategy, output: strategy.experimental_local_results(output)[0]
+  if aggregation is not None and aggregation != tf.VariableAggregation.NONE:
+    reduce_op = ReduceOp.from_variable_aggregation(aggregation)
+  if reduce_op is None:
+    return None
+  return lambda strategy, output: strategy.reduce(reduce_op, output, axis=None)
 
-  In a graph only the op (or tensors) `fn` returns runs each step: it must
-  return it. The outputs `fn` records with `set_last_step_output` are the
-  loop's variables, each as its components (one if reduced), in the order of
-  their names: `initial_loop_values` gives their starting values, flattened
-  in the same order (a dict with the same keys, say).
-  """
+
+def _run_steps(strategy, fn, iterator, iterations, initial_loop_values):
+  """The loop of `StrategyExtendedV1.experimental_run_steps_on_iterator`."""
   ctx = MultiStepContext()
   initial = tf.nest.flatten({} if initial_loop_values is None else initial_loop_values)
   structure = []
@@ -166,8 +342,8 @@ def run_steps_on_iterator(strategy, fn, iterator, iterations, initial_loop_value
   ctx.run_op = tf.group(loop)
   outputs = tf.nest.pack_sequence_as(structure[0] if structure else {}, loop[1:])
   for name, components in outputs.items():
-    ctx.last_step_outputs[name] = (values_lib.regroup(list(components))
-                                   if ctx._reduce_ops[name] is None else components[0])  # pylint: disable=protected-access
+    ctx.last_step_outputs[name] = (components[0] if ctx._reduced[name]  # pylint: disable=protected-access
+                                   else values_lib.regroup(list(components)))
   return ctx
 
 

@@ -10,7 +10,7 @@ distributed variable is one replicated handle, each replica's own component.
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
-from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import replica_context
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
 
@@ -24,7 +24,7 @@ class LogicalDevices:
     return self.strategy.extended.experimental_logical_device(logical_device_id)
 
 
-class TPUReplicaContext(LogicalDevices, distribute_lib.ReplicaContext):
+class TPUReplicaContext(LogicalDevices, replica_context.ReplicaContext):
   """The replica context inside a TPU computation: one trace for all
   replicas."""
 

@@ -25,6 +25,7 @@ from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import mirrored_strategy
+from tf_distribute_lite import replica_context
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import tpu_compilation
 from tf_distribute_lite import tpu_replication
@@ -122,7 +123,7 @@ class _TPUStrategyMethods:
     return self.extended._annotated(tensor, "replicated", None)  # pylint: disable=protected-access
 
 
-class TPUStrategyV2(_TPUStrategyMethods, distribute_lib.Strategy):
+class TPUStrategyV2(_TPUStrategyMethods, strategy_v1.TF1Methods, distribute_lib.Strategy):
   """Synchronous training on TPU cores.
 
   Args:
@@ -388,7 +389,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     return _tf_bridge.xla_sharding_annotation(tensor, kind, detail)
 
 
-class _EmulatedReplicaContext(tpu_replication.LogicalDevices, distribute_lib.ReplicaContext):
+class _EmulatedReplicaContext(tpu_replication.LogicalDevices, replica_context.ReplicaContext):
   """A replica's context on an emulated slice."""
 
 

@@ -8,14 +8,18 @@ eagerly through a `tf.function`; in a TF1 graph through a session on the
 resolver's master; traced inside a `tf.function`, `initialize_tpu_system`
 adds its op and returns the serialized topology. On an emulated slice they
 give the slice's topology.
+
+The resolver finds, the TPU system starts: `TPUClusterResolver.connect`
+calls `initialize_tpu_system`, which this module registers with the
+resolver's module when imported.
 """
 
 import contextlib
 
 import tensorflow as tf
 
+from tf_distribute_lite.cluster_resolver import tpu_cluster_resolver
 from tf_distribute_lite.cluster_resolver import tpu_discovery
-from tf_distribute_lite.cluster_resolver.tpu_cluster_resolver import TPUClusterResolver
 
 _initialized = {}
 
@@ -23,7 +27,7 @@ _initialized = {}
 def _resolver(cluster_resolver):
   if cluster_resolver is None:
     try:
-      return TPUClusterResolver("")
+      return tpu_cluster_resolver.TPUClusterResolver("")
     except tpu_discovery.NoTpuFoundError as e:
       raise tf.errors.NotFoundError(None, None, str(e)) from None
   if not isinstance(cluster_resolver, tf.distribute.cluster_resolver.ClusterResolver):
@@ -48,7 +52,7 @@ def _job(cluster_resolver):
 def system_device(cluster_resolver):
   """The TPU_SYSTEM device that runs the system ops for the resolver's TPU.
 
-  >>> system_device(TPUClusterResolver("grpc://10.0.0.2:8470"))
+  >>> system_device(tpu_cluster_resolver.TPUClusterResolver("grpc://10.0.0.2:8470"))
   '/job:worker/replica:0/task:0/device:TPU_SYSTEM:0'
   """
   job = _job(cluster_resolver)
@@ -186,3 +190,6 @@ def shutdown_tpu_system(cluster_resolver=None):
 def initialized_topology(cluster_resolver):
   """The topology `initialize_tpu_system` returned for this TPU, or None."""
   return _initialized.get(cluster_resolver.master())
+
+
+tpu_cluster_resolver.register_system_initializer(initialize_tpu_system)

@@ -24,6 +24,15 @@ _MASTER_TRIES = 3
 _MASTER_TIMEOUT_MS = 60 * 1000
 # The clock the node address cache reads; tests replace it.
 clock = time.monotonic
+# How `connect` starts the TPU system it found: the resolver finds, the TPU
+# system starts, so `tpu_system` registers its `initialize_tpu_system` here
+# when imported (the package's `__init__` imports it).
+_system = {}
+
+
+def register_system_initializer(initialize_tpu_system):
+  """Called once by `tpu_system` with its `initialize_tpu_system`."""
+  _system["initialize"] = initialize_tpu_system
 
 
 class TPUClusterResolver(ClusterResolver):
@@ -88,10 +97,9 @@ class TPUClusterResolver(ClusterResolver):
     >>> resolver.emulated_slice.name
     'v4-8'
     """
-    from tf_distribute_lite import tpu_system  # pylint: disable=g-import-not-at-top
     resolver = TPUClusterResolver(tpu, zone, project)
     tf.config.experimental_connect_to_cluster(resolver)
-    tpu_system.initialize_tpu_system(resolver)
+    _system["initialize"](resolver)
     return resolver
 
   @property

@@ -14,7 +14,6 @@ from tf_distribute_lite.cross_device_ops import NcclAllReduce
 from tf_distribute_lite.cross_device_ops import ReductionToOneDevice
 from tf_distribute_lite.distribute_lib import experimental_set_strategy
 from tf_distribute_lite.distribute_lib import RunOptions
-from tf_distribute_lite.distribute_lib import StrategyExtended
 from tf_distribute_lite.input_context import InputContext
 from tf_distribute_lite.input_context import InputReplicationMode
 from tf_distribute_lite.mirrored_strategy import MirroredStrategyV1 as MirroredStrategy
@@ -22,6 +21,7 @@ from tf_distribute_lite.one_device_strategy import OneDeviceStrategyV1 as OneDev
 from tf_distribute_lite.reduce_util import ReduceOp
 from tf_distribute_lite.strategy_v1 import get_loss_reduction
 from tf_distribute_lite.strategy_v1 import ReplicaContextV1 as ReplicaContext
+from tf_distribute_lite.strategy_v1 import StrategyExtendedV1 as StrategyExtended
 from tf_distribute_lite.strategy_v1 import StrategyV1 as Strategy
 
 Server = tf.distribute.Server  # TensorFlow's own gRPC server, re-exported

@@ -1,0 +1,105 @@
+"""The default strategy: the one in effect outside every `scope()`, with
+one replica on whatever device is current. It registers itself with
+`contexts` when imported (the package's `__init__` imports it).
+"""
+
+import threading
+
+import tensorflow as tf
+
+from tf_distribute_lite import contexts
+from tf_distribute_lite import device_util
+from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import input_context as input_context_lib
+from tf_distribute_lite import replica_context
+from tf_distribute_lite import strategy_v1
+
+
+class _DefaultReplicaContext(replica_context.ReplicaContext):
+  """The replica context outside any strategy: one replica, id 0."""
+
+  @property
+  def replica_id_in_sync_group(self):
+    return 0
+
+  @property
+  def devices(self):
+    return (device_util.current(),)
+
+
+class _DefaultDistributionExtended(strategy_v1.StrategyExtendedV1):
+  """The default strategy: one replica on whatever device is current."""
+
+  def variable_created_in_scope(self, v):
+    """Whether `v` was made with no strategy current, as every variable
+    made outside all scopes (or in this strategy's no-op scope) is."""
+    return getattr(v, "_distribute_strategy", None) is None
+
+  def colocate_vars_with(self, colocate_with_variable):
+    """Places new variables with `colocate_with_variable`, any variable made
+    with no strategy (TF 1.x optimizers ask this of their slots)."""
+    if tf.executing_eagerly():
+      return tf.device(colocate_with_variable.device)
+    return tf.compat.v1.get_default_graph().colocate_with(colocate_with_variable)
+
+  def _experimental_distribute_dataset(self, dataset, options):
+    return dataset
+
+  def _distribute_datasets_from_function(self, dataset_fn, options,
+                                         partial_steps=None):
+    return dataset_fn(input_context_lib.InputContext())
+
+
+class _DefaultDistributionStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy):
+  """The strategy in effect outside any `scope()`."""
+
+  def __init__(self):
+    super().__init__(_DefaultDistributionExtended(self))
+
+  def scope(self):
+    """A no-op scope: the default strategy is already current, in its
+    default replica context (as in TensorFlow, nothing becomes
+    cross-replica). It must not be entered inside another strategy's."""
+    return _DefaultScope(self)
+
+
+class _DefaultScope:
+  """`scope()` of the default strategy."""
+
+  __slots__ = ("_strategy",)
+
+  def __init__(self, strategy):
+    self._strategy = strategy
+
+  def __enter__(self):
+    if contexts.has_strategy():
+      raise RuntimeError("Must not nest tf.distribute.Strategy scopes.")
+    return self._strategy
+
+  def __exit__(self, *exc_info):
+    pass
+
+
+_defaults = {}
+_defaults_lock = threading.Lock()
+
+
+def default_strategy():
+  """The single default strategy object."""
+  if "strategy" not in _defaults:
+    with _defaults_lock:
+      if "strategy" not in _defaults:
+        strategy = _DefaultDistributionStrategy()
+        context = _DefaultReplicaContext(strategy, 0)
+        _defaults["entry"] = contexts.ContextEntry(strategy, None, context)
+        _defaults["strategy"] = strategy
+  return _defaults["strategy"]
+
+
+def default_context_entry():
+  """The context in effect when the strategy stack is empty."""
+  default_strategy()
+  return _defaults["entry"]
+
+
+contexts.register_defaults(default_strategy, default_context_entry)
