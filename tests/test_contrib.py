@@ -2,7 +2,6 @@
 eagerly and in TF1 graphs, and a contrib-era training script."""
 
 import contextlib
-import os
 import pathlib
 import subprocess
 import sys
@@ -14,6 +13,8 @@ import tensorflow as tf
 import tf_distribute_lite as tfd
 
 from conftest import DEVICES
+from test_example import environment_of_a_newcomer
+from test_example import tensorflow_log_lines
 
 contrib = tfd.contrib
 EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "contrib_training.py"
@@ -314,7 +315,8 @@ def test_run_steps_on_dataset_unpacks_inputs():
 def test_contrib_era_training_script_matches_numpy_sgd(strategy):
   result = subprocess.run([sys.executable, str(EXAMPLE), "--strategy", strategy],
                           capture_output=True, text=True, timeout=300, check=False,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                          env=environment_of_a_newcomer())
   assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+  assert not tensorflow_log_lines(result.stdout + result.stderr), result.stderr
   towers = {"mirrored": 4, "one_device": 1, "tpu": 4}[strategy]
   assert f"towers: {towers};" in result.stdout and ": equal" in result.stdout
