@@ -12,7 +12,10 @@
 #
 # Environment:
 #   PYTHON                interpreter used to create .venv (default: python3)
-#   TF_CPP_MIN_LOG_LEVEL  TensorFlow C++ log level (default here: 2)
+#   TF_CPP_MIN_LOG_LEVEL  TensorFlow C++ log level (scripts/test: 2 unless set).
+#                         Left unset, scripts/demo's example starts TensorFlow
+#                         without its start-up log lines, which no log level
+#                         silences (examples/_quiet_tensorflow.py).
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
@@ -67,5 +70,3 @@ if [[ ! -f "$STAMP_FILE" || "$(cat "$STAMP_FILE")" != "$_setup_hash" ]]; then
   echo "$_setup_hash" > "$STAMP_FILE"
 fi
 unset _setup_hash
-
-export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"

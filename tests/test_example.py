@@ -1,9 +1,12 @@
 """The examples train and their loss falls: the main job,
 examples/custom_training_loop.py, on one machine and on two worker
-processes; examples/tpu_training.py on an emulated TPU slice."""
+processes; examples/tpu_training.py on an emulated TPU slice. Run as a
+newcomer runs them (TF_CPP_MIN_LOG_LEVEL unset), they print only their own
+output."""
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -14,13 +17,29 @@ from multi_worker import LocalCluster
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 EXAMPLE = EXAMPLES / "custom_training_loop.py"
 
+# A line of TensorFlow's C++ log, "I0000 00:00:1795783720.368569   27949
+# port.cc:153] oneDNN custom operations are on...", or absl's notice before
+# the first ones.
+_TF_LOG_LINE = re.compile(r"[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] |WARNING: All log messages")
+
+
+def tensorflow_log_lines(output):
+  """The lines of `output` that TensorFlow's C++ code logged."""
+  return [line for line in output.splitlines() if _TF_LOG_LINE.match(line)]
+
+
+def environment_of_a_newcomer():
+  """This environment without TF_CPP_MIN_LOG_LEVEL (the tests set it)."""
+  return {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+
 
 def test_custom_training_loop_runs_and_loss_falls():
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   result = subprocess.run(
       [sys.executable, str(EXAMPLE), "--epochs", "2", "--global-batch", "512"],
-      capture_output=True, text=True, timeout=600, env=env, check=False)
+      capture_output=True, text=True, timeout=600, env=environment_of_a_newcomer(),
+      check=False)
   assert result.returncode == 0, result.stdout + result.stderr
+  assert not tensorflow_log_lines(result.stdout + result.stderr), result.stderr
   assert "replicas in sync: 4" in result.stdout
   assert "epoch 2: steps 8" in result.stdout
   assert ": fell" in result.stdout
@@ -42,9 +61,10 @@ def test_custom_training_loop_trains_on_two_workers(tmp_path):
 
 
 def test_tpu_example_trains_on_an_emulated_v3_8():
-  env = {k: v for k, v in os.environ.items() if k != "TPU_NAME"}
+  env = {k: v for k, v in environment_of_a_newcomer().items() if k != "TPU_NAME"}
   result = subprocess.run([sys.executable, str(EXAMPLES / "tpu_training.py")],
                           capture_output=True, text=True, timeout=600, env=env, check=False)
   assert result.returncode == 0, result.stdout + result.stderr
+  assert not tensorflow_log_lines(result.stdout + result.stderr), result.stderr
   assert "replicas in sync: 8" in result.stdout
   assert "step 11: loss" in result.stdout and ": fell" in result.stdout

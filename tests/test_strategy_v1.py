@@ -495,6 +495,16 @@ def test_tf1_multi_step_loop_like_tf(tf1_programs):
   assert ours["run_steps"] == theirs["run_steps"] == {"total": 66.0, "last": 66.0}
 
 
+def test_tf1_device_names_like_tf(tf1_programs):
+  """With eager execution disabled, TensorFlow's names have no job."""
+  theirs, ours = tf1_programs
+  assert ours["devices"] == theirs["devices"]
+  assert ours["devices"]["MirroredStrategy"]["worker_devices"] == [
+      "/replica:0/task:0/device:CPU:0", "/replica:0/task:0/device:CPU:1"]
+  assert ours["devices"]["contrib.OneDeviceStrategy"]["components"] == [
+      "/replica:0/task:0/device:CPU:1"]
+
+
 # --- The spec page's examples (tf.compat.v1.distribute.MirroredStrategy).
 
 def test_spec_variables_and_function_creation():

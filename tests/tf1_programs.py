@@ -16,6 +16,7 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
 
 import tf_distribute_lite as tfd  # pylint: disable=g-import-not-at-top
+from outcomes import device_names  # pylint: disable=g-import-not-at-top
 
 tf.compat.v1.disable_v2_behavior()
 
@@ -119,6 +120,28 @@ def run_steps(mod):
               "last": float(last)}
 
 
+def devices(mod):
+  """What the TF 1.x strategies call their devices (`device_names`); in
+  place of our contrib strategies TensorFlow, which has no contrib, runs
+  its compat.v1 strategies of the same kind."""
+  contrib = tfd.contrib if mod is tfd.compat.v1 else mod
+  makers = {
+      "MirroredStrategy": lambda: mod.MirroredStrategy(["/cpu:0", "/cpu:1"]),
+      "MirroredStrategy()": mod.MirroredStrategy,
+      "OneDeviceStrategy": lambda: mod.OneDeviceStrategy("/cpu:1"),
+      "CentralStorageStrategy": lambda: mod.experimental.CentralStorageStrategy(
+          ["/cpu:0", "/cpu:1"]),
+      "contrib.MirroredStrategy": lambda: contrib.MirroredStrategy(["/cpu:0", "/cpu:1"]),
+      "contrib.OneDeviceStrategy": lambda: contrib.OneDeviceStrategy("/cpu:1"),
+  }
+  names = {}
+  for name, make in makers.items():
+    with tf.Graph().as_default():
+      names[name] = device_names(make())
+  return names
+
+
 if __name__ == "__main__":
   for module in (tf.compat.v1.distribute, tfd.compat.v1):
-    print(json.dumps({"tutorial": tutorial(module), "run_steps": run_steps(module)}))
+    print(json.dumps({"tutorial": tutorial(module), "run_steps": run_steps(module),
+                      "devices": devices(module)}))

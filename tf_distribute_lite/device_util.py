@@ -2,7 +2,8 @@
 
 TensorFlow accepts many spellings of one device (`"CPU:0"`, `"cpu:0"`,
 `"/cpu:0"`, `"/job:localhost/replica:0/task:0/device:CPU:0"`); strategies
-compare devices by their canonical, fully qualified name.
+name and compare devices by their canonical, fully qualified name, which
+has a job except in a TF1 graph, as in TensorFlow.
 """
 
 import functools
@@ -14,30 +15,45 @@ from tf_distribute_lite import _tf_bridge
 # The task this process's devices belong to: localhost until it joins a
 # cluster (`set_local_task`).
 _local_task = ["/job:localhost/replica:0/task:0"]
+# A TF1 graph names devices without a job.
+_GRAPH_TASK = "/replica:0/task:0"
 
 
-@functools.lru_cache(maxsize=1024)
 def canonicalize(device, default=None):
-  """The fully qualified name of `device`, filling gaps from `default`
-  (by default this process's task).
+  """The fully qualified name of `device`, filling gaps from `default`, then
+  from this process's task (by default CPU:0 of replica 0, task 0).
+
+  As in TensorFlow, names carry a job only where eager execution is on
+  outside functions (eagerly and in a `tf.function`): in a TF1 graph they
+  have none, '/replica:0/task:0/device:CPU:0', unless `device` or `default`
+  names one.
 
   >>> canonicalize("cpu:0")
   '/job:localhost/replica:0/task:0/device:CPU:0'
   >>> canonicalize("/gpu:1")
   '/job:localhost/replica:0/task:0/device:GPU:1'
+  >>> with tf.Graph().as_default():
+  ...   canonicalize("/gpu:1")
+  '/replica:0/task:0/device:GPU:1'
   """
-  spec = _parse(device, "device")
-  base = _parse(default or _local_task[0], "default")
-  if spec.job is None and spec.task is None and spec.replica is None:
-    spec = spec.replace(job=base.job, replica=base.replica, task=base.task)
-  if spec.device_type is None:
-    spec = spec.replace(device_type=base.device_type or "CPU",
-                        device_index=base.device_index or 0)
-  if spec.device_index is None:
-    spec = spec.replace(device_index=0)
-  if spec.job is None:
-    spec = spec.replace(job=base.job or "localhost")
-  return spec.replace(replica=spec.replica or 0, task=spec.task or 0).to_string()
+  base = _local_task[0] if tf.compat.v1.executing_eagerly_outside_functions() else _GRAPH_TASK
+  return _merged(device, default, base)
+
+
+def _full_name(device):
+  """`device` canonicalised with a job, whatever the mode: names to compare
+  with this process's devices."""
+  return _merged(device, None, _local_task[0])
+
+
+@functools.lru_cache(maxsize=1024)
+def _merged(device, default, task):
+  """CPU:0 of `task`, overridden by the fields `default` names, then by those
+  `device` names."""
+  spec = tf.DeviceSpec.from_string(task + "/device:CPU:0")
+  if default:
+    spec = spec.make_merged_spec(_parse(default, "default"))
+  return spec.make_merged_spec(_parse(device, "device")).to_string()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -74,14 +90,13 @@ def set_local_task(task):
   '/job:worker/replica:0/task:1/device:GPU:0'
   >>> set_local_task("/job:localhost/replica:0/task:0")
   """
-  _local_task[0] = canonicalize(task).rsplit("/device:", 1)[0]
-  canonicalize.cache_clear()
+  _local_task[0] = _merged(task, None, _local_task[0]).rsplit("/device:", 1)[0]
   _local_device_cache.clear()
 
 
 def is_present(device):
   """Whether this process has a logical device named `device`."""
-  return canonicalize(device) in _local_devices()
+  return _full_name(device) in _local_devices()
 
 
 _local_device_cache = []
@@ -90,15 +105,16 @@ _local_device_cache = []
 def _local_devices():
   if not _local_device_cache:
     _local_device_cache.append(frozenset(
-        canonicalize(d.name) for d in tf.config.list_logical_devices()))
+        _full_name(d.name) for d in tf.config.list_logical_devices()))
   return _local_device_cache[0]
 
 
 def local_devices(device_type=None):
   """Canonical names of this process's logical devices, in index order (not
   those of the other tasks of its cluster)."""
-  names = (canonicalize(d.name) for d in tf.config.list_logical_devices(device_type))
-  return tuple(n for n in names if n.startswith(_local_task[0] + "/"))
+  names = [d.name for d in tf.config.list_logical_devices(device_type)]
+  return tuple(canonicalize(n) for n in names
+               if _full_name(n).startswith(_local_task[0] + "/"))
 
 
 def current():

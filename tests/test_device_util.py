@@ -1,0 +1,91 @@
+"""Device names (`device_util`), and the names strategies give their devices
+against TensorFlow's: eagerly, in a `tf.function` and in a TF1 graph, where
+TensorFlow's names have no job. Programs with eager execution disabled are
+in tests/tf1_programs.py (tests/test_strategy_v1.py runs them)."""
+
+import contextlib
+
+import pytest
+import tensorflow as tf
+
+import tf_distribute_lite as tfd
+from tf_distribute_lite import device_util
+
+import oracle
+from conftest import DEVICES
+from outcomes import device_names
+from outcomes import same
+
+TWO = ["/cpu:0", "/cpu:1"]
+TF1 = tf.compat.v1.distribute
+
+# name: (TensorFlow's strategy, ours). TensorFlow has no contrib: a contrib
+# strategy is compared with TensorFlow's compat.v1 strategy of its kind.
+STRATEGIES = {
+    "MirroredStrategy": (lambda: oracle.new_tf_mirrored(TWO),
+                         lambda: tfd.MirroredStrategy(TWO)),
+    "MirroredStrategy()": (lambda: oracle.new_tf_mirrored(),
+                           lambda: tfd.MirroredStrategy()),
+    "compat.v1.MirroredStrategy": (lambda: oracle.new_tf_mirrored(TWO, module=TF1),
+                                   lambda: tfd.compat.v1.MirroredStrategy(TWO)),
+    "OneDeviceStrategy": (lambda: tf.distribute.OneDeviceStrategy("/cpu:1"),
+                          lambda: tfd.OneDeviceStrategy("/cpu:1")),
+    "compat.v1.OneDeviceStrategy": (lambda: TF1.OneDeviceStrategy("/cpu:1"),
+                                    lambda: tfd.compat.v1.OneDeviceStrategy("/cpu:1")),
+    "experimental.CentralStorageStrategy": (
+        lambda: tf.distribute.experimental.CentralStorageStrategy(TWO),
+        lambda: tfd.experimental.CentralStorageStrategy(TWO)),
+    "experimental.CentralStorageStrategy()": (
+        tf.distribute.experimental.CentralStorageStrategy,
+        tfd.experimental.CentralStorageStrategy),
+    "compat.v1.experimental.CentralStorageStrategy": (
+        lambda: TF1.experimental.CentralStorageStrategy(TWO),
+        lambda: tfd.compat.v1.experimental.CentralStorageStrategy(TWO)),
+    "contrib.MirroredStrategy": (lambda: oracle.new_tf_mirrored(TWO, module=TF1),
+                                 lambda: tfd.contrib.MirroredStrategy(TWO)),
+    "contrib.OneDeviceStrategy": (lambda: TF1.OneDeviceStrategy("/cpu:1"),
+                                  lambda: tfd.contrib.OneDeviceStrategy("/cpu:1")),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "graph"])
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_strategies_name_devices_like_tf(name, mode):
+  """Eagerly and in a `tf.function` names have TensorFlow's job (localhost);
+  in a TF1 graph (here a `tf.Graph` while eager execution is on) none."""
+  def names(make):
+    with tf.Graph().as_default() if mode == "graph" else contextlib.nullcontext():
+      return device_names(make(), in_function=mode == "function")
+  theirs, ours = STRATEGIES[name]
+  result = same(names, theirs, ours)
+  assert isinstance(result, dict)
+  has_job = any(d.startswith("/job:") for d in result["worker_devices"])
+  assert has_job == (mode != "graph")
+
+
+@pytest.mark.parametrize("device, default, eager, graph", [
+    ("cpu:0", None, DEVICES[0], "/replica:0/task:0/device:CPU:0"),
+    ("/gpu", None, "/job:localhost/replica:0/task:0/device:GPU:0",
+     "/replica:0/task:0/device:GPU:0"),
+    ("/job:localhost/device:CPU:1", None, DEVICES[1], DEVICES[1]),
+    ("/task:1", None, "/job:localhost/replica:0/task:1/device:CPU:0",
+     "/replica:0/task:1/device:CPU:0"),
+    ("/task:1", "/job:worker/device:GPU:3", "/job:worker/replica:0/task:1/device:GPU:3",
+     "/job:worker/replica:0/task:1/device:GPU:3"),
+])
+def test_canonicalize_like_tensorflow(device, default, eager, graph):
+  from tensorflow.python.distribute import device_util as tf_device_util  # pylint: disable=g-import-not-at-top
+  assert device_util.canonicalize(device, default) == eager
+  assert tf_device_util.canonicalize(device, default) == eager
+  with tf.Graph().as_default():
+    assert device_util.canonicalize(device, default) == graph
+    assert tf_device_util.canonicalize(device, default) == graph
+
+
+def test_local_devices_and_presence_in_a_graph():
+  with tf.Graph().as_default():
+    assert device_util.local_devices("CPU") == tuple(
+        d.replace("/job:localhost", "") for d in DEVICES)
+    assert device_util.is_present("/replica:0/task:0/device:CPU:3")
+    assert device_util.is_present(DEVICES[3])
+    assert not device_util.is_present("/replica:0/task:0/device:CPU:4")
