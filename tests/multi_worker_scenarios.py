@@ -366,11 +366,12 @@ def _fit_with_checkpoints(ctx, strategy):
   out["resumed_epochs"] = history.epoch
   out["resumed_loss"] = history.history["loss"]
   out["weights"] = [w.tolist() for w in model.get_weights()]
+  # Every worker sees the chief's last checkpoint and backup, and has
+  # removed its temporary files of the last epoch (the workers share one
+  # temporary directory).
+  strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
   out["backup_after_training"] = os.path.exists(backup)
   out["checkpoints"] = sorted(os.listdir(checkpoints))
-  # Every worker has removed its temporary files of the last epoch (the
-  # workers share one temporary directory).
-  strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
   out["temporary_files"] = sorted(name for _, _, names in os.walk(tempfile.gettempdir())
                                   for name in names if name.endswith((".h5", ".json")))
   return out
@@ -429,8 +430,8 @@ def tf_keras_fit(ctx):
   out["resumed_epochs"] = history.epoch
   out["resumed_loss"] = history.history["loss"]
   out["resumed_weights"] = [w.tolist() for w in model.get_weights()]
-  out["backup_after_training"] = os.path.exists(backup)
   strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+  out["backup_after_training"] = os.path.exists(backup)
   out["checkpoints"] = sorted(os.listdir(checkpoints))
   return out
 
