@@ -26,9 +26,11 @@ def classification_data(*leading_shape, seed=7):
   return x, y
 
 
-def classifier():
-  """Dense(8, relu) -> Dense(NUM_CLASSES), with `initial_weights()`."""
-  import keras  # pylint: disable=g-import-not-at-top  (workers import it late)
+def classifier(keras=None):
+  """Dense(8, relu) -> Dense(NUM_CLASSES), with `initial_weights()`, made
+  with `keras` (a Keras module: Keras 3 by default, or `tf_keras`)."""
+  if keras is None:
+    import keras  # pylint: disable=g-import-not-at-top,redefined-outer-name  (workers import it late)
   model = keras.Sequential([
       keras.Input(shape=(NUM_FEATURES,)),
       keras.layers.Dense(8, activation="relu"),
