@@ -5,7 +5,8 @@ kinds of optimizers, saving, mixed precision) run under a TF strategy and
 the same tfd strategy, and their histories, weights, predictions, files and
 exceptions are compared. TF has no TPUStrategy without a TPU: ours runs on
 an emulated v4-8 (the 4 CPUs) and, in a process of its own, on an emulated
-v3-8 (8 CPUs), against TF's MirroredStrategy on the same devices."""
+v3-8 (8 CPUs), against TF's MirroredStrategy on the same devices. Then the
+private strategy names tf_keras reads (docs/client_private_names.md)."""
 
 import json
 import os
@@ -20,6 +21,7 @@ import tf_distribute_lite as tfd
 
 import oracle
 import tf_keras_cases
+from tf_keras_cases import ABSENT
 from tf_keras_cases import CASES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -171,3 +173,50 @@ def test_losses_reduce_by_default_in_the_default_strategys_run():
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     return float(module.get_strategy().run(lambda: loss([0, 1], [[2.0, 0.0], [0.0, 1.0]])))
   oracle.compare(loss_in_run, (tf.distribute,), (tfd,))
+
+
+# --- The private names tf_keras reads (docs/client_private_names.md).
+
+_NAMED_STRATEGIES = {
+    "default": (tf.distribute.get_strategy, tfd.get_strategy),
+    "one_device": (lambda: tf.distribute.OneDeviceStrategy("CPU:0"),
+                   lambda: tfd.OneDeviceStrategy("CPU:0")),
+    "mirrored": (lambda: oracle.new_tf_mirrored(PAIR), lambda: tfd.MirroredStrategy(PAIR)),
+    "central_storage": (lambda: tf.distribute.experimental.CentralStorageStrategy(PAIR),
+                        lambda: tfd.experimental.CentralStorageStrategy(PAIR)),
+    "multi_worker_mirrored": (tf.distribute.MultiWorkerMirroredStrategy,
+                              tfd.MultiWorkerMirroredStrategy),
+    "v1_one_device": (lambda: tf.compat.v1.distribute.OneDeviceStrategy("CPU:0"),
+                      lambda: tfd.compat.v1.OneDeviceStrategy("CPU:0")),
+    "v1_mirrored": (lambda: oracle.new_tf_mirrored(PAIR, module=tf.compat.v1.distribute),
+                    lambda: tfd.compat.v1.MirroredStrategy(PAIR)),
+    "v1_central_storage": (
+        lambda: tf.compat.v1.distribute.experimental.CentralStorageStrategy(PAIR),
+        lambda: tfd.compat.v1.experimental.CentralStorageStrategy(PAIR)),
+    "v1_multi_worker_mirrored": (tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy,
+                                 tfd.compat.v1.experimental.MultiWorkerMirroredStrategy),
+}
+
+
+@pytest.mark.parametrize("name", _NAMED_STRATEGIES)
+def test_client_private_names_match_tensorflow(name):
+  make_theirs, make_ours = _NAMED_STRATEGIES[name]
+  theirs = tf_keras_cases.client_private_names(make_theirs())
+  assert tf_keras_cases.client_private_names(make_ours()) == theirs
+  assert theirs["extended._global_batch_size"] is True
+  assert theirs["_should_use_with_coordinator"] is False
+
+
+@pytest.mark.parametrize("make", [
+    tfd.TPUStrategy, tfd.experimental.TPUStrategy, tfd.compat.v1.experimental.TPUStrategy])
+def test_tpu_strategy_client_private_names_are_tensorflows(make):
+  """TF makes no TPUStrategy without a TPU: its values, from its source
+  (tpu_strategy.py), are those of a strategy on one machine that keeps its
+  resolver in `extended._tpu_cluster_resolver`."""
+  resolver = tfd.cluster_resolver.TPUClusterResolver("emulated:v4-8")
+  assert tf_keras_cases.client_private_names(make(resolver)) == {
+      "_should_use_with_coordinator": False, "_num_workers": ABSENT, "_mesh": ABSENT,
+      "extended._in_multi_worker_mode": False, "extended._global_batch_size": True,
+      "extended._use_merge_call": True, "extended._task_type": ABSENT,
+      "extended._task_id": ABSENT, "extended._cluster_resolver": ABSENT,
+      "extended._tpu_cluster_resolver": ["TPUClusterResolver", "worker", 0]}

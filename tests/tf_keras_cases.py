@@ -402,6 +402,38 @@ def mixed_float16(strategy, workdir):
     keras.mixed_precision.set_global_policy("float32")
 
 
+# --- The private strategy names tf_keras reads (docs/client_private_names.md).
+
+CLIENT_PRIVATE_NAMES = (
+    "_should_use_with_coordinator", "_num_workers", "_mesh",
+    "extended._in_multi_worker_mode", "extended._global_batch_size",
+    "extended._use_merge_call", "extended._task_type", "extended._task_id",
+    "extended._cluster_resolver", "extended._tpu_cluster_resolver")
+
+ABSENT = "absent"
+
+
+def _described(value):
+  """`value` as JSON: a method by what it returns, a resolver by its class
+  and task."""
+  if callable(value):
+    value = value()
+  if isinstance(value, (bool, int, str, type(None))):
+    return value
+  return [type(value).__name__, value.task_type, value.task_id]
+
+
+def client_private_names(strategy):
+  """Each of `CLIENT_PRIVATE_NAMES` on `strategy`, or "absent"."""
+  found = {}
+  for name in CLIENT_PRIVATE_NAMES:
+    owner = strategy.extended if name.startswith("extended.") else strategy
+    attribute = name.split(".")[-1]
+    found[name] = (_described(getattr(owner, attribute)) if hasattr(owner, attribute)
+                   else ABSENT)
+  return found
+
+
 CASES = {case.__name__: case for case in [
     fit_arrays, fit_dataset, fit_distributed_dataset, fit_datasets_from_function,
     fit_dataset_creator, steps_per_execution, input_batch_size, metrics_and_losses,
