@@ -3,11 +3,12 @@
 Each case takes a strategy and an empty directory and returns what it
 observed as plain JSON data (numbers, lists, strings), so that the run under
 `tf.distribute` and the run under tfd compare leaf by leaf, in this process
-or from a subprocess. tests/test_tf_keras.py runs them; run as a program
-(TPU_NAME=emulated:v3-8 python tests/tf_keras_cases.py CASE...), it runs the
-cases on an emulated v3-8 slice (8 logical CPU devices, so a process of its
-own) and under MirroredStrategy on the same 8 devices, and prints one JSON
-object.
+or from a subprocess. tests/test_tf_keras.py runs them. As a program it
+runs the cases it is given on the emulated TPU slice TPU_NAME names (v3-8:
+8 logical CPU devices, so a process of its own) and under TF's
+MirroredStrategy on the same devices, and prints one JSON object:
+
+    TPU_NAME=emulated:v3-8 python tests/tf_keras_cases.py WORKDIR CASE...
 """
 
 import json
@@ -26,7 +27,7 @@ from keras_models import NUM_FEATURES
 GLOBAL_BATCH = 16
 NUM_EXAMPLES = 40  # batches of 16, 16 and 8: the last one is partial
 EPOCHS = 2
-STEPS_PER_EPOCH = 3  # for repeated datasets as for the 40 examples
+STEPS_PER_EPOCH = 3  # on repeated datasets: as many as the 40 examples make
 
 
 def _keras():
@@ -51,7 +52,7 @@ def _compiled(strategy, **compile_kwargs):
   return model
 
 
-_shared = {}
+_shared = {}  # id(strategy) -> (strategy, its model, the optimizer's initial state)
 
 
 def _model(strategy):
