@@ -27,8 +27,8 @@ def classification_data(*leading_shape, seed=7):
 
 
 def classifier(keras=None):
-  """Dense(8, relu) -> Dense(NUM_CLASSES), with `initial_weights()`, in
-  `keras` (the `keras` or `tf_keras` module; Keras 3 by default)."""
+  """Dense(8, relu) -> Dense(NUM_CLASSES), with `initial_weights()`, made
+  with `keras` (a Keras module: Keras 3 by default, or `tf_keras`)."""
   if keras is None:
     import keras  # pylint: disable=g-import-not-at-top,redefined-outer-name  (workers import it late)
   model = keras.Sequential([

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from keras_models import classification_data
 from keras_models import classifier
+from tf_keras_cases import client_private_names
 
 
 class Context:
@@ -62,6 +63,8 @@ def basics(ctx):
       "chief_flags": [extended.should_checkpoint, extended.should_save_summary,
                       extended.experimental_should_init, extended.experimental_between_graph],
       "task": [strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id],
+      # tf_keras reads these (docs/client_private_names.md).
+      "client_private_names": client_private_names(strategy),
       "replica_ids": _local(strategy, strategy.run(lambda: _replica_id(mod))),
       "value_ids": _local(strategy, strategy.experimental_distribute_values_from_function(
           lambda context: context.replica_id_in_sync_group)),

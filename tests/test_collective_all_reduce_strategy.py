@@ -247,6 +247,9 @@ def _assert_strategy_api_matches_tensorflow(results):
     assert ours["worker_devices"] == [f"/job:worker/replica:0/task:{index}/device:CPU:0"]
     assert ours["chief_flags"] == [index == 0, index == 0, True, True]
     assert ours["replica_ids"] == ours["value_ids"] == [index]
+    names = ours["client_private_names"]
+    assert (names["extended._in_multi_worker_mode"], names["extended._task_type"],
+            names["extended._task_id"]) == (True, "worker", index)
     assert ours["initial_value"] == 10.0  # the chief's
     assert ours["counter"] == num_workers
     # Every field of CommunicationOptions reaches the collective ops; with

@@ -74,6 +74,26 @@ def test_run_reduce_and_variables_match_a_plain_computation(strategy):
   assert len(strategy.experimental_run_v2(lambda: tf.constant(1)).values) == 4
 
 
+def test_ungrouped_update_in_a_step_gives_a_tuple(strategy):
+  """`extended.update(..., group=False)` in a merge_call of the step gives
+  a tuple (one result per replica it updated), as in TensorFlow: tf_keras's
+  legacy optimizers extend a list with it."""
+  with strategy.scope():
+    v = tf.Variable(1.0)
+  results = []
+
+  def merge_fn(s):
+    results.append(s.extended.update(v, lambda var, d: var.assign_add(d), args=(1.0,),
+                                     group=False))
+
+  @tf.function
+  def step():
+    strategy.run(lambda: tfd.get_replica_context().merge_call(merge_fn))
+  step()
+  assert results and all(isinstance(r, tuple) for r in results), results
+  assert v.numpy() == 2.0
+
+
 def test_datasets_are_split_across_the_cores(strategy):
   dataset = tf.data.Dataset.range(16).batch(8)
   dist = strategy.experimental_distribute_dataset(dataset)

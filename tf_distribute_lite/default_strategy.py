@@ -42,6 +42,13 @@ class _DefaultDistributionExtended(strategy_v1.StrategyExtendedV1):
       return tf.device(colocate_with_variable.device)
     return tf.compat.v1.get_default_graph().colocate_with(colocate_with_variable)
 
+  def _call_for_each_replica(self, fn, args, kwargs):
+    # Its replica context is already current: pushing it would put this
+    # strategy on TensorFlow's stack, where `tf.distribute.has_strategy()`
+    # would take it for a strategy of its own (and Keras losses would
+    # refuse their default reduction).
+    return fn(*args, **kwargs)
+
   def _experimental_distribute_dataset(self, dataset, options):
     return dataset
 

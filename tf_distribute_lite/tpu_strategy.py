@@ -366,7 +366,10 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
 
   def _update(self, var, fn, args, kwargs, group):
     if self._tpu_mode:  # each replica updates its own component
-      return fn(self._replica_local_variable(var), *args, **kwargs)
+      result = fn(self._replica_local_variable(var), *args, **kwargs)
+      # Ungrouped, the one replica's result comes as a 1-tuple, as in
+      # TensorFlow (Keras legacy optimizers extend a list with it).
+      return result if group else (result,)
     return super()._update(var, fn, args, kwargs, group)
 
   def _reduce_to(self, reduce_op, value, destinations, options):

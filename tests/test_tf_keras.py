@@ -1,0 +1,208 @@
+"""tf_keras (Keras 2) under every tfd strategy gives what it gives under
+`tf.distribute`: the cases of tests/tf_keras_cases.py (fit, evaluate and
+predict on each kind of input, callbacks, metrics, custom loops with both
+kinds of optimizers, saving, mixed precision) run under a TF strategy and
+the same tfd strategy, and their histories, weights, predictions, files and
+exceptions are compared. TF has no TPUStrategy without a TPU: ours runs on
+an emulated v4-8 (the 4 CPUs) and, in a process of its own, on an emulated
+v3-8 (8 CPUs), against TF's MirroredStrategy on the same devices. Then the
+private strategy names tf_keras reads (docs/client_private_names.md)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_distribute_lite as tfd
+
+import oracle
+import tf_keras_cases
+from tf_keras_cases import ABSENT
+from tf_keras_cases import CASES
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PAIR = ("CPU:0", "CPU:1")
+# TF and tfd reduce alike: the same bits. TPUStrategy and MirroredStrategy
+# sum metrics across replicas in different orders.
+EXACT, TPU_TOLERANCE = 0.0, 1e-6
+# float16 predictions may round differently in the last bit (2**-10): grappler
+# fuses a replica's float16 ops differently in TensorFlow's graph and in
+# tfd's, although weights, losses and metrics come out equal bit for bit.
+FLOAT16_TOLERANCE = 2.0 ** -10
+
+# Each strategy's TF and tfd versions, made once. TF's MirroredStrategy
+# reduces with ReductionToOneDevice, as ours does on CPUs: same sums, same
+# bits. TF has no TPUStrategy without a TPU: ours, on an emulated v4-8 (the
+# 4 CPUs), is compared with TF's MirroredStrategy on those devices.
+_STRATEGIES = {
+    "mirrored_2": (lambda: oracle.TF.pair, lambda: oracle.TFD.pair),
+    "mirrored_4": (oracle.new_tf_mirrored, lambda: oracle.TFD.mirrored),
+    "one_device": (oracle.TF.one_device, oracle.TFD.one_device),
+    "central_storage": (lambda: tf.distribute.experimental.CentralStorageStrategy(PAIR),
+                        lambda: tfd.experimental.CentralStorageStrategy(PAIR)),
+    "tpu": (lambda: _strategy("mirrored_4", tf.distribute),
+            lambda: tfd.TPUStrategy(tfd.cluster_resolver.TPUClusterResolver("emulated:v4-8"))),
+    "default": (tf.distribute.get_strategy, tfd.get_strategy),
+}
+_made = {}
+_outcomes = {}
+
+
+def _strategy(name, module):
+  key = (name, module.__name__)
+  if key not in _made:
+    _made[key] = _STRATEGIES[name][module is tfd]()
+  return _made[key]
+
+
+def _outcome(case, strategy, workdir):
+  """`tf_keras_cases.outcome`, once per case and strategy."""
+  key = (case, id(strategy))
+  if key not in _outcomes:
+    _outcomes[key] = tf_keras_cases.outcome(case, strategy, workdir)
+  return _outcomes[key]
+
+
+# Every case runs under a MirroredStrategy; fit and custom loops under all.
+MATRIX = {
+    "mirrored_2": ["fit_dataset", "fit_distributed_dataset", "fit_dataset_creator",
+                   "input_batch_size", "metrics_and_losses", "model_checkpoint",
+                   "backup_and_restore", "custom_loop", "saving", "mixed_float16"],
+    "mirrored_4": ["fit_arrays", "fit_datasets_from_function", "steps_per_execution",
+                   "early_stopping", "tensorboard", "custom_loop_legacy"],
+    "one_device": ["fit_arrays", "custom_loop_legacy", "mixed_float16"],
+    "central_storage": ["fit_arrays", "custom_loop", "custom_loop_legacy", "saving",
+                        "backup_and_restore", "mixed_float16"],
+    "tpu": ["fit_arrays", "fit_distributed_dataset", "steps_per_execution", "custom_loop",
+            "saving", "backup_and_restore"],
+    "default": ["custom_loop", "custom_loop_legacy"],
+}
+# On an emulated v3-8, in a process of its own (8 devices).
+V3_8_CASES = ["fit_arrays", "custom_loop_legacy"]
+
+
+def assert_same(actual, expected, tolerance=EXACT, path="result"):
+  """`actual` equals `expected` leaf by leaf (numbers to `tolerance`); an
+  exception only by its class."""
+  if isinstance(expected, dict) and "raised" in expected:
+    assert isinstance(actual, dict) and actual.get("raised") == expected["raised"], (
+        f"{path}: TF raised {expected['raised']}: {expected['message']}\n"
+        f"tfd gave: {str(actual)[:3000]}")
+    return
+  if isinstance(actual, dict) and "raised" in actual:
+    pytest.fail(f"{path}: tfd raised {actual['raised']}: {actual['message']}")
+  if isinstance(expected, dict):
+    assert sorted(actual) == sorted(expected), path
+    for key in expected:
+      assert_same(actual[key], expected[key], tolerance, f"{path}[{key!r}]")
+  elif _is_array(expected):
+    np.testing.assert_allclose(actual, expected, rtol=tolerance, atol=tolerance,
+                               err_msg=path)
+  elif isinstance(expected, list):
+    assert len(actual) == len(expected), path
+    for i, (a, e) in enumerate(zip(actual, expected)):
+      assert_same(a, e, tolerance, f"{path}[{i}]")
+  else:
+    assert actual == expected, path
+
+
+def _is_array(value):
+  """Whether `value` is a number or nested lists of numbers of one shape."""
+  try:
+    return np.asarray(value).dtype.kind in "fiu"
+  except ValueError:
+    return False
+
+
+@pytest.mark.parametrize("strategy, case", [
+    pytest.param(strategy, case, id=f"{strategy}-{case}")
+    for strategy, cases in MATRIX.items() for case in cases])
+def test_matches_tf_distribute(strategy, case, tmp_path):
+  expected = _outcome(case, _strategy(strategy, tf.distribute), str(tmp_path / "tf"))
+  actual = _outcome(case, _strategy(strategy, tfd), str(tmp_path / "tfd"))
+  if strategy == "tpu":
+    tolerance = TPU_TOLERANCE
+  else:
+    tolerance = FLOAT16_TOLERANCE if case == "mixed_float16" else EXACT
+  assert_same(actual, expected, tolerance)
+
+
+@pytest.fixture(scope="module")
+def v3_8_results(tmp_path_factory):
+  """`V3_8_CASES` on an emulated v3-8 and under TF's MirroredStrategy on
+  its 8 devices, in one process."""
+  env = dict(os.environ, TPU_NAME="emulated:v3-8")
+  result = subprocess.run(
+      [sys.executable, os.path.join(HERE, "tf_keras_cases.py"),
+       str(tmp_path_factory.mktemp("v3_8")), *V3_8_CASES],
+      env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", V3_8_CASES)
+def test_tpu_strategy_on_8_cores_matches_mirrored_strategy(v3_8_results, case):
+  assert v3_8_results["replicas"] == 8
+  assert_same(v3_8_results[case]["tpu"], v3_8_results[case]["mirrored"], TPU_TOLERANCE)
+
+
+def test_losses_reduce_by_default_in_the_default_strategys_run():
+  """tf_keras losses refuse their default reduction inside the `run` of a
+  strategy, but not of the default strategy."""
+  import tf_keras as keras  # pylint: disable=g-import-not-at-top
+
+  def loss_in_run(module):
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return float(module.get_strategy().run(lambda: loss([0, 1], [[2.0, 0.0], [0.0, 1.0]])))
+  oracle.compare(loss_in_run, (tf.distribute,), (tfd,))
+
+
+# --- The private names tf_keras reads (docs/client_private_names.md).
+
+_NAMED_STRATEGIES = {
+    "default": (tf.distribute.get_strategy, tfd.get_strategy),
+    "one_device": (lambda: tf.distribute.OneDeviceStrategy("CPU:0"),
+                   lambda: tfd.OneDeviceStrategy("CPU:0")),
+    "mirrored": (lambda: oracle.new_tf_mirrored(PAIR), lambda: tfd.MirroredStrategy(PAIR)),
+    "central_storage": (lambda: tf.distribute.experimental.CentralStorageStrategy(PAIR),
+                        lambda: tfd.experimental.CentralStorageStrategy(PAIR)),
+    "multi_worker_mirrored": (tf.distribute.MultiWorkerMirroredStrategy,
+                              tfd.MultiWorkerMirroredStrategy),
+    "v1_one_device": (lambda: tf.compat.v1.distribute.OneDeviceStrategy("CPU:0"),
+                      lambda: tfd.compat.v1.OneDeviceStrategy("CPU:0")),
+    "v1_mirrored": (lambda: oracle.new_tf_mirrored(PAIR, module=tf.compat.v1.distribute),
+                    lambda: tfd.compat.v1.MirroredStrategy(PAIR)),
+    "v1_central_storage": (
+        lambda: tf.compat.v1.distribute.experimental.CentralStorageStrategy(PAIR),
+        lambda: tfd.compat.v1.experimental.CentralStorageStrategy(PAIR)),
+    "v1_multi_worker_mirrored": (tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy,
+                                 tfd.compat.v1.experimental.MultiWorkerMirroredStrategy),
+}
+
+
+@pytest.mark.parametrize("name", _NAMED_STRATEGIES)
+def test_client_private_names_match_tensorflow(name):
+  make_theirs, make_ours = _NAMED_STRATEGIES[name]
+  theirs = tf_keras_cases.client_private_names(make_theirs())
+  assert tf_keras_cases.client_private_names(make_ours()) == theirs
+  assert theirs["extended._global_batch_size"] is True
+  assert theirs["_should_use_with_coordinator"] is False
+
+
+@pytest.mark.parametrize("make", [
+    tfd.TPUStrategy, tfd.experimental.TPUStrategy, tfd.compat.v1.experimental.TPUStrategy])
+def test_tpu_strategy_client_private_names_are_tensorflows(make):
+  """TF makes no TPUStrategy without a TPU: its values, from its source
+  (tpu_strategy.py), are those of a strategy on one machine that keeps its
+  resolver in `extended._tpu_cluster_resolver`."""
+  resolver = tfd.cluster_resolver.TPUClusterResolver("emulated:v4-8")
+  assert tf_keras_cases.client_private_names(make(resolver)) == {
+      "_should_use_with_coordinator": False, "_num_workers": ABSENT, "_mesh": ABSENT,
+      "extended._in_multi_worker_mode": False, "extended._global_batch_size": True,
+      "extended._use_merge_call": True, "extended._task_type": ABSENT,
+      "extended._task_id": ABSENT, "extended._cluster_resolver": ABSENT,
+      "extended._tpu_cluster_resolver": ["TPUClusterResolver", "worker", 0]}
