@@ -22,8 +22,10 @@ setup(
         "absl-py",
     ],
     extras_require={
-        # tf-keras (Keras 2) is tested as a client library; Orbit is installed
-        # by scripts/_env.sh (its package pins an older TensorFlow).
-        "test": ["pytest", "pytest-xdist", "tf-keras; python_version >= '3.10'"],
+        # tf-keras (Keras 2) is tested as a client library, with TensorBoard
+        # for its callback; Orbit is installed by scripts/_env.sh (its
+        # package pins an older TensorFlow).
+        "test": ["pytest", "pytest-xdist", "tensorboard",
+                 "tf-keras; python_version >= '3.10'"],
     },
 )

@@ -129,6 +129,9 @@ def test_matches_tf_distribute(strategy, case, tmp_path):
   else:
     tolerance = FLOAT16_TOLERANCE if case == "mixed_float16" else EXACT
   assert_same(actual, expected, tolerance)
+  if case == "tensorboard":  # Each epoch's loss was logged for training and validation.
+    assert [len(actual["scalars"][f"{kind}/epoch_loss"]) for kind in ("train", "validation")] == [
+        tf_keras_cases.EPOCHS] * 2
 
 
 @pytest.fixture(scope="module")
