@@ -707,7 +707,7 @@ def keras2_fit(module, budget):
 
 def orbit_controller_train(module, budget):
   """Orbit's `Controller.train` driving its `SingleTaskTrainer` on the MLP,
-  `CLIENT_STEPS` steps per loop (one `tf.function` call of a
+  on `orbit.utils.make_distributed_dataset`, `CLIENT_STEPS` steps per loop (one `tf.function` call of a
   `tf.while_loop`); ms per step of a call that trains one loop, the first
   (tracing) not timed."""
   import io  # pylint: disable=g-import-not-at-top
@@ -717,8 +717,11 @@ def orbit_controller_train(module, budget):
   strategy = make_strategy(module)
   model = _keras2_mlp(strategy)
   with scope(strategy):
+    # Each replica its part of the global batch (a dataset passed as it is
+    # would give every replica all of it).
+    dataset = orbit.utils.make_distributed_dataset(strategy, _labelled_batches())
     trainer = single_task_trainer.SingleTaskTrainer(
-        _labelled_batches(), label_key="label", model=model,
+        dataset, label_key="label", model=model,
         loss_fn=lambda y, logits: tf_keras.losses.sparse_categorical_crossentropy(
             y, logits, from_logits=True),
         optimizer=tf_keras.optimizers.SGD(learning_rate=LEARNING_RATE))
