@@ -84,7 +84,10 @@ def _weights(model):
 def trainer_test(strategy):
   """Orbit's `single_task_trainer_test`, in `strategy`'s scope and shorter:
   `controller.train(1)`, then on to step 21, 5 steps per loop, on a repeated
-  dataset. The loss before and after, the weights, the global step."""
+  dataset. The loss before and after, the weights, the global step.
+
+  As in Orbit's test the dataset is not distributed, so every replica trains
+  on the whole global batch (under TensorFlow's strategies too)."""
   orbit, single_task_trainer, _ = _orbit()
   import tf_keras  # pylint: disable=g-import-not-at-top
   with strategy.scope():

@@ -1,8 +1,6 @@
 """The examples train and their loss falls: the main job,
 examples/custom_training_loop.py, on one machine and on two worker
-processes; examples/tpu_training.py on an emulated TPU slice;
-examples/keras2_orbit_training.py under MirroredStrategy and on an emulated
-TPU slice."""
+processes; examples/tpu_training.py on an emulated TPU slice."""
 
 import os
 import pathlib
@@ -53,6 +51,8 @@ def test_tpu_example_trains_on_an_emulated_v3_8():
 
 
 def _run_orbit_example(*args):
+  """examples/keras2_orbit_training.py with `args`, 5 steps per loop and an
+  evaluation every 10: its output."""
   env = {k: v for k, v in os.environ.items() if k != "TPU_NAME"}
   result = subprocess.run(
       [sys.executable, str(EXAMPLES / "keras2_orbit_training.py"), "--steps-per-loop", "5",
