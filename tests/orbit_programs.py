@@ -135,13 +135,16 @@ def evaluator_test(strategy, reduction="none"):
 
 
 def _read_summaries(directory):
-  """{tag: [[step, value], ...]} of the event files in `directory`."""
+  """{tag: [[step, value], ...]} of the event files in `directory`, in the
+  order they were written (file names do not sort in that order: their
+  writer counters are not zero-padded)."""
+  events = [event for path in glob.glob(os.path.join(directory, "events.out.tfevents.*"))
+            for event in tf.compat.v1.train.summary_iterator(path)]
   summaries = {}
-  for path in sorted(glob.glob(os.path.join(directory, "events.out.tfevents.*"))):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        summaries.setdefault(value.tag, []).append(
-            [int(event.step), float(tf.make_ndarray(value.tensor))])
+  for event in sorted(events, key=lambda event: event.wall_time):
+    for value in event.summary.value:
+      summaries.setdefault(value.tag, []).append(
+          [int(event.step), float(tf.make_ndarray(value.tensor))])
   return summaries
 
 
