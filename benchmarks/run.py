@@ -31,7 +31,8 @@ SCENARIOS = (
     "reduce_none", "reduce_axis0", "build_20_layer_mlp",
     "build_20_layer_mlp_x4", "variables_mb_x4", "variables_peak_mb_x4",
     "mlp_step_peak_mb_x4", "dataset_iter_python", "dataset_iter_function",
-    "iterator_create", "iterator_teardown")
+    "iterator_create", "iterator_teardown", "keras2_fit",
+    "orbit_controller_train")
 RTOL, ATOL = 1e-4, 1e-6
 
 

@@ -194,10 +194,7 @@ class _Mlp:
   def _make_data(self, widths):
     """The initial weights (`initial`) and the global batch (`x`, `y`)."""
     rng = np.random.default_rng(0)
-    self.initial = []
-    for fan_in, fan_out in zip(widths[:-1], widths[1:]):
-      self.initial += [rng.normal(0, 0.05, (fan_in, fan_out)).astype(np.float32),
-                       np.zeros(fan_out, np.float32)]
+    self.initial = mlp_initial_weights(rng, widths)
     self.x = rng.random((GLOBAL_BATCH, widths[0]), np.float32)
     self.y = rng.integers(0, widths[-1], GLOBAL_BATCH).astype(np.int32)
 
@@ -218,6 +215,15 @@ class _Mlp:
     sums = [sum(checksum(v - w0, np.abs) for v, w0 in zip(vs, self.initial))
             for vs in per_replica_params]
     return agreed("weight_change", sums)
+
+
+def mlp_initial_weights(rng, widths=(784, 256, 10)):
+  """Kernels and biases of the MLP with `widths`, drawn from `rng`."""
+  weights = []
+  for fan_in, fan_out in zip(widths[:-1], widths[1:]):
+    weights += [rng.normal(0, 0.05, (fan_in, fan_out)).astype(np.float32),
+                np.zeros(fan_out, np.float32)]
+  return weights
 
 
 def loss_and_grads(params, x, y, replicas):
@@ -635,10 +641,109 @@ def iterator_teardown(module, budget):
   return median_of_ms(measure, budget), fingerprint
 
 
+# --- 8. Client libraries: tf_keras `fit` and Orbit's `Controller.train`.
+#
+# The MLP of `mlp_step` as a tf_keras model (SGD, global batch 256), trained
+# on batches of `_Input`'s kind with labels; "plain" builds and trains it
+# without a strategy. Both time steady steps in loops of `CLIENT_STEPS`.
+
+CLIENT_STEPS = 20
+
+
+def _keras2_mlp(strategy):
+  """The 784-256-10 MLP as a tf_keras model, in `strategy`'s scope, with
+  `mlp_initial_weights`; its input is named "x"."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  with scope(strategy):
+    model = tf_keras.Sequential([
+        tf_keras.Input((784,), name="x"),
+        tf_keras.layers.Dense(256, activation="relu"),
+        tf_keras.layers.Dense(10)])
+    model.set_weights(mlp_initial_weights(np.random.default_rng(0)))
+  return model
+
+
+def _labelled_batches():
+  """Global batches of {"x": 256x784 float32, "label": 256 int32}, repeated."""
+  rng = np.random.default_rng(1)
+  data = {"x": rng.random((INPUT_ROWS, 784), np.float32),
+          "label": rng.integers(0, 10, INPUT_ROWS).astype(np.int32)}
+  return tf.data.Dataset.from_tensor_slices(data).batch(
+      GLOBAL_BATCH, drop_remainder=True).repeat()
+
+
+def _keras2_weight_change(model):
+  initial = mlp_initial_weights(np.random.default_rng(0))
+  return {"weight_change": sum(checksum(w - w0, np.abs)
+                               for w, w0 in zip(model.get_weights(), initial))}
+
+
+def keras2_fit(module, budget):
+  """tf_keras `Model.fit` of the MLP: one `fit` of epochs of `CLIENT_STEPS`
+  steps (its iterator lives across epochs), each epoch timed; ms per step,
+  the first `budget.warmup` epochs (tracing) not timed."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  strategy = make_strategy(module)
+  model = _keras2_mlp(strategy)
+  with scope(strategy):
+    model.compile(optimizer=tf_keras.optimizers.SGD(learning_rate=LEARNING_RATE),
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  epoch_seconds, fingerprint = [], {}
+
+  class EpochTimer(tf_keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+      self.start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+      epoch_seconds.append(time.perf_counter() - self.start)
+      if epoch == 0:  # Later epochs drift apart with the order of the sums.
+        fingerprint.update(loss_first_epoch=logs["loss"], **_keras2_weight_change(model))
+
+  epochs = budget.warmup + budget.min_iters
+  model.fit(_labelled_batches().map(lambda d: (d["x"], d["label"])), epochs=epochs,
+            steps_per_epoch=CLIENT_STEPS, verbose=0, callbacks=[EpochTimer()])
+  return statistics.median(epoch_seconds[budget.warmup:]) * 1e3 / CLIENT_STEPS, fingerprint
+
+
+def orbit_controller_train(module, budget):
+  """Orbit's `Controller.train` driving its `SingleTaskTrainer` on the MLP,
+  on `orbit.utils.make_distributed_dataset`, `CLIENT_STEPS` steps per loop (one `tf.function` call of a
+  `tf.while_loop`); ms per step of a call that trains one loop, the first
+  (tracing) not timed."""
+  import io  # pylint: disable=g-import-not-at-top
+  import orbit  # pylint: disable=g-import-not-at-top
+  from orbit.examples.single_task import single_task_trainer  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  strategy = make_strategy(module)
+  model = _keras2_mlp(strategy)
+  with scope(strategy):
+    # Each replica its part of the global batch (a dataset passed as it is
+    # would give every replica all of it).
+    dataset = orbit.utils.make_distributed_dataset(strategy, _labelled_batches())
+    trainer = single_task_trainer.SingleTaskTrainer(
+        dataset, label_key="label", model=model,
+        loss_fn=lambda y, logits: tf_keras.losses.sparse_categorical_crossentropy(
+            y, logits, from_logits=True),
+        optimizer=tf_keras.optimizers.SGD(learning_rate=LEARNING_RATE))
+    controller = orbit.Controller(trainer=trainer, steps_per_loop=CLIENT_STEPS,
+                                  global_step=trainer.optimizer.iterations)
+
+  def train_one_loop():
+    controller.train(int(controller.global_step.numpy()) + CLIENT_STEPS)
+
+  with contextlib.redirect_stdout(io.StringIO()):  # The Controller prints each loop.
+    train_one_loop()
+    fingerprint = {"loss_first_loop": float(trainer.train_loss.result()),
+                   **_keras2_weight_change(model)}
+    ms = median_ms(train_one_loop, budget) / CLIENT_STEPS
+  return ms, fingerprint
+
+
 SCENARIOS = {f.__name__: f for f in (
     eager_run_1, eager_run_4, mlp_step, mlp_first_call, mlp_retrace,
     deep_mlp_retrace, mlp_step_x4, mlp_first_call_x4, mlp_retrace_x4,
     deep_mlp_retrace_x4, allreduce_16mb, reduce_none, reduce_axis0,
     build_20_layer_mlp, build_20_layer_mlp_x4, variables_mb_x4,
     variables_peak_mb_x4, mlp_step_peak_mb_x4, dataset_iter_python,
-    dataset_iter_function, iterator_create, iterator_teardown)}
+    dataset_iter_function, iterator_create, iterator_teardown, keras2_fit,
+    orbit_controller_train)}

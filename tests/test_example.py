@@ -68,3 +68,35 @@ def test_tpu_example_trains_on_an_emulated_v3_8():
   assert not tensorflow_log_lines(result.stdout + result.stderr), result.stderr
   assert "replicas in sync: 8" in result.stdout
   assert "step 11: loss" in result.stdout and ": fell" in result.stdout
+
+
+def _run_orbit_example(*args):
+  """examples/keras2_orbit_training.py with `args`, 5 steps per loop and an
+  evaluation every 10: its output."""
+  env = {k: v for k, v in os.environ.items() if k != "TPU_NAME"}
+  result = subprocess.run(
+      [sys.executable, str(EXAMPLES / "keras2_orbit_training.py"), "--steps-per-loop", "5",
+       "--eval-interval", "10", *args],
+      capture_output=True, text=True, timeout=600, env=env, check=False)
+  assert result.returncode == 0, result.stdout + result.stderr
+  return result.stdout
+
+
+def test_keras2_orbit_example_trains_and_goes_on_from_its_checkpoint(tmp_path):
+  """4 loops of 5 steps with evaluations at 10 and 20; a second run with
+  the same model directory restores step 20 and trains on to 30."""
+  output = _run_orbit_example("--steps", "20", "--model-dir", str(tmp_path))
+  assert "strategy: MirroredStrategy" in output and "replicas in sync: 4" in output
+  assert len(output.split("losses per loop: ")[1].splitlines()[0].split()) == 4
+  assert output.count("running complete evaluation") == 2
+  assert "(last: ckpt-20)" in output and ": fell" in output
+  output = _run_orbit_example("--steps", "30", "--model-dir", str(tmp_path))
+  assert "restored from checkpoint" in output and "training until step 30" in output
+  assert len(output.split("losses per loop: ")[1].splitlines()[0].split()) == 2
+  assert "(last: ckpt-30)" in output
+
+
+def test_keras2_orbit_example_trains_on_an_emulated_v3_8():
+  output = _run_orbit_example("--tpu", "emulated:v3-8", "--steps", "20")
+  assert "strategy: TPUStrategy" in output and "replicas in sync: 8" in output
+  assert output.count("running complete evaluation") == 2 and ": fell" in output
