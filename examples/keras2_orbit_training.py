@@ -34,7 +34,7 @@ import os
 import sys
 import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _quiet_tensorflow  # pylint: disable=unused-import  # first: keeps start-up logs out
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top

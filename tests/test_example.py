@@ -73,12 +73,13 @@ def test_tpu_example_trains_on_an_emulated_v3_8():
 def _run_orbit_example(*args):
   """examples/keras2_orbit_training.py with `args`, 5 steps per loop and an
   evaluation every 10: its output."""
-  env = {k: v for k, v in os.environ.items() if k != "TPU_NAME"}
+  env = {k: v for k, v in environment_of_a_newcomer().items() if k != "TPU_NAME"}
   result = subprocess.run(
       [sys.executable, str(EXAMPLES / "keras2_orbit_training.py"), "--steps-per-loop", "5",
        "--eval-interval", "10", *args],
       capture_output=True, text=True, timeout=600, env=env, check=False)
   assert result.returncode == 0, result.stdout + result.stderr
+  assert not tensorflow_log_lines(result.stdout + result.stderr), result.stderr
   return result.stdout
 
 
