@@ -148,13 +148,6 @@ def _read_summaries(directory):
   return summaries
 
 
-def _summary_manager(directory, global_step):
-  """Orbit's `SummaryManager` over `tf.summary.write`, which needs no
-  TensorBoard (the Controller's default, `tf.summary.scalar`, does)."""
-  orbit, _, _ = _orbit()
-  return orbit.utils.SummaryManager(directory, tf.summary.write, global_step=global_step)
-
-
 def controller(strategy, model_dir=None, trainer_options=None, evaluator_options=None):
   """`Controller.train_and_evaluate` to step 6, 2 steps per loop, evaluating
   every 4 steps, with a checkpoint manager and train and eval summaries,
@@ -206,9 +199,7 @@ def controller(strategy, model_dir=None, trainer_options=None, evaluator_options
           trainer=trainer, evaluator=evaluator, global_step=step, steps_per_loop=2,
           checkpoint_manager=manager,
           summary_dir=os.path.join(model_dir, "train"),
-          summary_manager=_summary_manager(os.path.join(model_dir, "train"), step),
           eval_summary_dir=os.path.join(model_dir, "eval"),
-          eval_summary_manager=_summary_manager(os.path.join(model_dir, "eval"), step),
           train_actions=[record("train")], eval_actions=[record("eval")])
 
   eval_steps = 3 if evaluator_options and evaluator_options.use_tf_while_loop else -1
