@@ -70,6 +70,8 @@ _INTERNALS = (
     ("ops.resource_variable_ops", "UninitializedVariable"),
     ("ops.resource_variable_ops", "write_object_proto_for_resource_variable"),
     ("framework.func_graph", "FuncGraph.capture_call_time_value"),
+    ("eager.executor", "new_executor"),
+    ("eager.context", "executor_scope"),
 )
 
 
@@ -619,3 +621,12 @@ def call_time_value(closure, spec):
   """A placeholder in the `tf.function` being traced whose value `closure`
   gives at each call: the coordinator's worker index of the call."""
   return tf.compat.v1.get_default_graph().capture_call_time_value(closure, spec)
+
+
+def worker_executor():
+  """A context manager factory: the eager ops run inside it go through one
+  synchronous executor of their own, whose errors stay its own."""
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.eager import executor  # pylint: disable=g-import-not-at-top
+  own = executor.new_executor(enable_async=False)
+  return lambda: context.executor_scope(own)

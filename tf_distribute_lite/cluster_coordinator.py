@@ -24,6 +24,7 @@ import time
 
 import tensorflow as tf
 
+from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import coordinator_values
 from tf_distribute_lite import parameter_server_strategy
@@ -76,6 +77,8 @@ class ClusterCoordinator:
     cluster_spec = strategy.extended._cluster_spec  # pylint: disable=protected-access
     self._protocol = strategy._cluster_resolver.rpc_layer or "grpc"  # pylint: disable=protected-access
     self._num_workers = cluster_spec.num_tasks("worker")
+    self._ps_addresses = [cluster_spec.task_address("ps", i)
+                          for i in range(cluster_spec.num_tasks("ps"))]
     self._queue = _ClosureQueue(self._num_workers)
     self._cluster_lock = _ReadWriteLock()
     self._resources = [[] for _ in range(self._num_workers)]
@@ -154,17 +157,20 @@ class ClusterCoordinator:
   def _per_worker_resource(self, index, create):
     """A resource `create()` makes on worker `index` (now, if the worker is
     up), and again whenever that worker comes back."""
+    worker = self._workers[index]
+
     def create_there():
-      with tf.device(self._workers[index].device), coordinator_values.running_on(index):
+      with tf.device(worker.device), worker.executor_scope(), (
+          coordinator_values.running_on(index)):
         return create()
     resource = coordinator_values._WorkerResource(create_there)  # pylint: disable=protected-access
     self._resources[index].append(resource)
-    if self._workers[index].up:
+    if worker.up:
       try:
         with self._cluster_lock.reading():
           resource.rebuild()
       except tf.errors.OpError as e:
-        if not self._workers[index].failed(e):
+        if not worker.failed(e):
           raise
     return resource
 
@@ -218,6 +224,7 @@ class _Worker:
     self.coordinator, self.index, self.address = coordinator, index, address
     self.device = f"/job:worker/replica:0/task:{index}"
     self.up = True
+    self.executor_scope = _tf_bridge.worker_executor()
     self._thread = threading.Thread(target=self._loop, daemon=True,
                                     name=f"ps-coordinator-worker-{index}")
 
@@ -229,7 +236,7 @@ class _Worker:
     while True:
       closure = queue.get()
       try:
-        with self.coordinator._cluster_lock.reading():  # pylint: disable=protected-access
+        with self.coordinator._cluster_lock.reading(), self.executor_scope():  # pylint: disable=protected-access
           closure.run_on(self)
       except Exception as e:  # pylint: disable=broad-except
         if not self.failed(e):
@@ -248,9 +255,11 @@ class _Worker:
     if not isinstance(error, _WORKER_ERROR_TYPES):
       return False
     message = str(error)
-    names_me = f"/job:worker/replica:0/task:{self.index}" in message
-    if _PS_ERROR_MARK in message and not names_me:
-      return False
+    if _PS_ERROR_MARK in message or any(
+        address in message for address in self.coordinator._ps_addresses):  # pylint: disable=protected-access
+      return False  # a ps is lost: the error is the function's
+    names_me = (f"/job:worker/replica:0/task:{self.index}" in message or
+                self.address in message)
     lost = not cluster_runtime._listening(self.address, 1.0)  # pylint: disable=protected-access
     if lost or (names_me and isinstance(error, (
         tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError))):
