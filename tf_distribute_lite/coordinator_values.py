@@ -205,7 +205,12 @@ class PerWorkerDataset:
           f"create_per_worker_dataset takes a function returning a dataset, or "
           f"what `strategy.distribute_datasets_from_function` returns; got "
           f"{dataset_fn!r}.")
-    self._dataset_fn = tf.function(build or (lambda: _as_dataset(dataset_fn())))
+    if build is None:
+      # A tf.function (as in TensorFlow's tutorial) is traced here again,
+      # with what it returns made a dataset.
+      python_function = getattr(dataset_fn, "python_function", dataset_fn)
+      build = lambda: _as_dataset(python_function())  # pylint: disable=unnecessary-lambda-assignment
+    self._dataset_fn = tf.function(build)
     self._datasets = PerWorkerValues(
         coordinator._per_worker_resource(i, self._dataset_fn)  # pylint: disable=protected-access
         for i in range(coordinator._num_workers))  # pylint: disable=protected-access

@@ -13,9 +13,11 @@ worker, on its CPU) and `strategy.reduce` returns its value.
 
 import logging
 import os
+import time
 
 import tensorflow as tf
 
+from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import replica_context
@@ -52,6 +54,7 @@ class ParameterServerStrategyV2(strategy_v1.TF1Methods, distribute_lib.Strategy)
 
   def __init__(self, cluster_resolver, variable_partitioner=None):
     cluster_spec = _checked_cluster(cluster_resolver)
+    _wait_for_servers(cluster_spec)
     _connect(cluster_spec, cluster_resolver.rpc_layer or "grpc")
     super().__init__(ParameterServerStrategyV2Extended(
         self, cluster_spec, variable_partitioner))
@@ -82,6 +85,23 @@ def _checked_cluster(cluster_resolver):
       raise ValueError(f"There must be at least one {job}. The cluster {jobs} "
                        f"has no {job!r} task.")
   return cluster_spec
+
+
+def _wait_for_servers(cluster_spec):
+  """Waits, at most `cluster_runtime.startup_timeout()` seconds, until every
+  worker and ps task's server answers; `tf.errors.DeadlineExceededError`
+  names those that do not."""
+  deadline = time.monotonic() + cluster_runtime.startup_timeout()
+  tasks = [(job, i, cluster_spec.task_address(job, i))
+           for job in ("worker", "ps") for i in range(cluster_spec.num_tasks(job))]
+  missing = [t for t in tasks if not cluster_runtime._answers_by(t[2], deadline)]  # pylint: disable=protected-access
+  if missing:
+    names = ", ".join(f"/job:{job}/task:{i} at {address}" for job, i, address in missing)
+    raise tf.errors.DeadlineExceededError(
+        None, None, f"ParameterServerStrategy could not reach the cluster within "
+        f"{cluster_runtime.startup_timeout():g} s: no server answers for {names}. "
+        f"Start each worker and ps task (tf.distribute.Server(...).join()), or "
+        f"set ${cluster_runtime.STARTUP_TIMEOUT_VARIABLE} to wait longer.")
 
 
 def _connect(cluster_spec, protocol):
