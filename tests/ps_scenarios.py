@@ -169,20 +169,24 @@ def training(context):
   with strategy.scope():
     embedding = tf_keras.layers.Embedding(10, 3, embeddings_initializer=tf_keras.initializers.Constant(0.1))
     dense = tf_keras.layers.Dense(1, kernel_initializer="ones")
-    model = tf_keras.Sequential([embedding, tf_keras.layers.Flatten(), dense])
-    model.build((None, 2))
+    inputs = tf_keras.Input((2,), dtype="int32")
+    model = tf_keras.Model(inputs, dense(tf_keras.layers.Flatten()(embedding(inputs))))
     optimizer = tf_keras.optimizers.Adam(0.05)
   ids = tf.constant([[i % 10, (3 * i) % 10] for i in range(8)])
   targets = tf.constant([[float(i % 3)] for i in range(8)])
+
+  def step():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(model(ids) - targets))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
 
   @tf.function
   def train(steps):
     loss = tf.constant(0.0)
     for _ in tf.range(steps):
-      with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.square(model(ids) - targets))
-      grads = tape.gradient(loss, model.trainable_variables)
-      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      loss = strategy.reduce("SUM", strategy.run(step), axis=None)
     return loss
 
   loss = coordinator.fetch(coordinator.schedule(train, args=(tf.constant(20),)))

@@ -122,7 +122,7 @@ class ShardedVariable(tf.__internal__.tracking.Trackable, tf.__internal__.Compos
 
   def read_value(self):
     """The whole value: the shards concatenated."""
-    return tf.concat([v.read_value() for v in self._variables], axis=0)
+    return tf.concat([v.read_value() for v in self.variables], axis=0)
 
   value = read_value
 
@@ -230,7 +230,7 @@ class ShardedVariableSpec(tf.TypeSpec):
     return self._specs
 
   def _to_components(self, value):
-    return value.variables
+    return tuple(value._variables)  # pylint: disable=protected-access
 
   def _from_components(self, components):
     return ShardedVariable(list(components))
@@ -271,19 +271,24 @@ for _method in ("scatter_add", "scatter_sub", "scatter_mul", "scatter_div",
 
 def _gather(sharded, ids):
   """Rows `ids` of `sharded`, each read from its shard ("div" partitioning,
-  the shards' sizes as they are)."""
+  the shards' sizes as they are). While a SavedModel is written, the one
+  whole variable it stores is read instead."""
   ids = tf.convert_to_tensor(ids)
+  variables = sharded.variables
+  starts = [0]
+  for v in variables:
+    starts.append(starts[-1] + v.shape[0])
   flat = tf.cast(tf.reshape(ids, [-1]), tf.int64)
-  offsets = tf.constant(sharded._offsets[1:-1], tf.int64)  # pylint: disable=protected-access
-  shard = tf.searchsorted(offsets, flat, side="right")
-  starts = tf.gather(tf.constant(sharded._offsets[:-1], tf.int64), shard)  # pylint: disable=protected-access
-  positions = tf.dynamic_partition(tf.range(tf.size(flat)), tf.cast(shard, tf.int32),
-                                   len(sharded._variables))  # pylint: disable=protected-access
-  parts = tf.dynamic_partition(flat - starts, tf.cast(shard, tf.int32),
-                               len(sharded._variables))  # pylint: disable=protected-access
-  rows = [v.sparse_read(p) for v, p in zip(sharded._variables, parts)]  # pylint: disable=protected-access
+  shard = tf.cast(tf.searchsorted(tf.constant(starts[1:-1], tf.int64), flat, side="right"),
+                  tf.int32)
+  local = flat - tf.gather(tf.constant(starts[:-1], tf.int64), shard)
+  positions = tf.dynamic_partition(tf.range(tf.size(flat)), shard, len(variables))
+  parts = tf.dynamic_partition(local, shard, len(variables))
+  rows = [v.sparse_read(p) for v, p in zip(variables, parts)]
   gathered = tf.dynamic_stitch(positions, rows)
-  return tf.reshape(gathered, tf.concat([tf.shape(ids), tf.shape(gathered)[1:]], 0))
+  result = tf.reshape(gathered, tf.concat([tf.shape(ids), tf.shape(gathered)[1:]], 0))
+  result.set_shape(ids.shape.concatenate(sharded.shape[1:]))
+  return result
 
 
 @tf.experimental.dispatch_for_api(tf.nn.embedding_lookup)
