@@ -8,6 +8,13 @@
 run between the tests (and pytest-xdist workers) that check its results.
 Every wait is bounded; a worker that does not finish in time, and every
 worker still running when a run ends or fails, is killed by its process id.
+
+A parameter-server cluster (`num_ps` > 0) has a chief task, which runs the
+scenario (module `ps_scenarios`), and worker and ps tasks that only serve
+(`tf.distribute.Server`); with `servers="in_process"` the chief starts
+them in its own process instead, as TensorFlow's tutorial does. A scenario
+may ask the cluster to kill or restart one of its tasks (`request`), which
+`finish` does by process id while it waits.
 """
 
 import fcntl
@@ -81,16 +88,23 @@ class LocalCluster:
     directory: where logs, results and files the scenarios write go.
   """
 
-  def __init__(self, num_workers, directory):
+  def __init__(self, num_workers, directory, num_ps=0):
     self.num_workers = num_workers
+    self.num_ps = num_ps
     self.directory = pathlib.Path(directory)
     self.directory.mkdir(parents=True, exist_ok=True)
-    self.addresses = [f"127.0.0.1:{p}" for p in free_ports(num_workers)]
+    ports = [f"127.0.0.1:{p}" for p in free_ports(num_workers + (num_ps + 1 if num_ps else 0))]
+    self.addresses = ports[:num_workers]
+    self.cluster = {"worker": self.addresses}
+    if num_ps:
+      self.cluster.update(chief=ports[num_workers:num_workers + 1],
+                          ps=ports[num_workers + 1:])
     self._processes = {}
+    self._services = {}  # parameter-server tasks that only serve
 
   def tf_config(self, index):
-    return json.dumps({"cluster": {"worker": self.addresses},
-                       "task": {"type": "worker", "index": index}})
+    job, index = ("worker", index) if isinstance(index, int) else index
+    return json.dumps({"cluster": self.cluster, "task": {"type": job, "index": index}})
 
   def start(self, scenario, module="tfd", skip=(), env=None, args=None):
     """Starts every worker but those in `skip`, running `scenario` with
@@ -102,7 +116,14 @@ class LocalCluster:
                         ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     base_env.pop("TF_CONFIG", None)
     base_env.update(env or {})
+    self._env = base_env
     try:
+      if self.num_ps:
+        if (args or {}).get("servers") != "in_process":
+          for task in self._serving_tasks():
+            self._start_worker(task, "serve", module, dict(base_env), None)
+        self._start_worker(("chief", 0), scenario, module, dict(base_env), args)
+        return
       for index in range(self.num_workers):
         if index not in skip:
           self._start_worker(index, scenario, module, dict(base_env), args)
@@ -110,14 +131,31 @@ class LocalCluster:
       self.stop()
       raise
 
+  def _serving_tasks(self):
+    return ([("worker", i) for i in range(self.num_workers)] +
+            [("ps", i) for i in range(self.num_ps)])
+
   def _start_worker(self, index, scenario, module, env, args):
     env["TF_CONFIG"] = self.tf_config(index)
     self._path(index, "json").unlink(missing_ok=True)
-    with open(self._path(index, "log"), "w") as log:
-      self._processes[index] = subprocess.Popen(  # pylint: disable=consider-using-with
+    with open(self._path(index, "log"), "a" if scenario == "serve" else "w") as log:
+      process = subprocess.Popen(  # pylint: disable=consider-using-with
           [sys.executable, str(WORKER), scenario, module, str(self.directory),
            json.dumps(args or {}), str(self._path(index, "json"))],
           env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+    (self._services if scenario == "serve" else self._processes)[index] = process
+
+  def _answer_requests(self):
+    """Kills or restarts the tasks a scenario asked for (files
+    `request-N.json`), then answers with `request-N.done`."""
+    for path in sorted(self.directory.glob("request-*.json")):
+      request = json.loads(path.read_text())
+      task = (request["job"], request["index"])
+      if request["action"] == "kill":
+        self._kill_process(self._services.pop(task))
+      else:
+        self._start_worker(task, "serve", "tf", dict(self._env), None)
+      path.rename(path.with_suffix(".done"))
 
   def wait_for_file(self, path, timeout):
     """Waits until `path` exists (a worker's signal); False on timeout."""
@@ -133,7 +171,10 @@ class LocalCluster:
   def kill(self, index):
     """Kills worker `index` by its process id, at once (SIGKILL); `finish`
     then waits for the others only."""
-    process = self._processes.pop(index)
+    self._kill_process(self._processes.pop(index))
+
+  @staticmethod
+  def _kill_process(process):
     if process.poll() is None:
       os.kill(process.pid, signal.SIGKILL)
       process.wait(timeout=10)
@@ -146,6 +187,7 @@ class LocalCluster:
     try:
       results = {}
       while len(results) < len(self._processes):
+        self._answer_requests()
         for index, process in self._processes.items():
           path = self._path(index, "json")
           if index not in results and path.exists():
@@ -167,13 +209,20 @@ class LocalCluster:
     return self.finish(timeout)
 
   def stop(self):
-    """Kills every worker still running, by process id."""
+    """Kills every worker (and serving task) still running, by process id."""
     for index in list(self._processes):
       self.kill(index)
+    for task in list(self._services):
+      self._kill_process(self._services.pop(task))
 
   def logs(self):
-    return "\n".join(f"--- worker {i} log:\n{self._path(i, 'log').read_text()[-4000:]}"
-                     for i in range(self.num_workers) if self._path(i, "log").exists())
+    tasks = list(range(self.num_workers))
+    if self.num_ps:
+      tasks = [("chief", 0)] + self._serving_tasks()
+    return "\n".join(f"--- {self._path(i, 'log').stem} log:\n"
+                     f"{self._path(i, 'log').read_text()[-4000:]}"
+                     for i in tasks if self._path(i, "log").exists())
 
   def _path(self, index, kind):
-    return self.directory / f"worker{index}.{kind}"
+    name = f"worker{index}" if isinstance(index, int) else f"{index[0]}{index[1]}"
+    return self.directory / f"{name}.{kind}"

@@ -6,7 +6,9 @@ cluster, and the test's arguments) and returns a JSON-able dict that the
 test compares across workers, with TensorFlow's, or with a single process.
 """
 
+import json
 import os
+import pathlib
 import tempfile
 import time
 import traceback
@@ -27,6 +29,18 @@ class Context:
     self.index = index
     self.directory = directory
     self.args = args
+
+  def request(self, action, job, index, timeout=30):
+    """Asks the cluster to "kill" or "restart" task `index` of `job` (see
+    `multi_worker.LocalCluster`); returns once that is done."""
+    path = pathlib.Path(self.directory) / f"request-{time.monotonic_ns()}.json"
+    path.with_suffix(".tmp").write_text(json.dumps({"action": action, "job": job, "index": index}))
+    path.with_suffix(".tmp").rename(path)
+    deadline = time.monotonic() + timeout
+    while not path.with_suffix(".done").exists():
+      if time.monotonic() > deadline:
+        raise TimeoutError(f"the cluster did not {action} {job} {index} in {timeout} s")
+      time.sleep(0.05)
 
   def strategy(self, **options):
     """The module's MultiWorkerMirroredStrategy, with `options` as its

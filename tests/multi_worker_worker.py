@@ -5,8 +5,12 @@
 Configures 2 logical CPU devices, runs `multi_worker_scenarios.SCENARIO`
 with `tf.distribute` (MODULE "tf") or `tf_distribute_lite` ("tfd") and
 writes what it returned, or the exception it raised, to RESULT_PATH as JSON.
+A SCENARIO named "module.name" is `name` of that module (`ps_scenarios`);
+"serve" starts this task's `tf.distribute.Server` and serves until killed
+or until the process that started it ends.
 """
 
+import importlib
 import json
 import os
 import sys
@@ -20,15 +24,21 @@ def main(scenario, module, directory, args, result_path):
   cpu = tf.config.list_physical_devices("CPU")[0]
   tf.config.set_logical_device_configuration(
       cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+  task = json.loads(os.environ["TF_CONFIG"])["task"]
+  if scenario == "serve":
+    serve(task)
   import multi_worker_scenarios  # pylint: disable=g-import-not-at-top
+  scenarios = multi_worker_scenarios
+  if "." in scenario:
+    module_name, scenario = scenario.rsplit(".", 1)
+    scenarios = importlib.import_module(module_name)
   if module == "tf":
     mod = tf.distribute
   else:
     import tf_distribute_lite as mod  # pylint: disable=g-import-not-at-top
-  task = json.loads(os.environ["TF_CONFIG"])["task"]
   context = multi_worker_scenarios.Context(mod, task["index"], directory, json.loads(args))
   try:
-    result = getattr(multi_worker_scenarios, scenario)(context)
+    result = getattr(scenarios, scenario)(context)
   except Exception as e:  # pylint: disable=broad-except
     result = {"type": type(e).__name__, "error": str(e),
               "traceback": traceback.format_exc()[-3000:]}
@@ -39,6 +49,19 @@ def main(scenario, module, directory, args, result_path):
   # Wait to be killed: a task that left now could fail the others' last
   # collectives (it serves their reads) or their coordination service.
   time.sleep(600)
+  os._exit(0)  # pylint: disable=protected-access
+
+
+def serve(task, lifetime=600):
+  """Serves as `task` until killed, the starting process ends, or
+  `lifetime` seconds have passed."""
+  cluster = tf.train.ClusterSpec(json.loads(os.environ["TF_CONFIG"])["cluster"])
+  parent = os.getppid()
+  tf.distribute.Server(cluster, job_name=task["type"], task_index=task["index"],
+                       protocol="grpc", start=True)
+  deadline = time.monotonic() + lifetime
+  while os.getppid() == parent and time.monotonic() < deadline:
+    time.sleep(0.2)
   os._exit(0)  # pylint: disable=protected-access
 
 

@@ -17,11 +17,15 @@ TOP_LEVEL = [
     "has_strategy", "get_replica_context", "in_cross_replica_context",
     "experimental_set_strategy", "InputContext", "InputOptions",
     "DistributedDataset", "DistributedIterator", "MultiWorkerMirroredStrategy",
-    "Server", "TPUStrategy"]
+    "Server", "TPUStrategy", "ParameterServerStrategy"]
 EXPERIMENTAL = ["ValueContext", "CommunicationOptions",
                 "CommunicationImplementation", "CollectiveCommunication",
                 "CollectiveHints", "CentralStorageStrategy",
-                "MultiWorkerMirroredStrategy", "TPUStrategy"]
+                "MultiWorkerMirroredStrategy", "TPUStrategy",
+                "ParameterServerStrategy"]
+COORDINATOR = ["ClusterCoordinator", "PerWorkerValue", "RemoteValue",
+               "experimental_get_current_worker_index"]
+EXPERIMENTAL_COORDINATOR = ["ClusterCoordinator", "PerWorkerValues", "RemoteValue"]
 PARTITIONERS = ["Partitioner", "FixedShardsPartitioner", "MinSizePartitioner",
                 "MaxSizePartitioner"]
 COMPAT_V1_EXPERIMENTAL = ["CommunicationOptions", "CommunicationImplementation",
@@ -57,6 +61,9 @@ NAMESPACES = [
      CLUSTER_RESOLVER),
     (tfd.tpu.experimental, tf.tpu.experimental, TPU_EXPERIMENTAL),
     (tfd.tpu, tf.tpu, TPU),
+    (tfd.coordinator, tf.distribute.coordinator, COORDINATOR),
+    (tfd.experimental.coordinator, tf.distribute.experimental.coordinator,
+     EXPERIMENTAL_COORDINATOR),
 ]
 
 
@@ -68,9 +75,11 @@ def _public_names(namespace):
     (tfd.cluster_resolver, tf.distribute.cluster_resolver),
     (tfd.compat.v1.cluster_resolver, tf.compat.v1.distribute.cluster_resolver),
     (tfd.tpu, tf.tpu),
-    (tfd.tpu.experimental, tf.tpu.experimental)],
+    (tfd.tpu.experimental, tf.tpu.experimental),
+    (tfd.coordinator, tf.distribute.coordinator),
+    (tfd.experimental.coordinator, tf.distribute.experimental.coordinator)],
                          ids=["cluster_resolver", "compat.v1.cluster_resolver", "tpu",
-                              "tpu.experimental"])
+                              "tpu.experimental", "coordinator", "experimental.coordinator"])
 def test_namespace_has_exactly_tensorflows_names(ours, theirs):
   assert _public_names(ours) == _public_names(theirs)
 
@@ -159,6 +168,12 @@ def test_partitioners_is_a_module_as_in_tensorflow():
   assert inspect.ismodule(tfd.experimental.partitioners)
   assert tfd.experimental.partitioners.__name__ == (
       "tf_distribute_lite.experimental.partitioners")
+
+
+def test_parameter_server_names_are_tensorflows():
+  assert tfd.ParameterServerStrategy is tfd.experimental.ParameterServerStrategy
+  assert tfd.ParameterServerStrategy.__name__ == tf.distribute.ParameterServerStrategy.__name__
+  assert tfd.coordinator.PerWorkerValue is tfd.experimental.coordinator.PerWorkerValues
 
 
 @pytest.mark.parametrize("name", ["MultiWorkerMirroredStrategy", "TPUStrategy"])

@@ -375,3 +375,30 @@ def test_tensorflow_default_strategy_is_the_one_outside_every_scope():
     assert _tf_bridge.tensorflow_default_strategy() is default
     assert _tf_bridge.strategy_stack()[-1].strategy is strategy
   assert not isinstance(default, tfd.Strategy)
+
+
+def test_parameter_server_contacts(tmp_path):
+  """A SavedModel stores a variable with no value as a variable; a traced
+  function reads a value given at each call; an executor scope runs ops."""
+  variable = _tf_bridge.uninitialized_variable([2], tf.float32, "whole", True)
+  assert variable.shape == [2] and variable.dtype == tf.float32
+  module = tf.Module()
+  module.v = tf.Variable([1.0, 2.0])
+  assert not _tf_bridge.in_save_context()
+  seen = []
+
+  @tf.function(input_signature=[])
+  def f():
+    seen.append(_tf_bridge.in_save_context())
+    return module.v + 0.0
+  module.f = f
+  tf.saved_model.save(module, str(tmp_path / "m"))
+  assert True in seen
+  calls = iter([3, 5])
+
+  @tf.function
+  def g():
+    return _tf_bridge.call_time_value(lambda: next(calls), tf.TensorSpec([], tf.int64)) + 0
+  assert [int(g()), int(g())] == [3, 5]
+  with _tf_bridge.worker_executor()():
+    assert float(tf.reduce_sum(module.v)) == 3.0

@@ -15,6 +15,7 @@ import tensorflow as tf
 from tf_distribute_lite import cluster_resolver
 from tf_distribute_lite import compat
 from tf_distribute_lite import contrib
+from tf_distribute_lite import coordinator
 from tf_distribute_lite import default_strategy  # registers itself with `contexts`
 from tf_distribute_lite import experimental
 from tf_distribute_lite import tpu
@@ -39,6 +40,7 @@ from tf_distribute_lite.input_lib import DistributedDataset
 from tf_distribute_lite.input_lib import DistributedIterator
 from tf_distribute_lite.mirrored_strategy import MirroredStrategy
 from tf_distribute_lite.one_device_strategy import OneDeviceStrategy
+from tf_distribute_lite.parameter_server_strategy import ParameterServerStrategyV2 as ParameterServerStrategy
 from tf_distribute_lite.reduce_util import ReduceOp
 from tf_distribute_lite.replica_context import ReplicaContext
 from tf_distribute_lite.tpu_strategy import TPUStrategyV2 as TPUStrategy

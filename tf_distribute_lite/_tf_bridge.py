@@ -30,6 +30,11 @@ module exports either. An emulated TPU lowers each step to XLA's HLO with
 the values it captured given explicitly (`hlo_text`). Inside a TPU computation a mirrored variable is a
 variable over a replicated handle (`variable_of_handle`).
 
+Parameter-server training stores a sharded variable in a SavedModel as one
+variable with no value of its own (`uninitialized_variable`,
+`write_variable_proto`), and a scheduled function reads the index of the
+worker it runs on as a value captured at each call (`call_time_value`).
+
 Four contacts answer Keras rather than TensorFlow: Keras 3 recognises a
 distributed dataset by the name and module of a base class
 (`KERAS_DATASET_BASES`), reduces its steps' outputs across workers only
@@ -62,6 +67,11 @@ _INTERNALS = (
     ("eager.record", "could_possibly_record"),
     ("ops.summary_ops_v2", "_summary_state.is_recording_distribution_strategy"),
     ("ops.control_flow_v2_func_graphs", "ControlFlowFuncGraph"),
+    ("ops.resource_variable_ops", "UninitializedVariable"),
+    ("ops.resource_variable_ops", "write_object_proto_for_resource_variable"),
+    ("framework.func_graph", "FuncGraph.capture_call_time_value"),
+    ("eager.executor", "new_executor"),
+    ("eager.context", "executor_scope"),
 )
 
 
@@ -108,6 +118,7 @@ def strategy_stack():
   return getattr(tf.compat.v1.get_default_graph(), _STACK_ATTRIBUTE)
 
 
+@functools.lru_cache(maxsize=None)
 @functools.lru_cache(maxsize=None)
 def tensorflow_default_strategy():
   """TensorFlow's own default strategy, one object per process.
@@ -578,3 +589,45 @@ def tf1_saveable(variable, name, device, read, restore):
   spec = saveable_object.SaveSpec(read, "", name, dtype=variable.dtype,
                                   device=device)
   return VariableSaveable(variable, [spec], name)
+
+
+# --- Parameter-server training.
+
+def in_save_context():
+  """Whether a `tf.saved_model.save` is in progress (a sharded variable is
+  then one whole variable)."""
+  return _save_context.in_save_context()
+
+
+def uninitialized_variable(shape, dtype, name, trainable):
+  """A variable with no value yet: what a SavedModel stores for a sharded
+  variable, whose value the checkpoint inside the SavedModel supplies. It is
+  made outside every variable creator (a strategy's would shard it)."""
+  from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-import-not-at-top
+  with tf.init_scope(), tf.device(None):
+    return resource_variable_ops.UninitializedVariable(
+        shape=shape, dtype=dtype, name=name, trainable=trainable,
+        synchronization=tf.VariableSynchronization.NONE,
+        aggregation=tf.VariableAggregation.NONE)
+
+
+def write_variable_proto(variable, proto, options):
+  """Writes `variable` into a SavedModel object proto, as a variable."""
+  from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-import-not-at-top
+  resource_variable_ops.write_object_proto_for_resource_variable(
+      variable, proto, options, enforce_naming=False)
+
+
+def call_time_value(closure, spec):
+  """A placeholder in the `tf.function` being traced whose value `closure`
+  gives at each call: the coordinator's worker index of the call."""
+  return tf.compat.v1.get_default_graph().capture_call_time_value(closure, spec)
+
+
+def worker_executor():
+  """A context manager factory: the eager ops run inside it go through one
+  synchronous executor of their own, whose errors stay its own."""
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.eager import executor  # pylint: disable=g-import-not-at-top
+  own = executor.new_executor(enable_async=False)
+  return lambda: context.executor_scope(own)

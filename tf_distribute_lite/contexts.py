@@ -74,12 +74,16 @@ def current():
 
 
 def get_strategy():
-  """The current `Strategy`: inside `scope()` that strategy, else the default.
+  """The current `Strategy`: inside `scope()` that strategy, else the default
+  (also where TensorFlow's own default strategy is on the stack).
 
   >>> get_strategy().num_replicas_in_sync
   1
   """
-  return current().strategy
+  strategy = current().strategy
+  if strategy is _tf_bridge.tensorflow_default_strategy():
+    return _defaults["strategy"]()
+  return strategy
 
 
 def has_strategy():

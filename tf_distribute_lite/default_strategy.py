@@ -7,6 +7,7 @@ import threading
 
 import tensorflow as tf
 
+from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import contexts
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
@@ -43,11 +44,12 @@ class _DefaultDistributionExtended(strategy_v1.StrategyExtendedV1):
     return tf.compat.v1.get_default_graph().colocate_with(colocate_with_variable)
 
   def _call_for_each_replica(self, fn, args, kwargs):
-    # Its replica context is already current: pushing it would put this
-    # strategy on TensorFlow's stack, where `tf.distribute.has_strategy()`
-    # would take it for a strategy of its own (and Keras losses would
-    # refuse their default reduction).
-    return fn(*args, **kwargs)
+    # As TensorFlow's default strategy, which is what TensorFlow and Keras
+    # find current inside: `tf.distribute.has_strategy()` stays False, so
+    # Keras losses keep their default reduction (`get_strategy()` still
+    # answers this strategy).
+    return _tf_bridge.tensorflow_default_strategy().extended.call_for_each_replica(
+        fn, args, kwargs)
 
   def _experimental_distribute_dataset(self, dataset, options):
     return dataset

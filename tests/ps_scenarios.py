@@ -1,0 +1,257 @@
+"""Parameter-server scenarios, run by the chief of a `multi_worker.LocalCluster`
+with `num_ps` > 0, under `tf.distribute` ("tf") or `tf_distribute_lite`.
+
+Each returns JSON-able facts that the tests compare between the two.
+"""
+
+import json
+import os
+import socket
+import time
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+
+def _cluster(context):
+  """The cluster of TF_CONFIG; with args servers="in_process" its worker and
+  ps servers start in this process, as in TensorFlow's tutorial."""
+  cluster = tf.train.ClusterSpec(json.loads(os.environ["TF_CONFIG"])["cluster"])
+  if context.args.get("servers") == "in_process":
+    context.servers = [
+        tf.distribute.Server(cluster, job_name=job, task_index=i, protocol="grpc", start=True)
+        for job in ("worker", "ps") for i in range(cluster.num_tasks(job))]
+  deadline = time.monotonic() + 60
+  for job in ("worker", "ps"):
+    for address in cluster.job_tasks(job):
+      while not _listening(address):
+        if time.monotonic() > deadline:
+          raise TimeoutError(f"no server at {address} after 60 s")
+        time.sleep(0.1)
+  return cluster
+
+
+def _listening(address):
+  host, port = address.rsplit(":", 1)
+  try:
+    with socket.create_connection((host, int(port)), timeout=1):
+      return True
+  except OSError:
+    return False
+
+
+def _strategy(context, partitioner=None):
+  mod = context.mod
+  cluster = _cluster(context)
+  if context.args.get("resolver") == "tf_config":
+    resolver = mod.cluster_resolver.TFConfigClusterResolver()
+  else:
+    resolver = mod.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
+  return mod.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+
+
+def _error(call):
+  try:
+    call()
+  except Exception as e:  # pylint: disable=broad-except
+    return type(e).__name__
+  return None
+
+
+def basics(context):
+  """Strategy, variables, scheduling, datasets, misuse and errors."""
+  mod = context.mod
+  partitioner = mod.experimental.partitioners.FixedShardsPartitioner(2)
+  strategy = _strategy(context, partitioner)
+  facts = {"types": [type(strategy).__name__, type(strategy.extended).__name__],
+           "replicas": strategy.num_replicas_in_sync,
+           "worker_devices": list(strategy.extended.worker_devices),
+           "should_use_with_coordinator": strategy._should_use_with_coordinator}  # pylint: disable=protected-access
+  with strategy.scope():
+    counter = tf.Variable(0.0)
+    scalar_b = tf.Variable(1, dtype=tf.int64)
+    table = tf.Variable(tf.reshape(tf.range(404, dtype=tf.float32), [101, 4]))
+    small = tf.Variable([1.0, 2.0, 3.0])
+  facts["placement"] = [counter.device, scalar_b.device] + [
+      [v.device, v.shape.as_list()] for s in (table, small) for v in s.variables]
+  facts["sharded"] = [type(table).__name__, table.shape.as_list(),
+                      tf.nn.embedding_lookup(table, [0, 100, 51]).numpy().tolist()]
+  coordinator = mod.coordinator.ClusterCoordinator(strategy)
+  facts["same_coordinator"] = mod.coordinator.ClusterCoordinator(strategy) is coordinator
+
+  @tf.function
+  def increment():
+    counter.assign_add(1.0)
+    return mod.coordinator.experimental_get_current_worker_index()
+
+  results = [coordinator.schedule(increment) for _ in range(10)]
+  coordinator.join()
+  facts["counter"] = float(counter.numpy())
+  facts["done"] = coordinator.done()
+  facts["indices"] = sorted({int(r.fetch()) for r in results} | {0, 1})
+  facts["get"] = type(results[0].get()).__name__
+
+  @tf.function
+  def replicated(x):
+    per_replica = strategy.run(lambda y: y * 2.0 + table[1, 0], args=(x,))
+    return strategy.reduce("SUM", per_replica, axis=None)
+
+  facts["run"] = coordinator.fetch(coordinator.schedule(replicated, args=(tf.constant(3.0),)))
+  facts["run"] = float(facts["run"])
+
+  def dataset_fn(input_context):
+    facts["input_context"] = [input_context.num_input_pipelines,
+                              input_context.input_pipeline_id,
+                              input_context.num_replicas_in_sync]
+    return tf.data.Dataset.range(10).batch(2)
+
+  @tf.function
+  def per_worker_dataset_fn():
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+  per_worker = coordinator.create_per_worker_dataset(per_worker_dataset_fn)
+  iterator = iter(per_worker)
+  facts["next"] = _error(lambda: next(iterator))
+
+  @tf.function
+  def read(it):
+    return mod.coordinator.experimental_get_current_worker_index(), next(it)
+
+  reads = [coordinator.schedule(read, args=(iterator,)) for _ in range(6)]
+  coordinator.join()
+  by_worker = {}
+  for r in reads:
+    index, batch = r.fetch()
+    by_worker.setdefault(int(index), []).append(batch.tolist())
+  expected = [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+  facts["each_worker_reads_its_own_dataset_in_order"] = all(
+      batches == expected[:len(batches)] for batches in by_worker.values())
+
+  def indexed_dataset():
+    index = mod.coordinator.experimental_get_current_worker_index()
+    return tf.data.Dataset.from_tensors(index).repeat()
+
+  indexed = iter(coordinator.create_per_worker_dataset(indexed_dataset))
+  pairs = [coordinator.schedule(read, args=(indexed,)) for _ in range(6)]
+  coordinator.join()
+  facts["dataset_fn_sees_its_worker"] = all(
+      int(a) == int(b) for a, b in (p.fetch() for p in pairs))
+
+  facts["misuse"] = {
+      "python_function": _error(lambda: coordinator.schedule(lambda: 1)),
+      "remote_value_argument": _error(
+          lambda: coordinator.schedule(replicated, args=(results[0],))),
+      "worker_index_outside": _error(mod.coordinator.experimental_get_current_worker_index),
+  }
+
+  @tf.function
+  def failing():
+    tf.debugging.assert_less(tf.random.uniform([]), -1.0, message="scheduled failure")
+    return tf.constant(1.0)
+
+  failed = coordinator.schedule(failing)
+  facts["user_error"] = {"join": _error(coordinator.join), "fetch": _error(failed.fetch)}
+  after = coordinator.schedule(increment)
+  coordinator.join()
+  facts["user_error"]["works_after"] = int(after.fetch()) in (0, 1)
+  facts["counter_after"] = float(counter.numpy())
+  return facts
+
+
+def training(context):
+  """A tf_keras model with sharded variables trained by one scheduled
+  function (one worker: exact), then saved."""
+  mod = context.mod
+  strategy = _strategy(context, mod.experimental.partitioners.FixedShardsPartitioner(2))
+  coordinator = mod.coordinator.ClusterCoordinator(strategy)
+  tf.random.set_seed(1)
+  with strategy.scope():
+    embedding = tf_keras.layers.Embedding(10, 3, embeddings_initializer=tf_keras.initializers.Constant(0.1))
+    dense = tf_keras.layers.Dense(1, kernel_initializer="ones")
+    inputs = tf_keras.Input((2,), dtype="int32")
+    model = tf_keras.Model(inputs, dense(tf_keras.layers.Flatten()(embedding(inputs))))
+    optimizer = tf_keras.optimizers.Adam(0.05)
+  ids = tf.constant([[i % 10, (3 * i) % 10] for i in range(8)])
+  targets = tf.constant([[float(i % 3)] for i in range(8)])
+
+  def step():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(model(ids) - targets))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+  @tf.function
+  def train(steps):
+    loss = tf.constant(0.0)
+    for _ in tf.range(steps):
+      loss = strategy.reduce("SUM", strategy.run(step), axis=None)
+    return loss
+
+  loss = coordinator.fetch(coordinator.schedule(train, args=(tf.constant(20),)))
+  facts = {
+      "embedding": [type(embedding.embeddings).__name__,
+                    [v.shape.as_list() for v in embedding.embeddings.variables]],
+      "trainable": len(model.trainable_variables),
+      "loss": float(loss),
+      "weights": [np.asarray(w).tolist() for w in model.get_weights()],
+  }
+  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+  facts["checkpoint"] = checkpoint.save(os.path.join(context.directory, "ckpt"))
+  module = tf.Module()
+  module.table = embedding.embeddings
+  module.lookup = tf.function(lambda ids: tf.nn.embedding_lookup(module.table, ids),
+                              input_signature=[tf.TensorSpec([None], tf.int32)])
+  facts["saved_model"] = os.path.join(context.directory, "saved_model")
+  tf.saved_model.save(module, facts["saved_model"])
+  return facts
+
+
+def faults(context):
+  """A worker killed in the middle of functions, then restarted; then a
+  user error; then a ps killed."""
+  mod = context.mod
+  strategy = _strategy(context)
+  coordinator = mod.coordinator.ClusterCoordinator(strategy)
+  with strategy.scope():
+    counter = tf.Variable(0.0)
+
+  @tf.function
+  def slow():
+    x = tf.constant(0.0)
+    for _ in tf.range(context.args.get("loops", 20000)):
+      x += tf.reduce_sum(tf.random.uniform([50, 50]))
+    counter.assign_add(1.0)
+    return mod.coordinator.experimental_get_current_worker_index()
+
+  facts = {}
+  start = time.monotonic()
+  results = [coordinator.schedule(slow) for _ in range(6)]
+  time.sleep(1.0)
+  context.request("kill", "worker", 1)
+  context.request("restart", "worker", 1)
+  coordinator.join()
+  facts["worker_lost"] = {"seconds": time.monotonic() - start,
+                          "all_done": all(r.fetch() in (0, 1) for r in results),
+                          "counter_at_least": float(counter.numpy()) >= 6}
+  # The restarted worker takes functions again.
+  indices = set()
+  deadline = time.monotonic() + 60
+  while indices != {0, 1} and time.monotonic() < deadline:
+    batch = [coordinator.schedule(slow) for _ in range(4)]
+    coordinator.join()
+    indices |= {int(r.fetch()) for r in batch}
+  facts["restarted_worker_used"] = indices == {0, 1}
+
+  context.request("kill", "ps", 0)
+  start = time.monotonic()
+  lost = [coordinator.schedule(slow) for _ in range(2)]
+  facts["ps_lost"] = {"join": _error(coordinator.join), "fetch": _error(lost[0].fetch)}
+
+  def again():
+    coordinator.schedule(slow)
+    coordinator.join()
+  facts["ps_lost"]["again"] = _error(again)
+  facts["ps_lost"]["seconds"] = time.monotonic() - start
+  return facts

@@ -1,0 +1,415 @@
+"""`ClusterCoordinator`: sends scheduled functions to the workers of a
+`ParameterServerStrategy` cluster.
+
+`schedule` traces the function on the coordinator and queues it; each worker
+has one dispatch loop (a thread) that takes the next function off the queue,
+runs it on its worker and fills in the function's `RemoteValue`, so that
+idle workers run functions in parallel. Failures, as in TensorFlow:
+
+* a worker that is lost (its RPCs fail, its server stops answering) puts
+  the function back on the queue for another worker, and its loop waits,
+  at most `WORKER_RECOVERY_SECONDS`, for a server at the same address; the
+  cluster connection is then renewed, the worker's per-worker resources are
+  made again, and it takes functions again;
+* any other error (from a ps task, or raised by the function) is that
+  function's `RemoteValue` error; `join()`, `done()` or the next `schedule()`
+  raises it once, and the functions queued but not started are cancelled.
+"""
+
+import collections
+import contextlib
+import logging
+import threading
+import time
+
+import tensorflow as tf
+
+from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import cluster_runtime
+from tf_distribute_lite import coordinator_values
+from tf_distribute_lite import parameter_server_strategy
+
+# How long a worker's loop waits for a lost worker to come back before it
+# gives the worker up; when every worker is given up, the queued functions
+# fail with `tf.errors.UnavailableError`.
+WORKER_RECOVERY_SECONDS = 600.0
+_POLL_SECONDS = 0.25
+_COORDINATOR_CPU = "/job:chief/replica:0/task:0/device:CPU:0"
+_PS_ERROR_MARK = "/job:ps"
+_WORKER_ERROR_TYPES = (tf.errors.UnavailableError, tf.errors.AbortedError,
+                       tf.errors.CancelledError, tf.errors.InvalidArgumentError,
+                       tf.errors.NotFoundError, tf.errors.UnknownError,
+                       tf.errors.DeadlineExceededError, tf.errors.FailedPreconditionError)
+
+
+class ClusterCoordinator:
+  """Schedules `tf.function`s on the workers of a `ParameterServerStrategy`.
+
+  A strategy has one coordinator: making another returns the first.
+
+  Args:
+    strategy: the `ParameterServerStrategy` whose cluster runs the functions.
+
+  >>> ClusterCoordinator(tf_distribute_lite.OneDeviceStrategy("/cpu:0"))
+  Traceback (most recent call last):
+  ...
+  ValueError: Only `tf.distribute.experimental.ParameterServerStrategy` is supported to work with `tf.distribute.experimental.coordinator.ClusterCoordinator` currently; got a OneDeviceStrategy.
+  """
+
+  def __new__(cls, strategy):
+    if not isinstance(strategy, parameter_server_strategy.ParameterServerStrategyV2):
+      raise ValueError(
+          f"Only `tf.distribute.experimental.ParameterServerStrategy` is "
+          f"supported to work with `tf.distribute.experimental.coordinator."
+          f"ClusterCoordinator` currently; got a {type(strategy).__name__}.")
+    if strategy._cluster_coordinator is None:  # pylint: disable=protected-access
+      coordinator = super().__new__(cls)
+      coordinator._start(strategy)  # pylint: disable=protected-access
+      strategy._cluster_coordinator = coordinator  # pylint: disable=protected-access
+    return strategy._cluster_coordinator  # pylint: disable=protected-access
+
+  def __init__(self, strategy):  # pylint: disable=super-init-not-called
+    del strategy  # set up once, in __new__
+
+  def _start(self, strategy):
+    self._strategy = strategy
+    strategy.extended._used_with_coordinator = True  # pylint: disable=protected-access
+    cluster_spec = strategy.extended._cluster_spec  # pylint: disable=protected-access
+    self._protocol = strategy._cluster_resolver.rpc_layer or "grpc"  # pylint: disable=protected-access
+    self._num_workers = cluster_spec.num_tasks("worker")
+    self._ps_addresses = [cluster_spec.task_address("ps", i)
+                          for i in range(cluster_spec.num_tasks("ps"))]
+    self._queue = _ClosureQueue(self._num_workers)
+    self._cluster_lock = _ReadWriteLock()
+    self._resources = [[] for _ in range(self._num_workers)]
+    self._workers = [_Worker(self, i, cluster_spec.task_address("worker", i))
+                     for i in range(self._num_workers)]
+    for worker in self._workers:
+      worker.start()
+
+  @property
+  def strategy(self):
+    """The strategy whose cluster runs the functions."""
+    return self._strategy
+
+  # --- Scheduling.
+
+  def schedule(self, fn, args=None, kwargs=None):
+    """Queues `fn(*args, **kwargs)` to run on the next idle worker; returns
+    its `RemoteValue` at once. `PerWorkerValues` arguments (per-worker
+    iterators) are replaced by the running worker's value.
+
+    Raises the error of a function scheduled earlier that failed, if
+    neither `join()` nor `done()` has raised it yet.
+    """
+    if not isinstance(fn, (tf.types.experimental.PolymorphicFunction,
+                           tf.types.experimental.ConcreteFunction)):
+      raise TypeError(
+          "`tf.distribute.experimental.coordinator.ClusterCoordinator.schedule` "
+          "only accepts a `tf.function` or a concrete function.")
+    args, kwargs = tuple(args or ()), dict(kwargs or {})
+    if any(isinstance(x, coordinator_values.RemoteValue)
+           for x in tf.nest.flatten((args, kwargs))):
+      raise ValueError(
+          "`tf.distribute.experimental.coordinator.RemoteValue` used as an "
+          "input to scheduled function is not yet supported.")
+    self._queue.raise_error()
+    function = fn
+    if isinstance(fn, tf.types.experimental.PolymorphicFunction):
+      specs = tf.nest.map_structure(_spec_for_tracing, (args, kwargs))
+      with self._strategy.scope():
+        self._strategy.extended._being_scheduled = True  # pylint: disable=protected-access
+        try:
+          function = fn.get_concrete_function(*specs[0], **specs[1])
+        finally:
+          self._strategy.extended._being_scheduled = False  # pylint: disable=protected-access
+    closure = _Closure(function, args, kwargs)
+    self._queue.put(closure)
+    return closure.remote_value
+
+  def join(self):
+    """Waits until every scheduled function has run; raises the error of
+    one that failed (then clears it)."""
+    self._queue.wait()
+
+  def done(self):
+    """Whether every scheduled function has run; raises as `join` does."""
+    return self._queue.done()
+
+  def fetch(self, val):
+    """`val` with each `RemoteValue` in it replaced by its fetched value."""
+    def fetch_one(value):
+      if isinstance(value, coordinator_values.RemoteValue):
+        return value.fetch()
+      if isinstance(value, coordinator_values.PerWorkerValues):
+        return tuple(fetch_one(v) for v in value._values)  # pylint: disable=protected-access
+      return value
+    return tf.nest.map_structure(fetch_one, val)
+
+  def create_per_worker_dataset(self, dataset_fn):
+    """A dataset on each worker, made there by `dataset_fn()` (or what
+    `strategy.distribute_datasets_from_function` returned); `iter()` of it
+    gives each worker its iterator, for scheduled functions to read."""
+    return coordinator_values.PerWorkerDataset(self, dataset_fn)
+
+  # --- Per-worker resources.
+
+  def _per_worker_resource(self, index, create):
+    """A resource `create()` makes on worker `index` (now, if the worker is
+    up), and again whenever that worker comes back."""
+    worker = self._workers[index]
+
+    def create_there():
+      with tf.device(worker.device), worker.executor_scope(), (
+          coordinator_values.running_on(index)):
+        return create()
+    resource = coordinator_values._WorkerResource(create_there)  # pylint: disable=protected-access
+    self._resources[index].append(resource)
+    if worker.up:
+      try:
+        with self._cluster_lock.reading():
+          resource.rebuild()
+      except tf.errors.OpError as e:
+        if not worker.failed(e):
+          raise
+    return resource
+
+  def _reconnect(self, worker):
+    """Renews the cluster connection after `worker` came back, and makes its
+    resources again."""
+    with self._cluster_lock.writing():
+      parameter_server_strategy._connect(  # pylint: disable=protected-access
+          self._strategy.extended._cluster_spec, self._protocol)  # pylint: disable=protected-access
+    with self._cluster_lock.reading():
+      for resource in self._resources[worker.index]:
+        resource.rebuild()
+
+
+def _spec_for_tracing(value):
+  if isinstance(value, coordinator_values.PerWorkerValues):
+    return value._type_spec.worker_spec()  # pylint: disable=protected-access
+  return value
+
+
+class _Closure:
+  """A scheduled function call and its `RemoteValue`."""
+
+  def __init__(self, function, args, kwargs):
+    self.function, self.args, self.kwargs = function, args, kwargs
+    self.remote_value = coordinator_values.RemoteValueImpl()
+
+  def run_on(self, worker):
+    def on_worker(value):
+      if isinstance(value, coordinator_values.PerWorkerValues):
+        return value._value_on(worker.index)  # pylint: disable=protected-access
+      return value
+    args, kwargs = tf.nest.map_structure(on_worker, (self.args, self.kwargs))
+    with tf.device(worker.device), coordinator_values.running_on(worker.index):
+      outputs = self.function(*args, **kwargs)
+    with tf.device(_COORDINATOR_CPU):  # kept here: the worker may be lost later
+      outputs = tf.nest.map_structure(
+          lambda x: tf.identity(x) if isinstance(x, tf.Tensor) else x, outputs)
+    self.remote_value._set(outputs)  # pylint: disable=protected-access
+
+  def cancel(self):
+    self.remote_value._set_error(tf.errors.CancelledError(  # pylint: disable=protected-access
+        None, None, "The corresponding function is cancelled. Please reschedule "
+        "the function."))
+
+
+class _Worker:
+  """One worker and the thread that runs functions on it."""
+
+  def __init__(self, coordinator, index, address):
+    self.coordinator, self.index, self.address = coordinator, index, address
+    self.device = f"/job:worker/replica:0/task:{index}"
+    self.up = True
+    self.executor_scope = _tf_bridge.worker_executor()
+    self._thread = threading.Thread(target=self._loop, daemon=True,
+                                    name=f"ps-coordinator-worker-{index}")
+
+  def start(self):
+    self._thread.start()
+
+  def _loop(self):
+    queue = self.coordinator._queue  # pylint: disable=protected-access
+    while True:
+      closure = queue.get()
+      try:
+        with self.coordinator._cluster_lock.reading(), self.executor_scope():  # pylint: disable=protected-access
+          closure.run_on(self)
+      except Exception as e:  # pylint: disable=broad-except
+        if not self.failed(e):
+          queue.fail(closure, e)
+          continue
+        queue.put_back(closure)
+        if not self._recover():
+          queue.worker_lost(self.index, self.address)
+          return
+      else:
+        queue.finish(closure)
+
+  def failed(self, error):
+    """Whether `error` means this worker is lost (not the function, not a
+    ps); if so the worker counts as down until it recovers."""
+    if not isinstance(error, _WORKER_ERROR_TYPES):
+      return False
+    message = str(error)
+    if _PS_ERROR_MARK in message or any(
+        address in message for address in self.coordinator._ps_addresses):  # pylint: disable=protected-access
+      return False  # a ps is lost: the error is the function's
+    names_me = (f"/job:worker/replica:0/task:{self.index}" in message or
+                self.address in message)
+    lost = not cluster_runtime._listening(self.address, 1.0)  # pylint: disable=protected-access
+    if lost or (names_me and isinstance(error, (
+        tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError))):
+      self.up = False
+      logging.getLogger("tensorflow").warning(
+          "Worker %d at %s is lost (%s: %s); its function goes back on the queue.",
+          self.index, self.address, type(error).__name__, message.splitlines()[0][:200])
+      return True
+    return False
+
+  def _recover(self):
+    """Waits for a server at this worker's address and reconnects to it;
+    False if none answers within `WORKER_RECOVERY_SECONDS`."""
+    deadline = time.monotonic() + WORKER_RECOVERY_SECONDS
+    while time.monotonic() < deadline:
+      if cluster_runtime._listening(self.address, 1.0):  # pylint: disable=protected-access
+        try:
+          self.coordinator._reconnect(self)  # pylint: disable=protected-access
+          self.up = True
+          logging.getLogger("tensorflow").warning(
+              "Worker %d at %s is back.", self.index, self.address)
+          return True
+        except tf.errors.OpError as e:
+          logging.getLogger("tensorflow").info(
+              "Worker %d not reconnected yet: %s", self.index, str(e)[:200])
+      time.sleep(_POLL_SECONDS)
+    return False
+
+
+class _ClosureQueue:
+  """Scheduled functions not yet done, and the first error not yet raised."""
+
+  def __init__(self, num_workers):
+    self._condition = threading.Condition()
+    self._num_workers = num_workers
+    self._pending = collections.deque()
+    self._running = 0
+    self._error = None
+    self._workers_lost = set()
+    self._lost_error = None
+
+  def put(self, closure):
+    with self._condition:
+      self._raise_error_locked()
+      if self._lost_error is not None:
+        raise self._lost_error
+      self._pending.append(closure)
+      self._condition.notify_all()
+
+  def get(self):
+    with self._condition:
+      while not self._pending:
+        self._condition.wait()
+      self._running += 1
+      return self._pending.popleft()
+
+  def put_back(self, closure):
+    with self._condition:
+      self._running -= 1
+      if self._error is not None:
+        closure.cancel()
+      else:
+        self._pending.appendleft(closure)
+      self._condition.notify_all()
+
+  def finish(self, closure):
+    del closure
+    with self._condition:
+      self._running -= 1
+      self._condition.notify_all()
+
+  def fail(self, closure, error):
+    with self._condition:
+      self._running -= 1
+      closure.remote_value._set_error(error)  # pylint: disable=protected-access
+      if self._error is None:
+        self._error = error
+      while self._pending:
+        self._pending.popleft().cancel()
+      self._condition.notify_all()
+
+  def worker_lost(self, index, address):
+    """Worker `index` is given up; with every worker given up, the queued
+    functions fail, and so does any scheduled later."""
+    with self._condition:
+      self._workers_lost.add(index)
+      if len(self._workers_lost) == self._num_workers:
+        self._lost_error = tf.errors.UnavailableError(
+            None, None, f"Every worker is lost: the last, worker {index} at "
+            f"{address}, did not come back within {WORKER_RECOVERY_SECONDS:g} s.")
+        self._error = self._error or self._lost_error
+        while self._pending:
+          self._pending.popleft().remote_value._set_error(self._lost_error)  # pylint: disable=protected-access
+      self._condition.notify_all()
+
+  def raise_error(self):
+    with self._condition:
+      self._raise_error_locked()
+
+  def _raise_error_locked(self):
+    if self._error is not None:
+      error, self._error = self._error, None
+      raise error
+
+  def wait(self):
+    with self._condition:
+      while self._error is None and (self._pending or self._running):
+        self._condition.wait()
+      self._raise_error_locked()
+
+  def done(self):
+    with self._condition:
+      self._raise_error_locked()
+      return not self._pending and not self._running
+
+
+class _ReadWriteLock:
+  """Functions run on the cluster under the read side; renewing the cluster
+  connection takes the write side, when no function runs."""
+
+  def __init__(self):
+    self._condition = threading.Condition()
+    self._readers = 0
+    self._writers = 0  # waiting or writing: new readers wait for them
+    self._writing = False
+
+  @contextlib.contextmanager
+  def reading(self):
+    with self._condition:
+      while self._writers:
+        self._condition.wait()
+      self._readers += 1
+    try:
+      yield
+    finally:
+      with self._condition:
+        self._readers -= 1
+        self._condition.notify_all()
+
+  @contextlib.contextmanager
+  def writing(self):
+    with self._condition:
+      self._writers += 1
+      while self._writing or self._readers:
+        self._condition.wait()
+      self._writing = True
+    try:
+      yield
+    finally:
+      with self._condition:
+        self._writing = False
+        self._writers -= 1
+        self._condition.notify_all()

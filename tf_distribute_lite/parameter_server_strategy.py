@@ -1,0 +1,314 @@
+"""`ParameterServerStrategy`: asynchronous training with variables on ps tasks.
+
+The process that makes the strategy is the coordinator (the "chief" job):
+it connects to the cluster's `worker` and `ps` tasks, which only run
+`tf.distribute.Server(...).join()`, through TensorFlow's gRPC runtime
+(`tf.config.experimental_connect_to_cluster`). Variables made in `scope()`
+go to the ps tasks in turn; with a `variable_partitioner` a variable it
+splits becomes a `ShardedVariable` whose shards go to successive ps tasks.
+Training steps are `tf.function`s that a `ClusterCoordinator` sends to idle
+workers; inside them `strategy.run` calls the step once (one replica per
+worker, on its CPU) and `strategy.reduce` returns its value.
+"""
+
+import logging
+import os
+import time
+
+import tensorflow as tf
+
+from tf_distribute_lite import cluster_runtime
+from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import input_context as input_context_lib
+from tf_distribute_lite import replica_context
+from tf_distribute_lite import sharded_variable
+from tf_distribute_lite import strategy_v1
+
+_ALLOWED_JOBS = ("chief", "worker", "ps", "evaluator")
+_COORDINATOR_JOB = "chief"
+
+
+class ParameterServerStrategyV2(strategy_v1.TF1Methods, distribute_lib.Strategy):
+  """Training by a coordinator that sends steps to workers, with variables on
+  parameter servers.
+
+  Args:
+    cluster_resolver: a cluster resolver whose cluster has at least one
+      "worker" and one "ps" task (and at most one "chief", this process).
+    variable_partitioner: a `tf.distribute.experimental.partitioners`
+      partitioner deciding into how many shards each variable made in
+      `scope()` is split along its first axis; None: no variable is split.
+
+  The cluster's tasks must be running. With servers in this process, as in
+  TensorFlow's tutorial:
+
+  >>> import portpicker  # doctest: +SKIP
+  >>> cluster = tf.train.ClusterSpec({"worker": ["localhost:2223"],
+  ...                                 "ps": ["localhost:2224"]})  # doctest: +SKIP
+  >>> servers = [tf.distribute.Server(cluster, job, 0, start=True)
+  ...            for job in ("worker", "ps")]  # doctest: +SKIP
+  >>> strategy = ParameterServerStrategyV2(
+  ...     tf_distribute_lite.cluster_resolver.SimpleClusterResolver(
+  ...         cluster, rpc_layer="grpc"))  # doctest: +SKIP
+  """
+
+  def __init__(self, cluster_resolver, variable_partitioner=None):
+    cluster_spec = _checked_cluster(cluster_resolver)
+    _wait_for_servers(cluster_spec)
+    _connect(cluster_spec, cluster_resolver.rpc_layer or "grpc")
+    super().__init__(ParameterServerStrategyV2Extended(
+        self, cluster_spec, variable_partitioner))
+    self._cluster_resolver = cluster_resolver
+    self._cluster_coordinator = None  # the ClusterCoordinator made for it
+    # Read by tf_keras: steps go through a ClusterCoordinator.
+    self._should_use_with_coordinator = True
+    self._is_parameter_server_strategy_v2 = True
+    self._canonicalize_devices = False
+
+
+def _checked_cluster(cluster_resolver):
+  """The resolver's cluster, if it can serve parameter-server training."""
+  cluster_spec = cluster_resolver.cluster_spec()
+  if not cluster_spec.jobs:
+    raise ValueError("Cluster spec must be non-empty in "
+                     "`tf.distribute.cluster_resolver.ClusterResolver`.")
+  jobs = cluster_spec.as_dict()
+  unknown = sorted(set(jobs) - set(_ALLOWED_JOBS))
+  if unknown:
+    raise ValueError(f"The cluster has jobs {unknown}; parameter-server "
+                     f"training knows only {list(_ALLOWED_JOBS)}. Cluster: {jobs}.")
+  if len(jobs.get("chief", ())) > 1:
+    raise ValueError(f"There must be at most one 'chief' job; the cluster has "
+                     f"{len(jobs['chief'])}: {jobs['chief']}.")
+  for job in ("ps", "worker"):
+    if not jobs.get(job):
+      raise ValueError(f"There must be at least one {job}. The cluster {jobs} "
+                       f"has no {job!r} task.")
+  return cluster_spec
+
+
+def _wait_for_servers(cluster_spec):
+  """Waits, at most `cluster_runtime.startup_timeout()` seconds, until every
+  worker and ps task's server answers; `tf.errors.DeadlineExceededError`
+  names those that do not."""
+  deadline = time.monotonic() + cluster_runtime.startup_timeout()
+  tasks = [(job, i, cluster_spec.task_address(job, i))
+           for job in ("worker", "ps") for i in range(cluster_spec.num_tasks(job))]
+  missing = [t for t in tasks if not cluster_runtime._answers_by(t[2], deadline)]  # pylint: disable=protected-access
+  if missing:
+    names = ", ".join(f"/job:{job}/task:{i} at {address}" for job, i, address in missing)
+    raise tf.errors.DeadlineExceededError(
+        None, None, f"ParameterServerStrategy could not reach the cluster within "
+        f"{cluster_runtime.startup_timeout():g} s: no server answers for {names}. "
+        f"Start each worker and ps task (tf.distribute.Server(...).join()), or "
+        f"set ${cluster_runtime.STARTUP_TIMEOUT_VARIABLE} to wait longer.")
+
+
+def _connect(cluster_spec, protocol):
+  """Connects this process, as the coordinator, to the cluster. Workers see
+  only the ps tasks and the coordinator, and ps tasks only the workers and
+  the coordinator, as in TensorFlow."""
+  filters = tf.config.experimental.ClusterDeviceFilters()
+  for job, visible in (("worker", "/job:ps"), ("ps", "/job:worker")):
+    for index in range(cluster_spec.num_tasks(job)):
+      filters.set_device_filters(job, index, [visible, f"/job:{_COORDINATOR_JOB}"])
+  # Enqueue remote ops one request at a time, and run them synchronously:
+  # an error then reaches the call that caused it (TensorFlow sets these too).
+  os.environ["TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"] = "False"
+  os.environ["TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY"] = "True"
+  tf.config.experimental_connect_to_cluster(
+      cluster_spec, job_name=_COORDINATOR_JOB, protocol=protocol,
+      cluster_device_filters=filters)
+
+
+class ParameterServerStrategyV2Extended(strategy_v1.StrategyExtendedV1):
+  """`strategy.extended` of `ParameterServerStrategy`."""
+
+  def __init__(self, container_strategy, cluster_spec, variable_partitioner):
+    super().__init__(container_strategy)
+    self._cluster_spec = cluster_spec
+    self._num_workers = cluster_spec.num_tasks("worker")
+    self._num_ps = cluster_spec.num_tasks("ps")
+    self._variable_partitioner = variable_partitioner
+    self._variable_count = 0
+    # Set by the ClusterCoordinator: whether one uses the strategy, and
+    # whether a function is being traced for scheduling.
+    self._used_with_coordinator = False
+    self._being_scheduled = False
+    self._allow_run_without_coordinator = False
+
+  # --- Devices.
+
+  @property
+  def worker_devices(self):
+    """The device a step runs on, on whichever worker runs it."""
+    return ("/device:CPU:0",)
+
+  @property
+  def parameter_devices(self):
+    """The ps tasks' CPUs, where variables live. (TensorFlow 2.21 answers
+    the coordinator's CPU.)"""
+    return tuple(_ps_device(i) for i in range(self._num_ps))
+
+  @property
+  def _num_replicas_in_sync(self):
+    return 1
+
+  def _in_multi_worker_mode(self):
+    return True
+
+  def non_slot_devices(self, var_list):
+    return min(var_list, key=lambda v: v.name)
+
+  # --- Variables.
+
+  def _create_variable(self, next_creator, **kwargs):
+    colocate_with = kwargs.pop("colocate_with", None)
+    if colocate_with is not None:  # an optimizer's slot: never split
+      with tf.device(colocate_with.device):
+        return next_creator(**kwargs)
+    if self._variable_partitioner is None:
+      return self._on_next_ps(next_creator, **kwargs)
+    initial_value, shape, dtype = _initial_value_shape_dtype(kwargs)
+    if shape.rank == 0:
+      return self._on_next_ps(next_creator, **kwargs)
+    partitions = self._variable_partitioner(shape=shape, dtype=dtype)
+    if (not partitions or partitions[0] == 0 or
+        any(p != 1 for p in list(partitions)[1:])):
+      raise ValueError(
+          f"variable_partitioner must return a list/tuple whose elements are 1 "
+          f"besides the first element (non-zero), got: {partitions!r}")
+    num_shards = min(partitions[0], shape[0])
+    if num_shards == 1:
+      return self._on_next_ps(next_creator, **kwargs)
+    name = kwargs.get("name")
+    sizes = sharded_variable.shard_sizes(shape[0], num_shards)
+    shards = []
+    offset = 0
+    for i, size in enumerate(sizes):
+      shard_kwargs = dict(kwargs, shape=(size,) + tuple(shape[1:]),
+                          initial_value=_shard_initial_value(
+                              initial_value, shape, offset, size))
+      if name is not None:
+        shard_kwargs["name"] = f"{name}/part_{i}"
+      shards.append(self._on_next_ps(next_creator, **shard_kwargs))
+      offset += size
+    return sharded_variable.ShardedVariable(shards)
+
+  def _on_next_ps(self, next_creator, **kwargs):
+    """Creates the variable on the next ps task, round-robin."""
+    with tf.device(_ps_device(self._variable_count % self._num_ps)):
+      variable = next_creator(**kwargs)
+    self._variable_count += 1
+    return variable
+
+  # --- Replicas and input.
+
+  def _call_for_each_replica(self, fn, args, kwargs):
+    self._warn_unless_scheduled()
+    if not tf.executing_eagerly():
+      fn = tf.__internal__.autograph.tf_convert(
+          fn, tf.__internal__.autograph.control_status_ctx(),
+          convert_by_default=False)
+    with replica_context.ReplicaContext(self._container_strategy(), 0):
+      return fn(*args, **kwargs)
+
+  def _reduce_to(self, reduce_op, value, destinations, options):
+    self._warn_unless_scheduled()
+    return super()._reduce_to(reduce_op, value, destinations, options)
+
+  def _warn_unless_scheduled(self):
+    if not self._being_scheduled and not self._allow_run_without_coordinator:
+      logging.getLogger("tensorflow").warning(
+          "A ParameterServerStrategy method is invoked without "
+          "ClusterCoordinator.schedule: outside a tf.function being traced it "
+          "runs on the coordinator. Call `run` and `reduce` inside functions "
+          "given to ClusterCoordinator.schedule to run them on workers.")
+
+  def _experimental_distribute_dataset(self, dataset, options):
+    del options
+    return DatasetFromFunction(lambda _: dataset, self._input_context())
+
+  def _distribute_datasets_from_function(self, dataset_fn, options, partial_steps=None):
+    del options, partial_steps
+    return DatasetFromFunction(dataset_fn, self._input_context())
+
+  def _input_context(self):
+    # Each worker reads its own pipeline, as one of one (as in TensorFlow).
+    return input_context_lib.InputContext(
+        num_input_pipelines=1, input_pipeline_id=0,
+        num_replicas_in_sync=self._num_replicas_in_sync)
+
+
+class DatasetFromFunction(tf.distribute.DistributedDataset):
+  """The input of a step on a worker, made by `dataset_fn(input_context)`
+  there: what `distribute_datasets_from_function` returns under
+  `ParameterServerStrategy`, for `ClusterCoordinator.create_per_worker_dataset`.
+
+  >>> ds = DatasetFromFunction(lambda ctx: tf.data.Dataset.range(3),
+  ...                          tf_distribute_lite.InputContext())
+  >>> [int(x) for x in ds]
+  [0, 1, 2]
+  """
+
+  def __init__(self, dataset_fn, input_context):
+    self._dataset_fn = dataset_fn
+    self._input_context = input_context
+
+  def build(self):
+    """The dataset, made where this is called (on a worker, in the
+    function the coordinator runs there)."""
+    return self._dataset_fn(self._input_context)
+
+  def __iter__(self):
+    return iter(self.build())
+
+  @property
+  def element_spec(self):
+    return self.build().element_spec
+
+  def reduce(self, initial_state, reduce_func):
+    return self.build().reduce(initial_state, reduce_func)
+
+
+def _ps_device(index):
+  return f"/job:ps/task:{index}/device:CPU:0"
+
+
+def _initial_value_shape_dtype(kwargs):
+  """The initial value (a callable where one was given with a shape and a
+  dtype), shape and dtype of the variable that `kwargs` describe."""
+  initial_value = kwargs.get("initial_value")
+  shape, dtype = kwargs.get("shape"), kwargs.get("dtype")
+  if initial_value is None:
+    raise ValueError(
+        "It looks like you are using `ParameterServerStrategy` with a "
+        "`variable_partitioner`, and trying to create a variable without "
+        "specifying `initial_value`. This is not allowed. Please specify the "
+        "`initial_value`.")
+  if callable(initial_value) and (shape is None or dtype is None):
+    initial_value = initial_value()
+  if not callable(initial_value):
+    initial_value = tf.convert_to_tensor(initial_value, dtype=dtype)
+    return initial_value, initial_value.shape, initial_value.dtype
+  return initial_value, tf.TensorShape(shape), tf.as_dtype(dtype)
+
+
+def _shard_initial_value(initial_value, shape, offset, size):
+  """A callable giving rows `offset` to `offset + size` of the initial value:
+  an initializer that takes `partition_shape` and `partition_offset` makes
+  only these; otherwise the whole value is made and sliced."""
+  def shard_value():
+    if not callable(initial_value):
+      return initial_value[offset:offset + size]
+    partition_shape = (size,) + tuple(shape[1:])
+    try:
+      value = initial_value(partition_shape=partition_shape,
+                            partition_offset=(offset,) + (0,) * (len(shape) - 1))
+    except (TypeError, ValueError):
+      value = initial_value()
+    value = tf.convert_to_tensor(value)
+    if value.shape == partition_shape:
+      return value
+    return value[offset:offset + size]
+  return shard_value

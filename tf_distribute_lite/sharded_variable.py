@@ -1,0 +1,299 @@
+"""`ShardedVariable`: one large variable kept as shards along its first axis.
+
+`ParameterServerStrategy` with a `variable_partitioner` makes one for each
+variable the partitioner splits, with its shards on different ps tasks. To
+TensorFlow it reads as the concatenation of its shards (tensor conversion,
+operators, `numpy()`); `tf.nn.embedding_lookup` gathers from the shards
+without concatenating them; a checkpoint stores the whole value under the
+name of one variable, so it restores into any number of shards, or into a
+plain variable, and the other way round. Keras layers and optimizers
+recognise it by its class name and iterate over its shards.
+
+Shard sizes follow TensorFlow: `shard_sizes(13, 5)` gives the first axis's
+13 rows to 5 shards as `[3, 3, 3, 2, 2]`.
+"""
+
+import weakref
+
+import tensorflow as tf
+
+from tf_distribute_lite import _tf_bridge
+
+_VARIABLE_VALUE = "VARIABLE_VALUE"  # what a checkpoint calls a variable's value
+
+
+def shard_sizes(length, num_shards):
+  """How many rows of a first axis of `length` each of `num_shards` shards
+  holds: the first `length % num_shards` shards one more.
+
+  >>> shard_sizes(101, 2)
+  [51, 50]
+  >>> shard_sizes(13, 5)
+  [3, 3, 3, 2, 2]
+  """
+  base, extra = divmod(length, num_shards)
+  return [base + (1 if i < extra else 0) for i in range(num_shards)]
+
+
+class ShardedVariable(tf.__internal__.tracking.Trackable, tf.__internal__.CompositeTensor):
+  """A variable stored as `variables`, shards along its first axis.
+
+  >>> v = ShardedVariable([tf.Variable([[1.0], [2.0]]), tf.Variable([[3.0]])])
+  >>> v.shape, [s.shape.as_list() for s in v.variables]
+  (TensorShape([3, 1]), [[2, 1], [1, 1]])
+  >>> tf.convert_to_tensor(v).numpy().ravel().tolist()
+  [1.0, 2.0, 3.0]
+  >>> tf.nn.embedding_lookup(v, [2, 0]).numpy().ravel().tolist()
+  [3.0, 1.0]
+  >>> _ = v.assign_add(tf.ones([3, 1]))
+  >>> (v * 2.0).numpy().ravel().tolist()
+  [4.0, 6.0, 8.0]
+
+  Args:
+    variables: a non-empty list of `tf.Variable`s of one dtype whose shapes
+      agree on every axis but the first.
+    name: the name of the whole variable.
+  """
+
+  def __init__(self, variables, name="ShardedVariable"):
+    super().__init__()
+    if (not isinstance(variables, (list, tuple)) or not variables or
+        any(not isinstance(v, tf.Variable) for v in variables)):
+      raise TypeError(f"Argument `variables` should be a non-empty list of "
+                      f"`tf.Variable`s. Received {variables}")
+    dtypes = [v.dtype for v in variables]
+    if len(set(dtypes)) > 1:
+      raise ValueError(f"All elements in argument `variables` must have the same "
+                       f"dtype. Received dtypes: {dtypes}")
+    shapes = [v.shape for v in variables]
+    if len({tuple(s.as_list()[1:]) for s in shapes}) > 1 or shapes[0].rank == 0:
+      raise ValueError(f"All elements in argument `variables` must have the same "
+                       f"shapes except for the first axis. Received shapes: {shapes}")
+    self._variables = list(variables)
+    self._name = name
+    self._dtype = dtypes[0]
+    self._shape = tf.TensorShape([sum(s[0] for s in shapes)] + shapes[0].as_list()[1:])
+    self._offsets = [0]
+    for s in shapes:
+      self._offsets.append(self._offsets[-1] + s[0])
+    for v in self._variables:
+      v._sharded_container = weakref.ref(self)  # pylint: disable=protected-access
+    self._saving_variable = None  # the whole variable a SavedModel stores
+
+  # --- What it is.
+
+  @property
+  def variables(self):
+    """The shards, in order along the first axis (in a SavedModel being
+    written: the one variable it stores)."""
+    if _tf_bridge.in_save_context():
+      return [self._whole_variable_for_saving()]
+    return self._variables
+
+  def __iter__(self):
+    return iter(self._variables)
+
+  def __len__(self):
+    return len(self._variables)
+
+  name = property(lambda self: self._name, doc="The name of the whole variable.")
+  dtype = property(lambda self: self._dtype, doc="The shards' dtype.")
+  shape = property(lambda self: self._shape, doc="The shape of the whole variable.")
+  trainable = property(lambda self: self._variables[0].trainable)
+  is_sharded_variable = property(lambda self: True)
+  _shared_name = property(lambda self: self._name)
+
+  @property
+  def _unique_id(self):
+    return self._variables[0]._unique_id.replace("part_0", "sharded")  # pylint: disable=protected-access
+
+  @property
+  def _distribute_strategy(self):
+    return getattr(self._variables[0], "_distribute_strategy", None)
+
+  def _should_act_as_resource_variable(self):
+    return True
+
+  def __repr__(self):
+    return (f"<{type(self).__name__} '{self._name}' shape={self._shape} "
+            f"dtype={self._dtype.name} shards={[v.shape[0] for v in self._variables]}>")
+
+  # --- Reads.
+
+  def read_value(self):
+    """The whole value: the shards concatenated."""
+    return tf.concat([v.read_value() for v in self.variables], axis=0)
+
+  value = read_value
+
+  def numpy(self):
+    return self.read_value().numpy()
+
+  def __getitem__(self, slice_spec):
+    return self.read_value()[slice_spec]
+
+  def sparse_read(self, indices, name=None):
+    """Rows `indices` of the whole variable, gathered shard by shard."""
+    del name
+    return _gather(self, indices)
+
+  # --- Updates: each shard takes its rows of the value.
+
+  def _update(self, method, value):
+    value = tf.convert_to_tensor(value, dtype=self._dtype)
+    for i, v in enumerate(self._variables):
+      getattr(v, method)(value[self._offsets[i]:self._offsets[i + 1]])
+    return self
+
+  def assign(self, value, use_locking=None, name=None, read_value=True):
+    del use_locking, name, read_value
+    return self._update("assign", value)
+
+  def assign_add(self, delta, use_locking=None, name=None, read_value=True):
+    del use_locking, name, read_value
+    return self._update("assign_add", delta)
+
+  def assign_sub(self, delta, use_locking=None, name=None, read_value=True):
+    del use_locking, name, read_value
+    return self._update("assign_sub", delta)
+
+  def _scatter(self, method, sparse_delta):
+    """Sends each row of `sparse_delta` (a `tf.IndexedSlices`) to its shard,
+    with indices made local to the shard."""
+    indices = tf.cast(sparse_delta.indices, tf.int64)
+    for i, v in enumerate(self._variables):
+      start, stop = self._offsets[i], self._offsets[i + 1]
+      mine = tf.where((indices >= start) & (indices < stop))[:, 0]
+      getattr(v, method)(tf.IndexedSlices(
+          tf.gather(sparse_delta.values, mine), tf.gather(indices, mine) - start))
+    return self
+
+  # --- Checkpoints and SavedModel: stored as one whole variable.
+
+  def _serialize_to_tensors(self):
+    return {_VARIABLE_VALUE: self.read_value()}
+
+  def _restore_from_tensors(self, restored_tensors):
+    restored = restored_tensors[_VARIABLE_VALUE]
+    if not restored.shape.is_compatible_with(self._shape):
+      raise ValueError(
+          f"Received incompatible tensor with shape {restored.shape} when "
+          f"attempting to restore variable with shape {self._shape} and name "
+          f"{self._name}.")
+    return tf.group([
+        v.assign(restored[self._offsets[i]:self._offsets[i + 1]], read_value=False)
+        for i, v in enumerate(self._variables)])
+
+  def _whole_variable_for_saving(self):
+    if self._saving_variable is None:
+      self._saving_variable = _tf_bridge.uninitialized_variable(
+          self._shape, self._dtype, self._name, self.trainable)
+    return self._saving_variable
+
+  def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
+    whole = self._whole_variable_for_saving()
+    resources = []
+    for v in self._variables + [whole]:
+      resources.extend(v._export_to_saved_model_graph(  # pylint: disable=protected-access
+          object_map, tensor_map, options, **kwargs))
+    object_map[self] = ShardedVariable([object_map[whole]], name=self._name)
+    return resources
+
+  def _write_object_proto(self, proto, options):
+    _tf_bridge.write_variable_proto(self._whole_variable_for_saving(), proto, options)
+
+  def __tf_experimental_restore_capture__(self, concrete_function, internal_capture):
+    del concrete_function, internal_capture
+    return None
+
+  # --- A composite tensor: it crosses `tf.function` boundaries as its shards.
+
+  @property
+  def _type_spec(self):
+    return ShardedVariableSpec(*(tf.type_spec_from_value(v) for v in self._variables))
+
+
+class ShardedVariableSpec(tf.TypeSpec):
+  """Type spec of a `ShardedVariable`: its shards' variable specs.
+
+  >>> ShardedVariable([tf.Variable([1.0]), tf.Variable([2.0])])._type_spec
+  ShardedVariableSpec(VariableSpec(shape=(1,), dtype=tf.float32, trainable=True, alias_id=None), VariableSpec(shape=(1,), dtype=tf.float32, trainable=True, alias_id=None))
+  """
+
+  def __init__(self, *variable_specs):
+    self._specs = variable_specs
+
+  value_type = property(lambda self: ShardedVariable)
+  _component_specs = property(lambda self: self._specs)
+
+  def _serialize(self):
+    return self._specs
+
+  def _to_components(self, value):
+    return tuple(value._variables)  # pylint: disable=protected-access
+
+  def _from_components(self, components):
+    return ShardedVariable(list(components))
+
+
+def _as_tensor(var, dtype=None, name=None, as_ref=False):
+  del name
+  if dtype is not None and not dtype.is_compatible_with(var.dtype):
+    raise ValueError(f"Incompatible type conversion requested to type "
+                     f"{dtype.name!r} for variable of type {var.dtype.name!r}")
+  if as_ref:
+    raise NotImplementedError(
+        "ShardedVariable doesn't support being used as a reference.")
+  return var.read_value()
+
+
+tf.register_tensor_conversion_function(ShardedVariable, _as_tensor)
+
+
+def _operator(name):
+  tensor_operator = getattr(tf.Tensor, name)
+
+  def operator(self, *args, **kwargs):
+    return tensor_operator(self.read_value(), *args, **kwargs)
+  operator.__name__ = name
+  return operator
+
+
+for _name in tf.Tensor.OVERLOADABLE_OPERATORS - {"__getitem__"}:
+  setattr(ShardedVariable, _name, _operator(_name))
+
+for _method in ("scatter_add", "scatter_sub", "scatter_mul", "scatter_div",
+                "scatter_min", "scatter_max", "scatter_update"):
+  setattr(ShardedVariable, _method,
+          (lambda method: lambda self, sparse_delta, use_locking=False, name=None:
+           self._scatter(method, sparse_delta))(_method))  # pylint: disable=protected-access
+
+
+def _gather(sharded, ids):
+  """Rows `ids` of `sharded`, each read from its shard ("div" partitioning,
+  the shards' sizes as they are). While a SavedModel is written, the one
+  whole variable it stores is read instead."""
+  ids = tf.convert_to_tensor(ids)
+  variables = sharded.variables
+  starts = [0]
+  for v in variables:
+    starts.append(starts[-1] + v.shape[0])
+  flat = tf.cast(tf.reshape(ids, [-1]), tf.int64)
+  shard = tf.cast(tf.searchsorted(tf.constant(starts[1:-1], tf.int64), flat, side="right"),
+                  tf.int32)
+  local = flat - tf.gather(tf.constant(starts[:-1], tf.int64), shard)
+  positions = tf.dynamic_partition(tf.range(tf.size(flat)), shard, len(variables))
+  parts = tf.dynamic_partition(local, shard, len(variables))
+  rows = [v.sparse_read(p) for v, p in zip(variables, parts)]
+  gathered = tf.dynamic_stitch(positions, rows)
+  result = tf.reshape(gathered, tf.concat([tf.shape(ids), tf.shape(gathered)[1:]], 0))
+  result.set_shape(ids.shape.concatenate(sharded.shape[1:]))
+  return result
+
+
+@tf.experimental.dispatch_for_api(tf.nn.embedding_lookup)
+def _embedding_lookup(params: ShardedVariable, ids, max_norm=None, name=None):
+  if max_norm is not None:
+    return tf.nn.embedding_lookup(params.variables, ids, max_norm=max_norm, name=name)
+  with tf.name_scope(name or "embedding_lookup"):
+    return _gather(params, ids)
