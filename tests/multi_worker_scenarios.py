@@ -394,11 +394,14 @@ def _fit_with_checkpoints(ctx, strategy):
   return out
 
 
-def tf_keras_fit(ctx):
+def client_libraries(ctx):
   """tf_keras (Keras 2): `fit`, `evaluate` and `predict` of the small
   classifier on global batches of 16, then `fit` with `BackupAndRestore`
   and `ModelCheckpoint` into directories the workers share, interrupted at
-  the start of epoch 2 and resumed by a fresh model."""
+  the start of epoch 2 and resumed by a fresh model; then Orbit's
+  Controller training and evaluating its single-task example (with
+  checkpoints and summaries in a directory of this worker's)."""
+  import orbit_programs  # pylint: disable=g-import-not-at-top
   import tf_keras  # pylint: disable=g-import-not-at-top
   strategy = ctx.strategy(timeout_seconds=60)
   loss = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -450,6 +453,8 @@ def tf_keras_fit(ctx):
   strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
   out["backup_after_training"] = os.path.exists(backup)
   out["checkpoints"] = sorted(os.listdir(checkpoints))
+  out["orbit"] = orbit_programs.controller(
+      strategy, os.path.join(ctx.directory, f"orbit_{ctx.index}"))
   return out
 
 

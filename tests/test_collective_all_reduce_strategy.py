@@ -200,7 +200,7 @@ def two_worker_runs(tmp_path_factory):
   as its strategies collide in one program (a later one reuses the
   collective instance keys of an earlier one). The clusters run at the
   same time. Results by module, then task index, then scenario."""
-  scenarios = ["tutorial_custom_loop", "keras_fit", "tf_keras_fit", "basics"]
+  scenarios = ["tutorial_custom_loop", "keras_fit", "client_libraries", "basics"]
 
   def run(directory):
     (directory / "tmp").mkdir()
@@ -328,11 +328,12 @@ def test_keras_fit_on_two_workers(two_worker_runs):
 
 
 @pytest.mark.multi_worker
-def test_tf_keras_fit_on_two_workers_matches_tensorflow(two_worker_runs):
+def test_client_libraries_on_two_workers_match_tensorflow(two_worker_runs):
   """tf_keras trains, evaluates, predicts, backs up and resumes on 2 workers
-  as under TensorFlow's MultiWorkerMirroredStrategy, with the same files."""
-  ours = _scenario(two_worker_runs["tfd"], "tf_keras_fit")
-  theirs = _scenario(two_worker_runs["tf"], "tf_keras_fit")
+  as under TensorFlow's MultiWorkerMirroredStrategy, with the same files;
+  Orbit's Controller trains, evaluates, checkpoints and restores alike."""
+  ours = _scenario(two_worker_runs["tfd"], "client_libraries")
+  theirs = _scenario(two_worker_runs["tf"], "client_libraries")
   for index in range(2):
     assert "error" not in ours[index], ours[index].get("traceback")
     assert "error" not in theirs[index], theirs[index].get("traceback")
@@ -347,8 +348,17 @@ def test_tf_keras_fit_on_two_workers_matches_tensorflow(two_worker_runs):
     np.testing.assert_allclose(mine["resumed_loss"], expected["resumed_loss"], atol=TOLERANCE)
     _assert_close(mine["weights"], expected["weights"])
     _assert_close(mine["resumed_weights"], expected["resumed_weights"])
+    orbit, expected_orbit = mine["orbit"], expected["orbit"]
+    assert orbit["checkpoints"] == expected_orbit["checkpoints"]
+    assert orbit["restored"] == expected_orbit["restored"]
+    assert [kind for kind, _ in orbit["outputs"]] == [kind for kind, _ in expected_orbit["outputs"]]
+    for (_, values), (_, expected_values) in zip(orbit["outputs"], expected_orbit["outputs"]):
+      for name, value in expected_values.items():
+        assert values[name] == pytest.approx(value, abs=TOLERANCE), name
+    _assert_close(orbit["weights"], expected_orbit["weights"])
   assert ours[0]["resumed_epochs"] == [2]
   assert ours[0]["checkpoints"] == ["epoch1.h5", "epoch2.h5", "epoch3.h5"]
+  assert ours[0]["orbit"]["restored"] == {"step": 6, "weights_equal": True}
 
 
 def _assert_checkpointing_as_in_the_tutorial(results):
