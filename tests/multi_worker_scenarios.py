@@ -342,15 +342,19 @@ def keras_fit(ctx):
           "checkpointing": _fit_with_checkpoints(ctx, strategy)}
 
 
-def _fit_with_checkpoints(ctx, strategy):
-  """TensorFlow's Keras tutorial on fault tolerance: `fit` of 3 epochs of 4
-  steps with `BackupAndRestore` and `ModelCheckpoint` writing into
-  directories the workers share, interrupted at the start of epoch 2, then
-  resumed by a fresh model. Reports the files the shared directories hold
-  and this worker's leftovers in its temporary directory."""
-  import keras  # pylint: disable=g-import-not-at-top
-  backup = os.path.join(ctx.directory, "backup")
-  checkpoints = os.path.join(ctx.directory, "checkpoints")
+def _fit_with_checkpoints(ctx, strategy, keras=None, optimizer=None, prefix=""):
+  """TensorFlow's Keras tutorial on fault tolerance, with `keras` (Keras 3
+  by default, or tf_keras) and `optimizer()` (SGD by default): `fit` of 3
+  epochs of 4 steps with `BackupAndRestore` and `ModelCheckpoint` writing
+  into directories the workers share (named with `prefix`), interrupted at
+  the start of epoch 2, then resumed by a fresh model. Reports the files the
+  shared directories hold and this worker's leftovers in its temporary
+  directory."""
+  if keras is None:
+    import keras  # pylint: disable=g-import-not-at-top,redefined-outer-name
+  optimizer = optimizer or (lambda: keras.optimizers.SGD(learning_rate=0.1))
+  backup = os.path.join(ctx.directory, prefix + "backup")
+  checkpoints = os.path.join(ctx.directory, prefix + "checkpoints")
 
   class Interruption(keras.callbacks.Callback):
 
@@ -360,8 +364,8 @@ def _fit_with_checkpoints(ctx, strategy):
 
   def fit(extra_callbacks):
     with strategy.scope():
-      model = classifier()
-      model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1),
+      model = classifier(keras)
+      model.compile(optimizer=optimizer(),
                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     callbacks = [keras.callbacks.BackupAndRestore(backup),
                  keras.callbacks.ModelCheckpoint(
@@ -396,9 +400,8 @@ def _fit_with_checkpoints(ctx, strategy):
 
 def client_libraries(ctx):
   """tf_keras (Keras 2): `fit`, `evaluate` and `predict` of the small
-  classifier on global batches of 16, then `fit` with `BackupAndRestore`
-  and `ModelCheckpoint` into directories the workers share, interrupted at
-  the start of epoch 2 and resumed by a fresh model; then Orbit's
+  classifier on global batches of 16, then `_fit_with_checkpoints` with a
+  legacy optimizer; then Orbit's
   Controller training and evaluating its single-task example (with
   checkpoints and summaries in a directory of this worker's)."""
   import orbit_programs  # pylint: disable=g-import-not-at-top
@@ -422,37 +425,9 @@ def client_libraries(ctx):
              verbose=0)).tolist(),
          "weights": [w.tolist() for w in model.get_weights()]}
 
-  backup = os.path.join(ctx.directory, "tf_keras_backup")
-  checkpoints = os.path.join(ctx.directory, "tf_keras_checkpoints")
-
-  class Interruption(tf_keras.callbacks.Callback):
-
-    def on_epoch_begin(self, epoch, logs=None):
-      if epoch == 2:
-        raise RuntimeError("interrupted")
-
-  def fit_with_checkpoints(extra_callbacks):
-    model = compiled(tf_keras.optimizers.legacy.SGD(learning_rate=0.1))
-    callbacks = [tf_keras.callbacks.BackupAndRestore(backup),
-                 tf_keras.callbacks.ModelCheckpoint(
-                     os.path.join(checkpoints, "epoch{epoch}.h5"), save_weights_only=True)]
-    repeated = tf.data.Dataset.from_tensor_slices(classification_data(64)).batch(16).repeat()
-    return model, model.fit(repeated, epochs=3, steps_per_epoch=4, verbose=0,
-                            callbacks=callbacks + extra_callbacks)
-
-  try:
-    fit_with_checkpoints([Interruption()])
-  except RuntimeError as e:
-    out["interrupted"] = str(e)
-  strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
-  out["backup_after_interruption"] = sorted(os.listdir(backup))
-  model, history = fit_with_checkpoints([])
-  out["resumed_epochs"] = history.epoch
-  out["resumed_loss"] = history.history["loss"]
-  out["resumed_weights"] = [w.tolist() for w in model.get_weights()]
-  strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
-  out["backup_after_training"] = os.path.exists(backup)
-  out["checkpoints"] = sorted(os.listdir(checkpoints))
+  out["checkpointing"] = _fit_with_checkpoints(
+      ctx, strategy, tf_keras, lambda: tf_keras.optimizers.legacy.SGD(learning_rate=0.1),
+      prefix="tf_keras_")
   out["orbit"] = orbit_programs.controller(
       strategy, os.path.join(ctx.directory, f"orbit_{ctx.index}"))
   return out

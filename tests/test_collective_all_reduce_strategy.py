@@ -338,16 +338,19 @@ def test_client_libraries_on_two_workers_match_tensorflow(two_worker_runs):
     assert "error" not in ours[index], ours[index].get("traceback")
     assert "error" not in theirs[index], theirs[index].get("traceback")
     mine, expected = ours[index], theirs[index]
-    for key in ("interrupted", "backup_after_interruption", "resumed_epochs",
-                "backup_after_training", "checkpoints"):
-      assert mine[key] == expected[key], key
     for key in ("history", "evaluation"):
       for name, value in expected[key].items():
         np.testing.assert_allclose(mine[key][name], value, atol=TOLERANCE)
     np.testing.assert_allclose(mine["predictions"], expected["predictions"], atol=TOLERANCE)
-    np.testing.assert_allclose(mine["resumed_loss"], expected["resumed_loss"], atol=TOLERANCE)
     _assert_close(mine["weights"], expected["weights"])
-    _assert_close(mine["resumed_weights"], expected["resumed_weights"])
+    checkpointing, expected_checkpointing = mine["checkpointing"], expected["checkpointing"]
+    for key in ("interrupted", "backup_after_interruption", "resumed_epochs",
+                "backup_after_training", "checkpoints"):
+      assert checkpointing[key] == expected_checkpointing[key], key
+    assert checkpointing["temporary_files"] == []
+    np.testing.assert_allclose(checkpointing["resumed_loss"],
+                               expected_checkpointing["resumed_loss"], atol=TOLERANCE)
+    _assert_close(checkpointing["weights"], expected_checkpointing["weights"])
     orbit, expected_orbit = mine["orbit"], expected["orbit"]
     assert orbit["checkpoints"] == expected_orbit["checkpoints"]
     assert orbit["restored"] == expected_orbit["restored"]
@@ -356,8 +359,9 @@ def test_client_libraries_on_two_workers_match_tensorflow(two_worker_runs):
       for name, value in expected_values.items():
         assert values[name] == pytest.approx(value, abs=TOLERANCE), name
     _assert_close(orbit["weights"], expected_orbit["weights"])
-  assert ours[0]["resumed_epochs"] == [2]
-  assert ours[0]["checkpoints"] == ["epoch1.h5", "epoch2.h5", "epoch3.h5"]
+  assert ours[0]["checkpointing"]["resumed_epochs"] == [2]
+  assert ours[0]["checkpointing"]["checkpoints"] == [
+      "epoch1.weights.h5", "epoch2.weights.h5", "epoch3.weights.h5"]
   assert ours[0]["orbit"]["restored"] == {"step": 6, "weights_equal": True}
 
 

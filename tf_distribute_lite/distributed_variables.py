@@ -25,7 +25,7 @@ from tf_distribute_lite import contexts
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
 
-_VARIABLE_VALUE = "VARIABLE_VALUE"  # the checkpoint key plain variables use
+VARIABLE_VALUE = "VARIABLE_VALUE"  # the checkpoint key plain variables use
 _OWN_ATTRIBUTES = frozenset(
     ["_values", "_distribute_strategy", "_aggregation", "_common_name"])
 
@@ -264,20 +264,15 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
     return _VariableTraceType(self)
 
   def _serialize_to_tensors(self):
-    return {_VARIABLE_VALUE: self._saved_value()}
+    return {VARIABLE_VALUE: self._saved_value()}
 
   def _saved_value(self):
     with self._strategy_scope():
       return self.read_value()
 
   def _restore_from_tensors(self, restored_tensors):
-    restored = restored_tensors[_VARIABLE_VALUE]
-    if not restored.shape.is_compatible_with(self.shape):
-      raise ValueError(
-          f"Received incompatible tensor with shape {restored.shape} when "
-          f"attempting to restore variable with shape {self.shape} and name "
-          f"{self.name}.")
-    restored = self._component_restore_value(restored)
+    restored = self._component_restore_value(
+        restored_value(restored_tensors, self.shape, self.name))
     updates = []
     for component in self._values:
       with tf.device(component.device):
@@ -303,8 +298,8 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
     def saveable(name=self._common_name):
       return _tf_bridge.tf1_saveable(
           self, name, self._primary.device, self._saved_value,
-          lambda restored: self._restore_from_tensors({_VARIABLE_VALUE: restored}))
-    return {_VARIABLE_VALUE: saveable}
+          lambda restored: self._restore_from_tensors({VARIABLE_VALUE: restored}))
+    return {VARIABLE_VALUE: saveable}
 
   def to_proto(self, export_scope=None):
     # A TF1 graph's exported collections hold the variable it stands for.
@@ -337,6 +332,17 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   def __tf_experimental_restore_capture__(self, concrete_function, internal_capture):
     concrete_function.graph.replace_capture(self, internal_capture)
     return self
+
+
+def restored_value(restored_tensors, shape, name):
+  """The value a checkpoint restores into the variable `name` of `shape`;
+  another shape is TensorFlow's ValueError."""
+  restored = restored_tensors[VARIABLE_VALUE]
+  if not restored.shape.is_compatible_with(shape):
+    raise ValueError(
+        f"Received incompatible tensor with shape {restored.shape} when "
+        f"attempting to restore variable with shape {shape} and name {name}.")
+  return restored
 
 
 def _scatter_method(method):

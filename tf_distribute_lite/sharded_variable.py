@@ -18,8 +18,8 @@ import weakref
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import distributed_variables
 
-_VARIABLE_VALUE = "VARIABLE_VALUE"  # what a checkpoint calls a variable's value
 
 
 def shard_sizes(length, num_shards):
@@ -171,15 +171,10 @@ class ShardedVariable(tf.__internal__.tracking.Trackable, tf.__internal__.Compos
   # --- Checkpoints and SavedModel: stored as one whole variable.
 
   def _serialize_to_tensors(self):
-    return {_VARIABLE_VALUE: self.read_value()}
+    return {distributed_variables.VARIABLE_VALUE: self.read_value()}
 
   def _restore_from_tensors(self, restored_tensors):
-    restored = restored_tensors[_VARIABLE_VALUE]
-    if not restored.shape.is_compatible_with(self._shape):
-      raise ValueError(
-          f"Received incompatible tensor with shape {restored.shape} when "
-          f"attempting to restore variable with shape {self._shape} and name "
-          f"{self._name}.")
+    restored = distributed_variables.restored_value(restored_tensors, self._shape, self._name)
     return tf.group([
         v.assign(restored[self._offsets[i]:self._offsets[i + 1]], read_value=False)
         for i, v in enumerate(self._variables)])
