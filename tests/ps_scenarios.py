@@ -67,7 +67,9 @@ def basics(context):
   facts = {"types": [type(strategy).__name__, type(strategy.extended).__name__],
            "replicas": strategy.num_replicas_in_sync,
            "worker_devices": list(strategy.extended.worker_devices),
-           "should_use_with_coordinator": strategy._should_use_with_coordinator}  # pylint: disable=protected-access
+           # Read by tf_keras (docs/client_private_names.md).
+           "should_use_with_coordinator": strategy._should_use_with_coordinator,  # pylint: disable=protected-access
+           "num_workers": strategy._num_workers}  # pylint: disable=protected-access
   with strategy.scope():
     counter = tf.Variable(0.0)
     scalar_b = tf.Variable(1, dtype=tf.int64)

@@ -60,8 +60,10 @@ class ParameterServerStrategyV2(strategy_v1.TF1Methods, distribute_lib.Strategy)
         self, cluster_spec, variable_partitioner))
     self._cluster_resolver = cluster_resolver
     self._cluster_coordinator = None  # the ClusterCoordinator made for it
-    # Read by tf_keras: steps go through a ClusterCoordinator.
+    # Read by tf_keras: steps go through a ClusterCoordinator, and exact
+    # evaluation shards the data by the number of workers.
     self._should_use_with_coordinator = True
+    self._num_workers = self._extended._num_workers  # pylint: disable=protected-access
     self._is_parameter_server_strategy_v2 = True
     self._canonicalize_devices = False
 
