@@ -1,6 +1,8 @@
 """The examples train and their loss falls: the main job,
 examples/custom_training_loop.py, on one machine and on two worker
-processes; examples/tpu_training.py on an emulated TPU slice. Run as a
+processes; examples/tpu_training.py on an emulated TPU slice;
+examples/parameter_server_training.py on its own cluster of worker and ps
+processes. Run as a
 newcomer runs them (TF_CPP_MIN_LOG_LEVEL unset), they print only their own
 output."""
 
@@ -101,3 +103,25 @@ def test_keras2_orbit_example_trains_on_an_emulated_v3_8():
   output = _run_orbit_example("--tpu", "emulated:v3-8", "--steps", "20")
   assert "strategy: TPUStrategy" in output and "replicas in sync: 8" in output
   assert output.count("running complete evaluation") == 2 and ": fell" in output
+
+
+def test_parameter_server_example_trains_on_its_own_local_cluster():
+  """Without TF_CONFIG the example starts 2 worker and 2 ps processes,
+  trains with a weight matrix sharded over the 2 ps, and ends them."""
+  env = {k: v for k, v in environment_of_a_newcomer().items() if k != "TF_CONFIG"}
+  result = subprocess.run([sys.executable, str(EXAMPLES / "parameter_server_training.py")],
+                          capture_output=True, text=True, timeout=300, env=env, check=False)
+  output = result.stdout + result.stderr
+  assert result.returncode == 0, output
+  assert not tensorflow_log_lines(output), result.stderr
+  for job in ("worker", "ps"):
+    for index in range(2):
+      assert f"started {job} {index} at 127.0.0.1:" in result.stdout
+  for shard in range(2):
+    assert f"weights/part_{shard}:0 [32, 1] on /job:ps/replica:0/task:{shard}/" in result.stdout
+  assert "epoch 4: 20 steps" in result.stdout and ": fell" in result.stdout
+  pids = [int(pid) for pid in re.findall(r"\(pid (\d+)\)", result.stdout)]
+  assert len(pids) == 4 and result.stdout.split("ended pids ")[1].split() == [str(p) for p in pids]
+  for pid in pids:  # each was waited for, so none is left, not even as a zombie
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)
