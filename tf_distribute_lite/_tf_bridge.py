@@ -491,8 +491,9 @@ def _route_backup(callback_class, answers):
   @functools.wraps(on_train_begin)
   def routed(self, logs=None):
     strategy = self.model.distribute_strategy
-    if "backup" in answers(strategy):
-      self._supported_strategies += (type(strategy),)  # pylint: disable=protected-access
+    supported = self._supported_strategies  # pylint: disable=protected-access
+    if "backup" in answers(strategy) and not isinstance(strategy, supported):
+      self._supported_strategies = supported + (type(strategy),)  # pylint: disable=protected-access
     return on_train_begin(self, logs)
   callback_class.on_train_begin = routed
   callback_class._tfd_answers = answers  # pylint: disable=protected-access

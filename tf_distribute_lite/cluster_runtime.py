@@ -271,6 +271,19 @@ def _training_tasks(cluster_spec):
         yield job, index, cluster_spec.task_address(job, index)
 
 
+def unanswered_tasks(cluster_spec, jobs, deadline):
+  """`(job, index, address)` of each task of `jobs` whose server does not
+  accept connections before `deadline` (a `time.monotonic()` time).
+
+  >>> spec = tf.train.ClusterSpec({"ps": ["127.0.0.1:1"]})
+  >>> unanswered_tasks(spec, ["ps"], time.monotonic())
+  [('ps', 0, '127.0.0.1:1')]
+  """
+  tasks = [(job, index, cluster_spec.task_address(job, index))
+           for job in jobs for index in range(cluster_spec.num_tasks(job))]
+  return [task for task in tasks if not _answers_by(task[2], deadline)]
+
+
 def _answers_by(address, deadline):
   """Whether something accepts TCP connections at `address` before
   `deadline` (a `time.monotonic()` time), asking until then.

@@ -94,11 +94,10 @@ def _wait_for_servers(cluster_spec):
   worker and ps task's server answers; `tf.errors.DeadlineExceededError`
   names those that do not."""
   deadline = time.monotonic() + cluster_runtime.startup_timeout()
-  tasks = [(job, i, cluster_spec.task_address(job, i))
-           for job in ("worker", "ps") for i in range(cluster_spec.num_tasks(job))]
-  missing = [t for t in tasks if not cluster_runtime._answers_by(t[2], deadline)]  # pylint: disable=protected-access
+  missing = cluster_runtime.unanswered_tasks(cluster_spec, ("worker", "ps"), deadline)
   if missing:
-    names = ", ".join(f"/job:{job}/task:{i} at {address}" for job, i, address in missing)
+    names = ", ".join(f"{cluster_runtime.task_name(job, i)} at {address}"
+                      for job, i, address in missing)
     raise tf.errors.DeadlineExceededError(
         None, None, f"ParameterServerStrategy could not reach the cluster within "
         f"{cluster_runtime.startup_timeout():g} s: no server answers for {names}. "

@@ -21,7 +21,6 @@ from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import distributed_variables
 
 
-
 def shard_sizes(length, num_shards):
   """How many rows of a first axis of `length` each of `num_shards` shards
   holds: the first `length % num_shards` shards one more.
