@@ -130,6 +130,23 @@ def basics(context):
   facts["each_worker_reads_its_own_dataset_in_order"] = all(
       batches == expected[:len(batches)] for batches in by_worker.values())
 
+  # A dataset, and one from experimental_distribute_dataset, are copied to
+  # each worker; the latter cannot be read on the coordinator.
+  plain = tf.data.Dataset.range(4).map(lambda x: x * 10)
+  distributed = strategy.experimental_distribute_dataset(plain)
+  facts["unbuilt_iter"] = _error(lambda: iter(distributed))
+  for name, dataset in (("plain", plain), ("distributed", distributed)):
+    copied = iter(coordinator.create_per_worker_dataset(dataset))
+    firsts = [coordinator.schedule(read, args=(copied,)) for _ in range(2)]
+    coordinator.join()
+    facts[f"{name}_dataset_on_workers"] = sorted(
+        int(batch) for _, batch in (r.fetch() for r in firsts))[0]
+  # tf_keras makes TensorFlow's ClusterCoordinator: it is this one.
+  facts["tf_coordinator_is_this"] = (
+      tf.distribute.experimental.coordinator.ClusterCoordinator(strategy) is coordinator)
+  facts["tf_remote_value"] = isinstance(
+      results[0], tf.distribute.experimental.coordinator.RemoteValue)
+
   def indexed_dataset():
     index = mod.coordinator.experimental_get_current_worker_index()
     return tf.data.Dataset.from_tensors(index).repeat()
@@ -257,3 +274,66 @@ def faults(context):
   facts["ps_lost"]["again"] = _error(again)
   facts["ps_lost"]["seconds"] = time.monotonic() - start
   return facts
+
+
+def keras_fit(context):
+  """tf_keras `Model.fit` as in TensorFlow's "Parameter server training with
+  Keras" tutorial (a `DatasetCreator`), then on a dataset and on arrays with
+  `steps_per_epoch`, with a checkpoint callback; then `evaluate` (exact,
+  sharded over the workers, with args evaluation_shards="auto") and
+  `predict`."""
+  mod = context.mod
+  strategy = _strategy(context, mod.experimental.partitioners.MinSizePartitioner(
+      min_shard_bytes=16, max_shards=2))
+  with strategy.scope():
+    model = tf_keras.Sequential([tf_keras.layers.Dense(4, kernel_initializer="ones"),
+                                 tf_keras.layers.Dense(1, kernel_initializer="ones")])
+    model.compile(tf_keras.optimizers.legacy.SGD(0.01), loss="mse", metrics=["mae"],
+                  steps_per_execution=2,
+                  pss_evaluation_shards=context.args.get("evaluation_shards", 0))
+  x = np.arange(64 * 3, dtype=np.float32).reshape([64, 3]) / 100.0
+  y = np.sum(x, axis=1, keepdims=True) * 0.5
+
+  def dataset_fn(input_context):
+    batch = input_context.get_per_replica_batch_size(8)
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch)
+
+  checkpoints = os.path.join(context.directory, "checkpoints", "epoch{epoch}")
+
+  def evaluate():
+    if context.args.get("evaluation_shards"):  # exact: each batch once
+      return model.evaluate(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), verbose=0)
+    return model.evaluate(tf_keras.utils.experimental.DatasetCreator(dataset_fn),
+                          steps=4, verbose=0)
+
+  fits = [model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2,
+                    steps_per_epoch=4, verbose=0, callbacks=[
+                        tf_keras.callbacks.ModelCheckpoint(checkpoints, save_weights_only=True)]),
+          model.fit(tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8),
+                    epochs=1, steps_per_epoch=4, verbose=0),
+          model.fit(x, y, batch_size=8, epochs=1, steps_per_epoch=4, shuffle=False,
+                    verbose=0)]
+  return {
+      "histories": [fit.history for fit in fits],
+      "variables": [[v.device, v.shape.as_list()] for v in model.variables],
+      "checkpoints": sorted(os.listdir(os.path.dirname(checkpoints))),
+      "weights": [np.asarray(w).tolist() for w in model.get_weights()],
+      "evaluate": [type(v).__name__ + repr(float(v)) for v in evaluate()],
+      "predict": model.predict(x[:5], verbose=0).tolist(),
+      "steps": int(model.optimizer.iterations.numpy()),
+      "keras3_fit": _keras3_fit(strategy),
+  }
+
+
+def _keras3_fit(strategy):
+  """Keras 3 does not train with parameter servers: its `fit` refuses."""
+  import keras  # pylint: disable=import-outside-toplevel
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+  x = np.ones([8, 3], np.float32)
+  try:
+    model.fit(x, x[:, :1], epochs=1, verbose=0)
+  except Exception as e:  # pylint: disable=broad-except
+    return [type(e).__name__, str(e)]
+  return None

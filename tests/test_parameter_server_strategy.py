@@ -25,29 +25,39 @@ MODULES = ["tf", "tfd"]
 
 @pytest.fixture(scope="module")
 def cluster_runs(tmp_path_factory):
-  """basics on 2 workers and 2 ps processes, training on 1 worker with
-  in-process servers; for both modules, at the same time."""
+  """basics on 2 workers and 2 ps processes, training and keras_fit on 1
+  worker with in-process servers, for both modules; keras_fit on 2 workers
+  for tfd; at the same time."""
   def run(directory):
     runs = [(LocalCluster(2, directory / f"basics_{m}", num_ps=2), "ps_scenarios.basics", m, {})
             for m in MODULES]
     runs += [(LocalCluster(1, directory / f"training_{m}", num_ps=2), "ps_scenarios.training", m,
               {"args": {"servers": "in_process"}}) for m in MODULES]
-    results = run_together(runs, timeout=240)
-    return {(scenario, m): result[("chief", 0)] for (_, scenario, m, _), result
-            in zip(runs, results)}
+    runs += [(LocalCluster(1, directory / f"keras_fit_{m}", num_ps=2), "ps_scenarios.keras_fit", m,
+              {"args": {"servers": "in_process", "evaluation_shards": "auto"}})
+             for m in MODULES]
+    runs.append((LocalCluster(2, directory / "keras_fit_2", num_ps=2),
+                 "ps_scenarios.keras_fit", "tfd", {}))
+    results = run_together(runs, timeout=300)
+    return {(scenario, m, cluster.num_workers): result[("chief", 0)]
+            for (cluster, scenario, m, _), result in zip(runs, results)}
   return run_once(tmp_path_factory, "ps_cluster_runs", run)
 
 
-def _facts(runs, scenario, module):
-  facts = runs[(f"ps_scenarios.{scenario}", module)]
+def _facts(runs, scenario, module, workers=1):
+  facts = runs[(f"ps_scenarios.{scenario}", module, workers)]
   assert "error" not in facts, facts.get("traceback", facts)
   return facts
 
 
 def test_strategy_and_coordinator_match_tensorflow(cluster_runs):
-  ours, theirs = _facts(cluster_runs, "basics", "tfd"), _facts(cluster_runs, "basics", "tf")
+  ours, theirs = (_facts(cluster_runs, "basics", "tfd", 2),
+                  _facts(cluster_runs, "basics", "tf", 2))
   assert ours == theirs
   assert ours["counter"] == 10.0 and ours["counter_after"] == 11.0
+  assert ours["unbuilt_iter"] == "ValueError"
+  assert ours["plain_dataset_on_workers"] == ours["distributed_dataset_on_workers"] == 0
+  assert ours["tf_coordinator_is_this"] and ours["tf_remote_value"]
   assert ours["placement"][2:4] == [["/job:ps/replica:0/task:0/device:CPU:0", [51, 4]],
                                     ["/job:ps/replica:0/task:1/device:CPU:0", [50, 4]]]
   assert ours["misuse"] == {"python_function": "TypeError",
@@ -64,6 +74,32 @@ def test_tf_keras_training_with_sharded_variables_matches_tensorflow(cluster_run
   np.testing.assert_allclose(ours["loss"], theirs["loss"], rtol=1e-6)
   for a, b in zip(ours["weights"], theirs["weights"]):
     np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_tf_keras_fit_evaluate_predict_match_tensorflow(cluster_runs):
+  """tf_keras makes TensorFlow's `ClusterCoordinator(strategy)`, which
+  answers tfd's coordinator: on one worker, steps run in order and every
+  number equals TensorFlow's."""
+  ours, theirs = _facts(cluster_runs, "keras_fit", "tfd"), _facts(cluster_runs, "keras_fit", "tf")
+  assert ours == theirs
+  assert ours["steps"] == 16
+  assert [v[1] for v in ours["variables"][:2]] == [[2, 4], [1, 4]]  # sharded kernel
+  assert "epoch2.index" in ours["checkpoints"]
+  assert ours["histories"][2]["loss"][0] < ours["histories"][0]["loss"][0] / 10
+
+
+def test_tf_keras_fit_on_two_workers_trains_asynchronously(cluster_runs):
+  ours, one_worker = _facts(cluster_runs, "keras_fit", "tfd", 2), _facts(cluster_runs, "keras_fit", "tfd")
+  assert ours["steps"] == 16
+  assert ours["checkpoints"] == one_worker["checkpoints"]
+  assert ours["histories"][2]["loss"][0] < ours["histories"][0]["loss"][0] / 10
+
+
+def test_keras3_fit_refuses_parameter_server_strategy_as_with_tensorflow(cluster_runs):
+  ours, theirs = _facts(cluster_runs, "keras_fit", "tfd"), _facts(cluster_runs, "keras_fit", "tf")
+  assert ours["keras3_fit"] == theirs["keras3_fit"]
+  assert ours["keras3_fit"][0] == "ValueError"
+  assert "create_per_worker_dataset" in ours["keras3_fit"][1]
 
 
 def test_checkpoint_keys_match_tensorflow_and_restore_into_any_sharding(cluster_runs):

@@ -62,11 +62,11 @@ class ClusterCoordinator:
           f"Only `tf.distribute.experimental.ParameterServerStrategy` is "
           f"supported to work with `tf.distribute.experimental.coordinator."
           f"ClusterCoordinator` currently; got a {type(strategy).__name__}.")
-    if strategy._cluster_coordinator is None:  # pylint: disable=protected-access
+    if strategy._coordinator is None:  # pylint: disable=protected-access
       coordinator = super().__new__(cls)
       coordinator._start(strategy)  # pylint: disable=protected-access
-      strategy._cluster_coordinator = coordinator  # pylint: disable=protected-access
-    return strategy._cluster_coordinator  # pylint: disable=protected-access
+      strategy._coordinator = coordinator  # pylint: disable=protected-access
+    return strategy._coordinator  # pylint: disable=protected-access
 
   def __init__(self, strategy):  # pylint: disable=super-init-not-called
     del strategy  # set up once, in __new__
@@ -147,9 +147,13 @@ class ClusterCoordinator:
     return tf.nest.map_structure(fetch_one, val)
 
   def create_per_worker_dataset(self, dataset_fn):
-    """A dataset on each worker, made there by `dataset_fn()` (or what
-    `strategy.distribute_datasets_from_function` returned); `iter()` of it
-    gives each worker its iterator, for scheduled functions to read."""
+    """A dataset on each worker, made there by `dataset_fn()`, or from what
+    `strategy.experimental_distribute_dataset` or
+    `strategy.distribute_datasets_from_function` returned, or a copy of a
+    `tf.data.Dataset`; `iter()` of it gives each worker its iterator, for
+    scheduled functions to read."""
+    if isinstance(dataset_fn, tf.data.Dataset):
+      dataset_fn = parameter_server_strategy.dataset_remaker(dataset_fn)
     return coordinator_values.PerWorkerDataset(self, dataset_fn)
 
   # --- Per-worker resources.
@@ -413,3 +417,6 @@ class _ReadWriteLock:
         self._writing = False
         self._writers -= 1
         self._condition.notify_all()
+
+
+parameter_server_strategy.register_coordinator_class(ClusterCoordinator)

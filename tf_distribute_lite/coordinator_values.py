@@ -66,11 +66,13 @@ class RemoteValueStatus(enum.Enum):
   READY = "READY"
 
 
-class RemoteValue:
+class RemoteValue(tf.distribute.experimental.coordinator.RemoteValue):
   """The value of a function scheduled on a remote worker.
 
   `fetch()` waits until the function has run and returns its outputs as
   NumPy values (or raises its error); `get()` returns them as tensors.
+  It is a TensorFlow `RemoteValue` too (TensorFlow's public interface), so
+  that tf_keras recognises the results of scheduled steps.
   """
 
   def fetch(self):
@@ -214,6 +216,11 @@ class PerWorkerDataset:
     self._datasets = PerWorkerValues(
         coordinator._per_worker_resource(i, self._dataset_fn)  # pylint: disable=protected-access
         for i in range(coordinator._num_workers))  # pylint: disable=protected-access
+
+  def build(self):
+    """Each worker's dataset, as `PerWorkerValues` (for scheduled functions
+    that take a whole dataset, as tf_keras's exact evaluation does)."""
+    return self._datasets
 
   def __iter__(self):
     make_iterator = tf.function(lambda dataset: iter(dataset))

@@ -24,8 +24,22 @@ from tf_distribute_lite import replica_context
 from tf_distribute_lite import sharded_variable
 from tf_distribute_lite import strategy_v1
 
+# `cluster_coordinator` registers its `ClusterCoordinator` here when imported
+# (the package's `__init__` imports it): the coordinator schedules on the
+# strategy, so the strategy cannot import it.
+_coordinator_class = {}
+
+
+def register_coordinator_class(coordinator_class):
+  """Called once by `cluster_coordinator` with its `ClusterCoordinator`."""
+  _coordinator_class["class"] = coordinator_class
+
+
 _ALLOWED_JOBS = ("chief", "worker", "ps", "evaluator")
 _COORDINATOR_JOB = "chief"
+# `DatasetToGraphV2`'s policy for stateful ops (random seeds, ...) in a
+# dataset copied to workers: copy them with a warning, as TensorFlow does.
+_WARN_ON_EXTERNAL_STATE = 0
 
 
 class ParameterServerStrategyV2(strategy_v1.TF1Methods, distribute_lib.Strategy):
@@ -59,13 +73,22 @@ class ParameterServerStrategyV2(strategy_v1.TF1Methods, distribute_lib.Strategy)
     super().__init__(ParameterServerStrategyV2Extended(
         self, cluster_spec, variable_partitioner))
     self._cluster_resolver = cluster_resolver
-    self._cluster_coordinator = None  # the ClusterCoordinator made for it
+    self._coordinator = None  # the ClusterCoordinator made for it
     # Read by tf_keras: steps go through a ClusterCoordinator, and exact
     # evaluation shards the data by the number of workers.
     self._should_use_with_coordinator = True
     self._num_workers = self._extended._num_workers  # pylint: disable=protected-access
     self._is_parameter_server_strategy_v2 = True
     self._canonicalize_devices = False
+
+  @property
+  def _cluster_coordinator(self):
+    """This strategy's `ClusterCoordinator`, made on first use. TensorFlow's
+    `ClusterCoordinator(strategy)`, which tf_keras calls, returns what this
+    answers: tfd's coordinator."""
+    if self._coordinator is None:
+      _coordinator_class["class"](self)
+    return self._coordinator
 
 
 def _checked_cluster(cluster_resolver):
@@ -228,11 +251,17 @@ class ParameterServerStrategyV2Extended(strategy_v1.StrategyExtendedV1):
 
   def _experimental_distribute_dataset(self, dataset, options):
     del options
-    return DatasetFromFunction(lambda _: dataset, self._input_context())
+    remade = dataset_remaker(dataset)
+    return DatasetFromFunction(
+        lambda _: remade(), self._input_context(),
+        "To use this dataset, you need to pass this dataset to "
+        "ClusterCoordinator.create_per_worker_dataset.")
 
   def _distribute_datasets_from_function(self, dataset_fn, options, partial_steps=None):
     del options, partial_steps
-    return DatasetFromFunction(dataset_fn, self._input_context())
+    return DatasetFromFunction(
+        dataset_fn, self._input_context(),
+        "You need to use this dataset in ClusterCoordinator.create_per_worker_dataset.")
 
   def _input_context(self):
     # Each worker reads its own pipeline, as one of one (as in TensorFlow).
@@ -243,18 +272,26 @@ class ParameterServerStrategyV2Extended(strategy_v1.StrategyExtendedV1):
 
 class DatasetFromFunction(tf.distribute.DistributedDataset):
   """The input of a step on a worker, made by `dataset_fn(input_context)`
-  there: what `distribute_datasets_from_function` returns under
-  `ParameterServerStrategy`, for `ClusterCoordinator.create_per_worker_dataset`.
+  there: what `experimental_distribute_dataset` and
+  `distribute_datasets_from_function` return under `ParameterServerStrategy`,
+  for `ClusterCoordinator.create_per_worker_dataset`. Made outside a
+  `tf.function`, it cannot be iterated on the coordinator (`ValueError`,
+  with `unbuilt_message`), as in TensorFlow.
 
   >>> ds = DatasetFromFunction(lambda ctx: tf.data.Dataset.range(3),
-  ...                          tf_distribute_lite.InputContext())
-  >>> [int(x) for x in ds]
-  [0, 1, 2]
+  ...                          tf_distribute_lite.InputContext(), "unbuilt")
+  >>> ds.element_spec
+  TensorSpec(shape=(), dtype=tf.int64, name=None)
+  >>> iter(ds)
+  Traceback (most recent call last):
+  ...
+  ValueError: unbuilt
   """
 
-  def __init__(self, dataset_fn, input_context):
+  def __init__(self, dataset_fn, input_context, unbuilt_message):
     self._dataset_fn = dataset_fn
     self._input_context = input_context
+    self._unbuilt_message = None if tf.inside_function() else unbuilt_message
 
   def build(self):
     """The dataset, made where this is called (on a worker, in the
@@ -262,6 +299,8 @@ class DatasetFromFunction(tf.distribute.DistributedDataset):
     return self._dataset_fn(self._input_context)
 
   def __iter__(self):
+    if self._unbuilt_message is not None:
+      raise ValueError(self._unbuilt_message)
     return iter(self.build())
 
   @property
@@ -270,6 +309,23 @@ class DatasetFromFunction(tf.distribute.DistributedDataset):
 
   def reduce(self, initial_state, reduce_func):
     return self.build().reduce(initial_state, reduce_func)
+
+
+def dataset_remaker(dataset):
+  """A function that makes `dataset` again wherever it is called, from the
+  graph that defines it: a dataset made on the coordinator cannot be read
+  on a worker, its copy made there can.
+
+  >>> remake = dataset_remaker(tf.data.Dataset.range(3).map(lambda x: 2 * x))
+  >>> [int(x) for x in remake()]
+  [0, 2, 4]
+  """
+  graph_def = tf.raw_ops.DatasetToGraphV2(
+      input_dataset=tf.data.experimental.to_variant(dataset),
+      external_state_policy=_WARN_ON_EXTERNAL_STATE, strip_device_assignment=True)
+  element_spec = dataset.element_spec
+  return lambda: tf.data.experimental.from_variant(
+      tf.raw_ops.DatasetFromGraph(graph_def=graph_def), element_spec)
 
 
 def _ps_device(index):
