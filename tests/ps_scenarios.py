@@ -244,6 +244,12 @@ def faults(context):
     counter.assign_add(1.0)
     return mod.coordinator.experimental_get_current_worker_index()
 
+  @tf.function
+  def read(it):
+    return mod.coordinator.experimental_get_current_worker_index(), next(it)
+
+  iterator = iter(coordinator.create_per_worker_dataset(
+      lambda: tf.data.Dataset.range(1000)))
   facts = {}
   start = time.monotonic()
   results = [coordinator.schedule(slow) for _ in range(6)]
@@ -254,14 +260,21 @@ def faults(context):
   facts["worker_lost"] = {"seconds": time.monotonic() - start,
                           "all_done": all(r.fetch() in (0, 1) for r in results),
                           "counter_at_least": float(counter.numpy()) >= 6}
-  # The restarted worker takes functions again.
+  # The restarted worker takes functions again, and reads its per-worker
+  # iterator, made there again from the start.
   indices = set()
+  read_by = {}
   deadline = time.monotonic() + 60
   while indices != {0, 1} and time.monotonic() < deadline:
     batch = [coordinator.schedule(slow) for _ in range(4)]
+    reads = [coordinator.schedule(read, args=(iterator,)) for _ in range(4)]
     coordinator.join()
     indices |= {int(r.fetch()) for r in batch}
+    for index, value in (r.fetch() for r in reads):
+      read_by.setdefault(int(index), []).append(int(value))
   facts["restarted_worker_used"] = indices == {0, 1}
+  facts["iterators_read_in_order"] = sorted(read_by) == [0, 1] and all(
+      values == list(range(values[0], values[0] + len(values))) for values in read_by.values())
 
   context.request("kill", "ps", 0)
   start = time.monotonic()
