@@ -265,7 +265,7 @@ def faults(context):
   indices = set()
   read_by = {}
   deadline = time.monotonic() + 60
-  while indices != {0, 1} and time.monotonic() < deadline:
+  while (indices != {0, 1} or sorted(read_by) != [0, 1]) and time.monotonic() < deadline:
     batch = [coordinator.schedule(slow) for _ in range(4)]
     reads = [coordinator.schedule(read, args=(iterator,)) for _ in range(4)]
     coordinator.join()
@@ -273,8 +273,7 @@ def faults(context):
     for index, value in (r.fetch() for r in reads):
       read_by.setdefault(int(index), []).append(int(value))
   facts["restarted_worker_used"] = indices == {0, 1}
-  facts["iterators_read_in_order"] = sorted(read_by) == [0, 1] and all(
-      values == list(range(values[0], values[0] + len(values))) for values in read_by.values())
+  facts["iterator_reads"] = read_by
 
   context.request("kill", "ps", 0)
   start = time.monotonic()
