@@ -1,5 +1,10 @@
 """Comparing what a call gives under TensorFlow's classes and under ours."""
 
+import json
+import os
+import subprocess
+import sys
+
 import tensorflow as tf
 
 import tf_distribute_lite as tfd
@@ -20,6 +25,17 @@ def same(call, theirs, ours):
   expected, actual = outcome(lambda: call(theirs)), outcome(lambda: call(ours))
   assert actual == expected
   return actual
+
+
+def program_outcomes(path, timeout=300):
+  """Runs the program at `path` in a fresh process; it prints one JSON
+  object for TensorFlow's classes, then one for ours: returns both."""
+  result = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                          timeout=timeout, check=False,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  theirs, ours = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+  return theirs, ours
 
 
 def device_names(strategy, in_function=False):

@@ -2,11 +2,7 @@
 `tf.compat.v1.distribute`, eagerly and in TF1 graphs run by a Session."""
 
 import contextlib
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,6 +11,7 @@ import tensorflow as tf
 import tf_distribute_lite as tfd
 from tf_distribute_lite import strategy_v1
 
+from outcomes import program_outcomes
 from outcomes import same
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -476,12 +473,7 @@ def test_set_last_step_output_needs_one_reduction():
 
 @pytest.fixture(scope="module")
 def tf1_programs():
-  result = subprocess.run([sys.executable, str(HERE / "tf1_programs.py")], capture_output=True,
-                          text=True, timeout=300, check=False,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-  assert result.returncode == 0, result.stderr[-3000:]
-  theirs, ours = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-  return theirs, ours
+  return program_outcomes(HERE / "tf1_programs.py")
 
 
 def test_tf1_tutorial_gives_tensorflows_losses(tf1_programs):

@@ -6,6 +6,8 @@ every variable exists once, on the parameter device. Updates made inside
 `aggregation`) and then applied once; reductions are computed on the CPU.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 from tf_distribute_lite import contexts
@@ -88,6 +90,8 @@ class ParameterServerStrategyExtended(mirrored_strategy.MirroredExtended):
     if parameter_device is None:
       parameter_device = self._devices[0] if len(self._devices) == 1 else _LOCAL_CPU
     self._parameter_device = parameter_device
+    # Where new variables go: a device, or a device function choosing one.
+    self._variable_device = parameter_device
 
   @property
   def worker_devices(self):
@@ -102,16 +106,27 @@ class ParameterServerStrategyExtended(mirrored_strategy.MirroredExtended):
 
   def _create_variable(self, next_creator, **kwargs):
     colocate_with = kwargs.pop("colocate_with", None)
-    device = self._parameter_device if colocate_with is None else colocate_with.device
     if len(self._devices) == 1:
-      with tf.device(device):
+      with self._placement(colocate_with):
         return next_creator(**kwargs)
     # The variable on the parameter device has no aggregation, as in TF.
     aggregation = distributed_variables.checked_aggregation(
         kwargs.pop("aggregation", None), kwargs.get("name"))
-    with tf.device(device):
+    with self._placement(colocate_with):
       variable = next_creator(**kwargs)
     return AggregatingVariable(self._container_strategy(), [variable], aggregation)
+
+  @contextlib.contextmanager
+  def _placement(self, colocate_with):
+    """Places a new variable next to `colocate_with`, else on the variable
+    device whatever colocation the caller's code asks for, as TensorFlow does."""
+    if colocate_with is not None:
+      with tf.device(colocate_with.device):
+        yield
+      return
+    with tf.compat.v1.get_default_graph().colocate_with(None, ignore_existing=True), \
+        tf.compat.v1.device(self._variable_device):
+      yield
 
   def _update(self, var, fn, args, kwargs, group):
     target = var._primary if isinstance(var, AggregatingVariable) else var  # pylint: disable=protected-access

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import device_util
+from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
 
 STARTUP_TIMEOUT_VARIABLE = "TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT"
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 900.0
@@ -141,6 +142,33 @@ def is_chief(cluster_spec, task_type, task_id):
   if task_type in ("chief", "evaluator"):
     return True
   return task_type == "worker" and task_id == 0 and "chief" not in cluster_spec.jobs
+
+
+def gpus_per_task(resolver):
+  """How many GPUs each task of `resolver`'s cluster (or this machine, with
+  none) computes on.
+
+  >>> gpus_per_task(tf_distribute_lite.cluster_resolver.SimpleClusterResolver(
+  ...     tf.train.ClusterSpec({}), num_accelerators={"GPU": 2}))
+  2
+  """
+  if isinstance(resolver, TFConfigClusterResolver):
+    # It counts the devices of its task, which this process has only once
+    # it has joined the cluster.
+    return len(device_util.local_devices("GPU"))
+  return resolver.num_accelerators().get("GPU", 0)
+
+
+def replica_devices(task, gpus):
+  """One device per replica of task `task` (a task name, "" for this
+  machine): its `gpus` GPUs, else its CPU.
+
+  >>> replica_devices("/job:worker/task:1", 2)
+  ('/job:worker/task:1/device:GPU:0', '/job:worker/task:1/device:GPU:1')
+  """
+  if gpus:
+    return tuple(f"{task}/device:GPU:{i}" for i in range(gpus))
+  return (f"{task}/device:CPU:0",)
 
 
 def leader(cluster_spec):

@@ -195,7 +195,8 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
                                           self._cluster_resolver.rpc_layer)
         self._num_workers = cluster_runtime.worker_count(cluster_spec)
         self._is_chief = cluster_runtime.is_chief(cluster_spec, task_type, task_id)
-    devices = _local_devices(self._task, self._cluster_resolver)
+    devices = cluster_runtime.replica_devices(
+        self._task, cluster_runtime.gpus_per_task(self._cluster_resolver))
     options = communication_options
     if self._num_workers > 1 and not options.timeout_seconds:
       options = CommunicationOptions(options.bytes_per_pack,
@@ -262,14 +263,14 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
         self._num_workers, self._id_in_cluster, self._num_replicas_in_sync)
 
   def _experimental_distribute_dataset(self, dataset, options):
-    _refuse_per_replica_input(options)
+    input_context_lib.refuse_per_replica(options)
     return input_lib.distribute_dataset(
         dataset, self._devices, self._input_host, options,
         input_context=self._input_context(), workers=self._worker_sync)
 
   def _distribute_datasets_from_function(self, dataset_fn, options,
                                          partial_steps=None):
-    _refuse_per_replica_input(options)
+    input_context_lib.refuse_per_replica(options)
     return input_lib.distribute_datasets_from_function(
         dataset_fn, self._devices, self._input_host, options,
         input_context=self._input_context(), workers=self._worker_sync,
@@ -440,26 +441,6 @@ class _MirroredReplicaContext(mirrored_strategy._MirroredReplicaContext):  # pyl
     """This replica's index in the cluster, a scalar int32 tensor."""
     return tf.constant(self._first_replica + self._replica_id, tf.int32,
                        name="replica_id_in_sync_group")
-
-
-def _local_devices(task, resolver):
-  """One device per replica of this worker: its GPUs, else its CPU."""
-  if isinstance(resolver, TFConfigClusterResolver):
-    # It counts the devices of its task, which this process has only once
-    # it has joined the cluster.
-    gpus = len(device_util.local_devices("GPU"))
-  else:
-    gpus = resolver.num_accelerators().get("GPU", 0)
-  if gpus:
-    return tuple(f"{task}/device:GPU:{i}" for i in range(gpus))
-  return (f"{task}/device:CPU:0",)
-
-
-def _refuse_per_replica_input(options):
-  if input_context_lib.is_per_replica(options):
-    raise NotImplementedError(
-        "InputReplicationMode.PER_REPLICA is only supported in "
-        "`distribute_datasets_from_function` of tf.distribute.MirroredStrategy")
 
 
 def _on(value, device, dense=False):

@@ -12,6 +12,7 @@ too are added by `strategy_v1`, which this module never imports.
 
 import collections
 import collections.abc
+import contextlib
 import weakref
 
 import tensorflow as tf
@@ -93,6 +94,9 @@ class _StrategyScope:
       return self._strategy
     contexts.push(self._entry)
     self._creator_scope.__enter__()
+    default_device = self._strategy.extended._default_device  # pylint: disable=protected-access
+    self._device_scope = tf.device(default_device) if default_device else contextlib.nullcontext()
+    self._device_scope.__enter__()
     _tf_bridge.route_tf_keras(_tf_keras_answers)
     return self._strategy
 
@@ -100,6 +104,7 @@ class _StrategyScope:
     if self._reentered:
       self._reentered -= 1
       return
+    self._device_scope.__exit__(*exc_info)
     self._creator_scope.__exit__(*exc_info)
     contexts.pop()
 
@@ -479,6 +484,10 @@ class StrategyExtended:
   def _in_multi_worker_mode(self):
     return False
 
+  # Where ops made in `scope()` go unless placed (one task of a cluster, whose
+  # graph this process builds); None: wherever the caller's device says.
+  _default_device = None
+
   # Read by tf_keras: datasets are batched by the global batch size (every
   # TensorFlow strategy answers True).
   _global_batch_size = True
@@ -659,8 +668,13 @@ class StrategyExtended:
             for v, d in value_destination_pairs]
 
   def _reduce(self, reduce_op, value):
-    destination = device_util.current() or "/device:CPU:0"
-    return self._local_results(self._reduce_to(reduce_op, value, destination, None))[0]
+    return self._local_results(self._reduce_to(
+        reduce_op, value, self._reduce_destination(), None))[0]
+
+  def _reduce_destination(self):
+    """Where `strategy.reduce` puts its result: on the current device, else
+    on the strategy's default device, else on the CPU."""
+    return device_util.current() or self._default_device or "/device:CPU:0"
 
   def broadcast_to(self, tensor, destinations):
     """Copies `tensor` onto `destinations` (a `Mirrored` value for several)."""

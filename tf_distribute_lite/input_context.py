@@ -104,6 +104,18 @@ def is_per_replica(options):
   return getattr(mode, "value", mode) == InputReplicationMode.PER_REPLICA.value
 
 
+def refuse_per_replica(options):
+  """Raises TensorFlow's error where `options` ask for one input pipeline per
+  replica of a strategy that has one per worker only.
+
+  >>> refuse_per_replica(InputOptions())
+  """
+  if is_per_replica(options):
+    raise NotImplementedError(
+        "InputReplicationMode.PER_REPLICA is only supported in "
+        "`distribute_datasets_from_function` of tf.distribute.MirroredStrategy")
+
+
 def check_function_options(options):
   """Raises TensorFlow's errors for inconsistent `options` of an input function."""
   if options is None:

@@ -201,7 +201,7 @@ class MirroredExtended(strategy_v1.StrategyExtendedV1):
     return self._devices if self._is_per_replica(destinations) else destinations
 
   def _reduce(self, reduce_op, value):
-    destination = device_util.current() or "/device:CPU:0"
+    destination = self._reduce_destination()
     if (type(value) is values_lib.PerReplica and self._is_per_replica(value) and
         device_util.device_type(destination) == "CPU"):
       # What `_reduce_to` does onto one CPU, without its dispatch.
