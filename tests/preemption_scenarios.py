@@ -140,9 +140,11 @@ def _wait_for_file(path, timeout=60):
 def without_handler(ctx):
   """Joins the cluster and waits; the worker in `signal_at` gets SIGTERM
   (no handler), then every worker waits 2 s more and reports it lived on.
-  Args "watch": a `PreemptionWatcher` reports the notice it saw."""
+  Args "watch_seconds": a `PreemptionWatcher` reports the notice it saw
+  within that time, and returns from `block_until_worker_exit`."""
   strategy = ctx.mod.MultiWorkerMirroredStrategy()
-  watcher = ctx.mod.experimental.PreemptionWatcher() if ctx.args.get("watch") else None
+  watch_seconds = ctx.args.get("watch_seconds")
+  watcher = ctx.mod.experimental.PreemptionWatcher() if watch_seconds else None
   strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
   if ctx.args["signal_at"][0] == ctx.index:
     _wait_for_signal(ctx)
@@ -151,7 +153,7 @@ def without_handler(ctx):
   time.sleep(2)
   out = {"lived_on": True}
   if watcher is not None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + watch_seconds
     while watcher.preemption_message is None and time.monotonic() < deadline:
       time.sleep(0.05)
     out["preemption_message"] = watcher.preemption_message

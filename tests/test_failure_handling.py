@@ -1,10 +1,12 @@
-"""`PreemptionCheckpointHandler` and `TerminationConfig`: in this process
+"""`PreemptionCheckpointHandler`, `TerminationConfig` and
+`PreemptionWatcher`: in this process
 (arguments, errors, custom watchers, save and exit functions), then in
 worker processes that get a real SIGTERM in the middle of training, exit,
 restart and end with the weights of an uninterrupted run, compared with
 `tf.distribute` where TensorFlow 2.21 has the same behaviour."""
 
 import inspect
+import json
 import os
 import signal
 import socket
@@ -347,22 +349,47 @@ def test_on_google_cloud_without_gpus_sigterm_still_saves(tmp_path, google_cloud
   assert _saved_runs(tmp_path / "tfd" / "run" / "checkpoints") == [3]
 
 
+def _result_or_exit_code(cluster, index, timeout):
+  """Worker `index`'s result, or its exit code if it exited without one,
+  waiting at most `timeout` seconds (another worker may have exited)."""
+  path = cluster.directory / f"worker{index}.json"
+  deadline = time.monotonic() + timeout
+  while not path.exists():
+    if cluster.exit_code(index) is not None:
+      return cluster.exit_code(index)
+    assert time.monotonic() < deadline, cluster.logs()
+    time.sleep(0.05)
+  return json.loads(path.read_text())
+
+
+def test_preemption_watcher_without_a_cluster_has_no_message():
+  for mod in (tf.distribute, tfd):
+    watcher = mod.experimental.PreemptionWatcher()
+    assert watcher.preemption_message is None
+    watcher.block_until_worker_exit()  # returns at once
+
+
 @pytest.mark.multi_worker
-def test_without_a_handler_sigterm_ends_a_tfd_worker_as_any_program(tmp_path):
-  """TensorFlow's runtime takes SIGTERM: its worker trains on. A tfd worker
-  ends, killed by the signal, as a program that never set a handler."""
-  codes = {}
-  for mod in ("tf", "tfd"):
+def test_sigterm_without_a_handler_and_the_preemption_watcher(tmp_path):
+  """Worker 1 of 2 gets SIGTERM, with no handler. TensorFlow's runtime
+  takes the signal: its worker 1 lives on, and its watcher, which works only
+  on Google's TPU platform, has no message. A tfd worker ends, killed by the
+  signal as a program that set no handler, after recording the notice:
+  worker 0's watcher names it and returns from `block_until_worker_exit`
+  once it no longer answers."""
+  results = {}
+  for mod, watch_seconds in (("tf", 3), ("tfd", 30)):
     cluster = LocalCluster(2, tmp_path / mod)
-    cluster.start("preemption_scenarios.without_handler", mod, args={"signal_at": [1, 0]})
+    cluster.start("preemption_scenarios.without_handler", mod,
+                  args={"signal_at": [1, 0], "watch_seconds": watch_seconds})
     try:
       assert cluster.wait_for_file(cluster.directory / "ready-1", 120), cluster.logs()
       cluster.send_signal(1, signal.SIGTERM)
       (cluster.directory / "signal-sent").write_text("")
-      cluster.wait_for_file(cluster.directory / "worker1.json", 60)
-      codes[mod] = cluster.exit_code(1)
-      lived_on = (cluster.directory / "worker1.json").exists()
+      results[mod] = [_result_or_exit_code(cluster, index, timeout=90) for index in (0, 1)]
     finally:
       cluster.stop()
-    assert lived_on == (mod == "tf"), mod
-  assert codes == {"tf": None, "tfd": -signal.SIGTERM}
+  lived_on = {"lived_on": True, "preemption_message": None, "blocked_until_exit": True}
+  assert results["tf"] == [lived_on, lived_on]
+  assert results["tfd"] == [dict(lived_on, preemption_message="/job:worker/task:1"),
+                            -signal.SIGTERM]

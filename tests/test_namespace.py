@@ -23,7 +23,7 @@ EXPERIMENTAL = ["ValueContext", "CommunicationOptions",
                 "CollectiveHints", "CentralStorageStrategy",
                 "MultiWorkerMirroredStrategy", "TPUStrategy",
                 "ParameterServerStrategy", "PreemptionCheckpointHandler",
-                "TerminationConfig"]
+                "PreemptionWatcher", "TerminationConfig"]
 COORDINATOR = ["ClusterCoordinator", "PerWorkerValue", "RemoteValue",
                "experimental_get_current_worker_index"]
 EXPERIMENTAL_COORDINATOR = ["ClusterCoordinator", "PerWorkerValues", "RemoteValue"]

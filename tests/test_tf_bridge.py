@@ -414,3 +414,10 @@ def test_coordination_service_contacts_reach_tensorflows_context():
                       tf.errors.InternalError(None, None, "lost"))):
     with pytest.raises(tf.errors.FailedPreconditionError, match="[Cc]oordination service"):
       contact()
+
+
+def test_task_answers_reaches_tensorflows_peer_health_check():
+  """Without a cluster TensorFlow refuses the check (the preemption watcher
+  calls it only on a cluster, where its multi-worker test uses it)."""
+  with pytest.raises(tf.errors.InternalError, match="local collectives"):
+    _tf_bridge.task_answers("/job:worker/replica:0/task:1", 0.1)

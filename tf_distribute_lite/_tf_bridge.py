@@ -660,3 +660,17 @@ def report_error_to_cluster(error):
   `error` (a `tf.errors.OpError`), so that the others' waits end at once."""
   from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
   context.context().report_error_to_cluster(error.error_code, error.message)
+
+
+def task_answers(task, timeout_seconds):
+  """Whether `task` ("/job:worker/replica:0/task:1") is alive, as the
+  cluster's runtime sees it (a restarted task is another one), asking for
+  at most `timeout_seconds`."""
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  try:
+    context.context().check_collective_ops_peer_health(
+        task, max(int(timeout_seconds * 1000), 1))
+  except (tf.errors.UnavailableError, tf.errors.FailedPreconditionError,
+          tf.errors.AbortedError, tf.errors.NotFoundError):
+    return False
+  return True

@@ -7,6 +7,7 @@ from tf_distribute_lite.collective_util import CollectiveHints
 from tf_distribute_lite.collective_util import CommunicationImplementation
 from tf_distribute_lite.collective_util import CommunicationOptions
 from tf_distribute_lite.failure_handling import PreemptionCheckpointHandler
+from tf_distribute_lite.preemption_watcher import PreemptionWatcher
 from tf_distribute_lite.parameter_server_strategy import ParameterServerStrategyV2 as ParameterServerStrategy
 from tf_distribute_lite.tpu_strategy import ExperimentalTPUStrategy as TPUStrategy
 from tf_distribute_lite.distribute_lib import ValueContext
