@@ -81,6 +81,8 @@ def train(ctx):
     w = tf.Variable(tf.zeros([3, 1]), aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     step = tf.Variable(0, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
   checkpoint = tf.train.Checkpoint(w=w, step=step)
+  if args.get("orbit"):
+    return _train_with_orbit_action(ctx, strategy, resolver, checkpoint, w, step)
   if args.get("keep"):
     target, directory = tf.train.CheckpointManager(
         checkpoint, checkpoint_dir, max_to_keep=args["keep"]), None
@@ -89,6 +91,38 @@ def train(ctx):
   handler = mod.experimental.PreemptionCheckpointHandler(
       resolver, target, directory, termination_config=_termination_config(ctx))
   restored = int(step.numpy())
+  train_step, batches = _training(ctx, strategy, w, step)
+  while step.numpy() < steps:
+    handler.run(train_step, *next(batches))
+    time.sleep(args.get("step_seconds", 0))
+    if args.get("signal_at") == [ctx.index, int(step.numpy())]:
+      _wait_for_signal(ctx)
+  return {"restored": restored, "total_run_calls": _total_run_calls(handler),
+          "weights": w.numpy().tolist(),
+          "next_to_checkpoint_dir": sorted(os.listdir(os.path.dirname(checkpoint_dir)))}
+
+
+def _train_with_orbit_action(ctx, strategy, resolver, checkpoint, w, step):
+  """`train` with Orbit's `SaveCheckpointIfPreempted` action after each
+  step (as Orbit's Controller calls it), over a `CheckpointManager` of this
+  worker's own folder, numbered by the step."""
+  from orbit import actions  # pylint: disable=g-import-not-at-top
+  manager = tf.train.CheckpointManager(
+      checkpoint, os.path.join(ctx.directory, "run", f"orbit_{ctx.index}"), max_to_keep=1)
+  action = actions.SaveCheckpointIfPreempted(resolver, manager, checkpoint_number=step)
+  restored = int(step.numpy())
+  train_step, batches = _training(ctx, strategy, w, step)
+  while step.numpy() < ctx.args["steps"]:
+    action(train_step(*next(batches)))
+    if ctx.args.get("signal_at") == [ctx.index, int(step.numpy())]:
+      _wait_for_signal(ctx)
+  return {"restored": restored, "total_run_calls": None, "weights": w.numpy().tolist(),
+          "checkpoints": sorted(os.listdir(manager.directory))}
+
+
+def _training(ctx, strategy, w, step):
+  """The training step of `train`, and its batches from the restored step on."""
+  mod = ctx.mod
 
   @tf.function
   def train_step(x, y):
@@ -102,16 +136,9 @@ def train(ctx):
     step.assign_add(1)
     return loss
 
-  dataset = tf.data.Dataset.from_tensor_slices(regression_data(steps)).batch(BATCH)
-  batches = iter(strategy.experimental_distribute_dataset(dataset.skip(restored)))
-  while step.numpy() < steps:
-    handler.run(train_step, *next(batches))
-    time.sleep(args.get("step_seconds", 0))
-    if args.get("signal_at") == [ctx.index, int(step.numpy())]:
-      _wait_for_signal(ctx)
-  return {"restored": restored, "total_run_calls": _total_run_calls(handler),
-          "weights": w.numpy().tolist(),
-          "next_to_checkpoint_dir": sorted(os.listdir(os.path.dirname(checkpoint_dir)))}
+  dataset = tf.data.Dataset.from_tensor_slices(regression_data(ctx.args["steps"])).batch(BATCH)
+  return train_step, iter(strategy.experimental_distribute_dataset(
+      dataset.skip(int(step.numpy()))))
 
 
 def _total_run_calls(handler):
