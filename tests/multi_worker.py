@@ -14,7 +14,8 @@ scenario (module `ps_scenarios`), and worker and ps tasks that only serve
 (`tf.distribute.Server`); with `servers="in_process"` the chief starts
 them in its own process instead, as TensorFlow's tutorial does. A scenario
 may ask the cluster to kill or restart one of its tasks (`request`), which
-`finish` does by process id while it waits.
+`finish` does by process id while it waits. A test may send a worker a
+signal (`send_signal`) and wait for every worker to exit (`wait_for_exits`).
 """
 
 import fcntl
@@ -167,6 +168,27 @@ class LocalCluster:
         return pathlib.Path(path).exists()
       time.sleep(0.05)
     return False
+
+  def send_signal(self, index, signum):
+    """Sends worker `index` the signal `signum`, by its process id."""
+    os.kill(self._processes[index].pid, signum)
+
+  def exit_code(self, index):
+    """Worker `index`'s exit code, None while it runs."""
+    return self._processes[index].poll()
+
+  def wait_for_exits(self, timeout):
+    """Waits at most `timeout` seconds until every started worker has
+    exited; their exit codes by index (those still running are killed and
+    reported as None)."""
+    deadline = time.monotonic() + timeout
+    try:
+      while (any(p.poll() is None for p in self._processes.values())
+             and time.monotonic() < deadline):
+        time.sleep(0.05)
+      return {index: p.poll() for index, p in sorted(self._processes.items())}
+    finally:
+      self.stop()
 
   def kill(self, index):
     """Kills worker `index` by its process id, at once (SIGKILL); `finish`

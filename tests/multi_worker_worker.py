@@ -2,7 +2,7 @@
 
     python multi_worker_worker.py SCENARIO MODULE DIRECTORY ARGS_JSON RESULT_PATH
 
-Configures 2 logical CPU devices, runs `multi_worker_scenarios.SCENARIO`
+Configures 2 logical CPU devices (or ARGS_JSON's "logical_cpus"), runs `multi_worker_scenarios.SCENARIO`
 with `tf.distribute` (MODULE "tf") or `tf_distribute_lite` ("tfd") and
 writes what it returned, or the exception it raised, to RESULT_PATH as JSON.
 A SCENARIO named "module.name" is `name` of that module (`ps_scenarios`);
@@ -23,7 +23,7 @@ import tensorflow as tf
 def main(scenario, module, directory, args, result_path):
   cpu = tf.config.list_physical_devices("CPU")[0]
   tf.config.set_logical_device_configuration(
-      cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+      cpu, [tf.config.LogicalDeviceConfiguration()] * json.loads(args).get("logical_cpus", 2))
   task = json.loads(os.environ["TF_CONFIG"])["task"]
   if scenario == "serve":
     serve(task)

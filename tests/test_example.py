@@ -2,16 +2,21 @@
 examples/custom_training_loop.py, on one machine and on two worker
 processes; examples/tpu_training.py on an emulated TPU slice;
 examples/parameter_server_training.py on its own cluster of worker and ps
-processes. Run as a
+processes; examples/preemption_training.py stopped by SIGTERM and resumed.
+Run as a
 newcomer runs them (TF_CPP_MIN_LOG_LEVEL unset), they print only their own
 output."""
 
+import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
 
 from multi_worker import LocalCluster
@@ -125,3 +130,39 @@ def test_parameter_server_example_trains_on_its_own_local_cluster():
   for pid in pids:  # each was waited for, so none is left, not even as a zombie
     with pytest.raises(ProcessLookupError):
       os.kill(pid, 0)
+
+
+def test_preemption_example_stops_on_sigterm_and_resumes_to_the_same_weights(tmp_path):
+  """examples/preemption_training.py gets SIGTERM a moment into training:
+  it saves and exits with 42; run again it resumes and ends with the
+  weights of a run that was never stopped."""
+  example = [sys.executable, str(EXAMPLES / "preemption_training.py"), "--steps", "40"]
+  stopped = subprocess.Popen(  # pylint: disable=consider-using-with
+      example + ["--checkpoint-dir", str(tmp_path / "stopped"), "--pause", "0.05"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      env=environment_of_a_newcomer())
+  try:
+    assert stopped.stdout.readline() == "starting at step 0 of 40\n"
+    time.sleep(0.5)
+    stopped.send_signal(signal.SIGTERM)
+    assert stopped.wait(timeout=120) == 42, stopped.stdout.read()
+  finally:
+    if stopped.poll() is None:
+      stopped.kill()
+      stopped.wait(timeout=10)
+  runs = {}
+  for name in ("stopped", "never_stopped"):
+    result = subprocess.run(example + ["--checkpoint-dir", str(tmp_path / name)],
+                            capture_output=True, text=True, timeout=600,
+                            env=environment_of_a_newcomer(), check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not tensorflow_log_lines(result.stdout + result.stderr), result.stderr
+    first, last = result.stdout.splitlines()
+    runs[name] = (int(first.split()[3]), json.loads(last))
+  resumed_at, resumed = runs["stopped"]
+  assert 0 < resumed_at < 40
+  assert runs["never_stopped"][0] == 0
+  assert resumed["steps"] == 40
+  np.testing.assert_allclose(resumed["weights"] + [resumed["bias"]],
+                             runs["never_stopped"][1]["weights"] + [runs["never_stopped"][1]["bias"]],
+                             atol=1e-5)

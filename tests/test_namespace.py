@@ -22,7 +22,8 @@ EXPERIMENTAL = ["ValueContext", "CommunicationOptions",
                 "CommunicationImplementation", "CollectiveCommunication",
                 "CollectiveHints", "CentralStorageStrategy",
                 "MultiWorkerMirroredStrategy", "TPUStrategy",
-                "ParameterServerStrategy"]
+                "ParameterServerStrategy", "PreemptionCheckpointHandler",
+                "PreemptionWatcher", "TerminationConfig"]
 COORDINATOR = ["ClusterCoordinator", "PerWorkerValue", "RemoteValue",
                "experimental_get_current_worker_index"]
 EXPERIMENTAL_COORDINATOR = ["ClusterCoordinator", "PerWorkerValues", "RemoteValue"]

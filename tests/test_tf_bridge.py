@@ -402,3 +402,22 @@ def test_parameter_server_contacts(tmp_path):
   assert [int(g()), int(g())] == [3, 5]
   with _tf_bridge.worker_executor()():
     assert float(tf.reduce_sum(module.v)) == 3.0
+
+
+def test_coordination_service_contacts_reach_tensorflows_context():
+  """Without a cluster there is no coordination service: each contact gets
+  TensorFlow's own answer for that. (The multi-worker tests of the
+  preemption handler use them on a cluster.)"""
+  for contact in (lambda: _tf_bridge.coordination_set("key", "value"),
+                  lambda: _tf_bridge.coordination_get("key", 0.1),
+                  lambda: _tf_bridge.report_error_to_cluster(
+                      tf.errors.InternalError(None, None, "lost"))):
+    with pytest.raises(tf.errors.FailedPreconditionError, match="[Cc]oordination service"):
+      contact()
+
+
+def test_task_answers_reaches_tensorflows_peer_health_check():
+  """Without a cluster TensorFlow refuses the check (the preemption watcher
+  calls it only on a cluster, where its multi-worker test uses it)."""
+  with pytest.raises(tf.errors.InternalError, match="local collectives"):
+    _tf_bridge.task_answers("/job:worker/replica:0/task:1", 0.1)

@@ -632,3 +632,45 @@ def worker_executor():
   from tensorflow.python.eager import executor  # pylint: disable=g-import-not-at-top
   own = executor.new_executor(enable_async=False)
   return lambda: context.executor_scope(own)
+
+
+# --- The coordination service of a cluster's runtime.
+
+def coordination_set(key, value):
+  """Stores `value` (a string) under `key` in the coordination service's
+  key-value store, which every task of the cluster reads. A key is set once:
+  a second set raises `tf.errors.AlreadyExistsError`; without a service,
+  `tf.errors.FailedPreconditionError`.
+
+  TensorFlow reaches the store only through its eager context.
+  """
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  context.context().set_config_key_value(key, value)
+
+
+def coordination_get(key, timeout_seconds):
+  """The value stored under `key`, waiting at most `timeout_seconds` (> 0)
+  for a task to set it: `tf.errors.DeadlineExceededError` after that."""
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  return context.context().get_config_key_value(key, max(int(timeout_seconds * 1000), 1))
+
+
+def report_error_to_cluster(error):
+  """Makes the coordination service fail every task of the cluster with
+  `error` (a `tf.errors.OpError`), so that the others' waits end at once."""
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  context.context().report_error_to_cluster(error.error_code, error.message)
+
+
+def task_answers(task, timeout_seconds):
+  """Whether `task` ("/job:worker/replica:0/task:1") is alive, as the
+  cluster's runtime sees it (a restarted task is another one), asking for
+  at most `timeout_seconds`."""
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  try:
+    context.context().check_collective_ops_peer_health(
+        task, max(int(timeout_seconds * 1000), 1))
+  except (tf.errors.UnavailableError, tf.errors.FailedPreconditionError,
+          tf.errors.AbortedError, tf.errors.NotFoundError):
+    return False
+  return True

@@ -12,6 +12,14 @@ the other tasks. Every wait is bounded:
   `HEARTBEAT_TIMEOUT_SECONDS` TensorFlow aborts every collective op of the
   survivors with `tf.errors.UnavailableError` naming the lost task.
 
+TensorFlow's runtime takes the signal SIGTERM when the process joins, and
+only records a preemption notice in its coordination service: a worker of
+TensorFlow's MultiWorkerMirroredStrategy trains on after a SIGTERM. Here
+the process then ends as SIGTERM ends any program, once it has recorded the
+same notice (`PREEMPTION_NOTICE_KEY`, which `PreemptionWatcher` reads); a
+handler the program had set for SIGTERM stays, and a
+`PreemptionCheckpointHandler` sets its own.
+
 A process joins one cluster, once: TensorFlow configures its runtime at
 program start. The helpers below answer the questions strategies ask of a
 cluster (how many workers, which one is the chief, ...).
@@ -19,7 +27,9 @@ cluster (how many workers, which one is the chief, ...).
 
 import concurrent.futures
 import os
+import signal
 import socket
+import threading
 import time
 
 import tensorflow as tf
@@ -34,6 +44,9 @@ HEARTBEAT_TIMEOUT_SECONDS = 10.0
 # Of the start-up time, at most this is kept for starting this task's server
 # and, when the start fails, asking which tasks' servers answer.
 _MARGIN_SECONDS = 1.0
+# How long a notice may take to reach the coordination service.
+NOTICE_TIMEOUT_SECONDS = 2.0
+PREEMPTION_NOTICE_KEY = "TF_DEFAULT_PREEMPTION_NOTICE_KEY"
 _TASK_TYPES = ("chief", "worker", "evaluator", "ps")
 _COORDINATED_JOBS = ("chief", "worker")
 
@@ -235,16 +248,47 @@ def join(cluster_spec, task_type, task_id, rpc_layer=None):
       default_session_config=_session_config(
           cluster_spec, task_type, task_id,
           max(register_deadline - time.monotonic(), probe_seconds)))
+  on_sigterm = signal.getsignal(signal.SIGTERM)
   _tf_bridge.enable_collective_ops(server_def)
   try:
     tf.config.list_logical_devices()  # starts the context: the server joins
   except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
     raise type(e)(None, None, _startup_failure(
         cluster_spec, task_type, task_id, timeout, probe_seconds, e.message)) from None
+  _take_back_sigterm(on_sigterm, task_type, task_id)
   task = task_name(task_type, task_id)
   device_util.set_local_task(task)
   _joined.update(key=key, task=task)
   return task
+
+
+def _take_back_sigterm(on_sigterm, task_type, task_id):
+  """Sets SIGTERM's handler back to `on_sigterm`, the program's, after
+  TensorFlow's runtime took the signal; the default one becomes "record
+  the notice, then end as SIGTERM does"."""
+  if threading.current_thread() is not threading.main_thread():
+    return  # signal handlers can only be set from the main thread
+
+  def end(signum, frame):
+    del frame
+    publish_preemption_notice(task_type, task_id)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+  signal.signal(signal.SIGTERM, end if on_sigterm in (signal.SIG_DFL, None) else on_sigterm)
+
+
+def publish_preemption_notice(task_type, task_id):
+  """Records in the coordination service that task `task_id` of job
+  `task_type` got a termination notice, as TensorFlow's runtime does (only
+  the first notice stays); waits at most `NOTICE_TIMEOUT_SECONDS`."""
+  def publish():
+    try:
+      _tf_bridge.coordination_set(PREEMPTION_NOTICE_KEY, f"/job:{task_type}/task:{task_id}")
+    except tf.errors.OpError:
+      pass  # another task's notice came first, or the service is gone
+  thread = threading.Thread(target=publish, name="PreemptionNotice", daemon=True)
+  thread.start()
+  thread.join(NOTICE_TIMEOUT_SECONDS)
 
 
 def _session_config(cluster_spec, task_type, task_id, register_seconds):

@@ -94,16 +94,19 @@ def tpu_api_root(discovery_url=None):
   return DEFAULT_TPU_API_ENDPOINT
 
 
-def get(url, headers=None):
-  """The body of a GET of `url` as text.
+def get(url, headers=None, timeout=None, retries=None):
+  """The body of a GET of `url` as text; `timeout` (seconds per try) and
+  `retries` override the settings above.
 
   Server errors (5xx), timeouts and dropped connections are retried; other
   HTTP errors raise `urllib.error.HTTPError` at once, an unreachable host
   `urllib.error.URLError`, and a server that never answers `TimeoutError`
   naming the URL and the time allowed.
   """
-  timeout = _setting(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT_SECONDS, float)
-  retries = _setting(RETRIES_VARIABLE, DEFAULT_RETRIES, int)
+  if timeout is None:
+    timeout = _setting(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT_SECONDS, float)
+  if retries is None:
+    retries = _setting(RETRIES_VARIABLE, DEFAULT_RETRIES, int)
   request = urllib.request.Request(url, headers=headers or {})
   for attempt in range(retries + 1):
     last_try = attempt == retries
@@ -137,13 +140,13 @@ def get_json(url, headers=None):
     raise ValueError(f"GET {url} did not return JSON: {text[:200]!r}") from None
 
 
-def metadata(path):
+def metadata(path, timeout=None, retries=None):
   """The metadata server's value at `path` (such as "project/project-id").
 
   The server answers only requests with the header `Metadata-Flavor: Google`.
   """
   return get(f"{metadata_root()}/computeMetadata/v1/{path}",
-             {"Metadata-Flavor": "Google"})
+             {"Metadata-Flavor": "Google"}, timeout, retries)
 
 
 def access_token():

@@ -1,0 +1,102 @@
+"""`TerminationConfig`: how a `PreemptionCheckpointHandler` learns of a
+termination, how long it may train on, how it saves and how it exits; and
+the defaults of each platform for what the user leaves out."""
+
+import dataclasses
+import numbers
+import sys
+from typing import Callable, Optional
+
+from tf_distribute_lite import gce_metadata
+
+
+class TerminationConfig:
+  """Customizes `PreemptionCheckpointHandler` for a platform.
+
+  Args:
+    termination_watcher_fn: a function, called about once a second, that
+      returns True once a termination notice has come. Without it the
+      handler watches for the signal SIGTERM (on a Google Cloud VM with
+      GPUs: for the host's maintenance notice).
+    exit_fn: called after the checkpoint is saved; by default
+      `sys.exit(42)`, and `sys.exit(143)` on Google Cloud, codes a
+      restarting scheduler can recognise.
+    grace_period: seconds between the notice and the termination. With a
+      positive one the handler saves at once, trains on, and saves again
+      and exits shortly before the period ends. By default 0 (save and
+      exit at once), 3600 on a Google Cloud VM with GPUs.
+    save_fn: called, with the arguments given to
+      `save_checkpoint_if_preempted`, instead of the handler's own save.
+
+  >>> config = TerminationConfig(grace_period=30)
+  >>> config.grace_period, config.exit_fn
+  (30, None)
+  >>> TerminationConfig(grace_period=-1)
+  Traceback (most recent call last):
+  ...
+  ValueError: grace_period must be a number of seconds >= 0 (or None for the platform's default); received: grace_period=-1.
+  """
+
+  def __init__(self, termination_watcher_fn=None, exit_fn=None,
+               grace_period=None, save_fn=None):
+    for name, value in (("termination_watcher_fn", termination_watcher_fn),
+                        ("exit_fn", exit_fn), ("save_fn", save_fn)):
+      if value is not None and not callable(value):
+        raise TypeError(f"{name} must be a function (or None for the default); "
+                        f"received: {name}={value!r}.")
+    if grace_period is not None and (
+        isinstance(grace_period, bool) or not isinstance(grace_period, numbers.Real)
+        or not grace_period >= 0):
+      raise ValueError("grace_period must be a number of seconds >= 0 (or None "
+                       f"for the platform's default); received: grace_period={grace_period!r}.")
+    self.termination_watcher_fn = termination_watcher_fn
+    self.exit_fn = exit_fn
+    self.grace_period = grace_period
+    self.save_fn = save_fn
+
+
+@dataclasses.dataclass(frozen=True)
+class Termination:
+  """A `TerminationConfig` completed for a platform: `watcher_fn` is None
+  when the handler watches for SIGTERM."""
+  watcher_fn: Optional[Callable[[], bool]]
+  exit_fn: Callable[[], None]
+  grace_period: float
+  save_fn: Optional[Callable[..., None]]
+
+
+def exit_for_restart():
+  """Ends the program with the code a restarting scheduler recognises off
+  Google Cloud, as TensorFlow's does."""
+  sys.exit(gce_metadata.RESTART_EXIT_CODE)
+
+
+def exit_for_restart_on_google_cloud():
+  """Ends the program with TensorFlow's restart code on Google Cloud."""
+  sys.exit(gce_metadata.GCE_RESTART_EXIT_CODE)
+
+
+def complete(config, platform):
+  """`config` (a `TerminationConfig` or None) with the defaults of
+  `platform` (a `gce_metadata.Platform`) where it leaves a field out.
+
+  TensorFlow turns its handler off on a Google Cloud VM without GPUs; there
+  it watches for SIGTERM here, as elsewhere, and exits with Google Cloud's
+  code.
+
+  >>> done = complete(None, gce_metadata.Platform.OTHER)
+  >>> done.watcher_fn, done.exit_fn.__name__, done.grace_period
+  (None, 'exit_for_restart', 0)
+  """
+  config = config or TerminationConfig()
+  watcher_fn, exit_fn, grace_period = None, exit_for_restart, 0
+  if platform is gce_metadata.Platform.GCE_GPU:
+    watcher_fn = gce_metadata.maintenance_imminent
+    grace_period = gce_metadata.GCE_GRACE_PERIOD_SECONDS
+  if platform.on_google_cloud:
+    exit_fn = exit_for_restart_on_google_cloud
+  return Termination(
+      watcher_fn=config.termination_watcher_fn or watcher_fn,
+      exit_fn=config.exit_fn or exit_fn,
+      grace_period=grace_period if config.grace_period is None else config.grace_period,
+      save_fn=config.save_fn)
