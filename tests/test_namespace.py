@@ -26,6 +26,7 @@ EXPERIMENTAL = ["ValueContext", "CommunicationOptions",
 COORDINATOR = ["ClusterCoordinator", "PerWorkerValue", "RemoteValue",
                "experimental_get_current_worker_index"]
 EXPERIMENTAL_COORDINATOR = ["ClusterCoordinator", "PerWorkerValues", "RemoteValue"]
+RPC = ["Server", "Client"]
 PARTITIONERS = ["Partitioner", "FixedShardsPartitioner", "MinSizePartitioner",
                 "MaxSizePartitioner"]
 COMPAT_V1_EXPERIMENTAL = ["CommunicationOptions", "CommunicationImplementation",
@@ -64,6 +65,7 @@ NAMESPACES = [
     (tfd.coordinator, tf.distribute.coordinator, COORDINATOR),
     (tfd.experimental.coordinator, tf.distribute.experimental.coordinator,
      EXPERIMENTAL_COORDINATOR),
+    (tfd.experimental.rpc, tf.distribute.experimental.rpc, RPC),
 ]
 
 
@@ -77,9 +79,11 @@ def _public_names(namespace):
     (tfd.tpu, tf.tpu),
     (tfd.tpu.experimental, tf.tpu.experimental),
     (tfd.coordinator, tf.distribute.coordinator),
-    (tfd.experimental.coordinator, tf.distribute.experimental.coordinator)],
+    (tfd.experimental.coordinator, tf.distribute.experimental.coordinator),
+    (tfd.experimental.rpc, tf.distribute.experimental.rpc)],
                          ids=["cluster_resolver", "compat.v1.cluster_resolver", "tpu",
-                              "tpu.experimental", "coordinator", "experimental.coordinator"])
+                              "tpu.experimental", "coordinator", "experimental.coordinator",
+                              "experimental.rpc"])
 def test_namespace_has_exactly_tensorflows_names(ours, theirs):
   assert _public_names(ours) == _public_names(theirs)
 
@@ -120,6 +124,14 @@ def _public_names(module):
 def test_compat_v1_has_tensorflows_names_and_no_others(ours, theirs, left_out):
   assert _public_names(theirs) - _public_names(ours) == left_out
   assert _public_names(ours) <= _public_names(theirs)
+
+
+PREEMPTION = {"PreemptionCheckpointHandler", "PreemptionWatcher", "TerminationConfig"}
+
+
+def test_experimental_has_tensorflows_names_but_the_preemption_ones():
+  assert _public_names(tf.distribute.experimental) - _public_names(tfd.experimental) <= PREEMPTION
+  assert inspect.ismodule(tfd.experimental.rpc)
 
 
 @pytest.mark.parametrize("name", ["run", "reduce", "scope", "gather",

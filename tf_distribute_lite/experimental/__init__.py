@@ -11,3 +11,4 @@ from tf_distribute_lite.tpu_strategy import ExperimentalTPUStrategy as TPUStrate
 from tf_distribute_lite.distribute_lib import ValueContext
 from tf_distribute_lite.experimental import coordinator
 from tf_distribute_lite.experimental import partitioners
+from tf_distribute_lite.experimental import rpc
