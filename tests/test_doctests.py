@@ -27,6 +27,7 @@ def _public_api():
   """(qualified name, object) for every name the public namespaces export."""
   namespaces = [tf_distribute_lite, tf_distribute_lite.experimental,
                 tf_distribute_lite.experimental.partitioners,
+                tf_distribute_lite.experimental.rpc,
                 tf_distribute_lite.compat.v1,
                 tf_distribute_lite.compat.v1.experimental,
                 tf_distribute_lite.cluster_resolver, tf_distribute_lite.contrib,

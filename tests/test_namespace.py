@@ -27,6 +27,7 @@ EXPERIMENTAL = ["ValueContext", "CommunicationOptions",
 COORDINATOR = ["ClusterCoordinator", "PerWorkerValue", "RemoteValue",
                "experimental_get_current_worker_index"]
 EXPERIMENTAL_COORDINATOR = ["ClusterCoordinator", "PerWorkerValues", "RemoteValue"]
+RPC = ["Server", "Client"]
 PARTITIONERS = ["Partitioner", "FixedShardsPartitioner", "MinSizePartitioner",
                 "MaxSizePartitioner"]
 COMPAT_V1_EXPERIMENTAL = ["CommunicationOptions", "CommunicationImplementation",
@@ -65,6 +66,7 @@ NAMESPACES = [
     (tfd.coordinator, tf.distribute.coordinator, COORDINATOR),
     (tfd.experimental.coordinator, tf.distribute.experimental.coordinator,
      EXPERIMENTAL_COORDINATOR),
+    (tfd.experimental.rpc, tf.distribute.experimental.rpc, RPC),
 ]
 
 
@@ -78,9 +80,11 @@ def _public_names(namespace):
     (tfd.tpu, tf.tpu),
     (tfd.tpu.experimental, tf.tpu.experimental),
     (tfd.coordinator, tf.distribute.coordinator),
-    (tfd.experimental.coordinator, tf.distribute.experimental.coordinator)],
+    (tfd.experimental.coordinator, tf.distribute.experimental.coordinator),
+    (tfd.experimental.rpc, tf.distribute.experimental.rpc)],
                          ids=["cluster_resolver", "compat.v1.cluster_resolver", "tpu",
-                              "tpu.experimental", "coordinator", "experimental.coordinator"])
+                              "tpu.experimental", "coordinator", "experimental.coordinator",
+                              "experimental.rpc"])
 def test_namespace_has_exactly_tensorflows_names(ours, theirs):
   assert _public_names(ours) == _public_names(theirs)
 
@@ -119,6 +123,11 @@ def _public_names(module):
 ], ids=["compat.v1", "compat.v1.experimental"])
 def test_compat_v1_has_tensorflows_names_and_no_others(ours, theirs):
   assert _public_names(ours) == _public_names(theirs)
+
+
+def test_experimental_has_every_name_of_tensorflows():
+  assert _public_names(tf.distribute.experimental) <= _public_names(tfd.experimental)
+  assert inspect.ismodule(tfd.experimental.rpc)
 
 
 @pytest.mark.parametrize("name", ["run", "reduce", "scope", "gather",

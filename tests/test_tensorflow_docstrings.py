@@ -31,12 +31,13 @@ import tensorflow as tf
 
 import tf_distribute_lite as tfd
 
+from multi_worker import free_ports
+
 TPU_NAME = "emulated:v3-8"
 
 # Examples of APIs tfd does not implement (ParameterServerStrategy, the
-# coordinator, RPC), or not part of the public API (ShardedVariable).
-OUT_OF_SCOPE = ("ParameterServer", "Coordinator", "tf.distribute.experimental.rpc",
-                "ShardedVariable(")
+# coordinator), or not part of the public API (ShardedVariable).
+OUT_OF_SCOPE = ("ParameterServer", "Coordinator", "ShardedVariable(")
 # Examples whose expected text predates numpy 2's scalar repr.
 NUMPY_1_REPR = {"distribute.distribute_lib.Strategy.experimental_distribute_values_from_function"}
 
@@ -111,8 +112,18 @@ def tpu_results():
   return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def _portpicker():
+  """The `portpicker` package that the RPC examples import (not one of our
+  dependencies): its `pick_unused_port`, from `free_ports`."""
+  module = types.ModuleType("portpicker")
+  module.pick_unused_port = lambda: free_ports(1)[0]
+  return module
+
+
 @pytest.mark.parametrize("test", _examples(), ids=_short_name)
-def test_tensorflow_docstring_example(test, request):
+def test_tensorflow_docstring_example(test, request, monkeypatch):
+  if any("portpicker" in example.source for example in test.examples):
+    monkeypatch.setitem(sys.modules, "portpicker", _portpicker())
   if _needs_tpu(test):
     attempted, failed, output = request.getfixturevalue("tpu_results")[test.name]
   else:

@@ -10,6 +10,8 @@ import tensorflow as tf
 import tf_distribute_lite as tfd
 from tf_distribute_lite import _tf_bridge
 
+from multi_worker import free_ports
+
 
 def test_pushes_onto_tensorflows_own_stack():
   strategy = tfd.OneDeviceStrategy("CPU:0")
@@ -421,3 +423,41 @@ def test_task_answers_reaches_tensorflows_peer_health_check():
   calls it only on a cluster, where its multi-worker test uses it)."""
   with pytest.raises(tf.errors.InternalError, match="local collectives"):
     _tf_bridge.task_answers("/job:worker/replica:0/task:1", 0.1)
+
+
+def test_rpc_kernels_serve_list_and_call():
+  """TensorFlow's RPC ops: a server serves a concrete function, a client
+  lists it as a `RegisteredMethod` proto and calls it."""
+  kernels = _tf_bridge.rpc_kernels()
+  double = tf.function(lambda x: x * 2).get_concrete_function(tf.TensorSpec([], tf.int32))
+  encoded = lambda s: tf.__internal__.saved_model.encode_structure(s).SerializeToString()
+  address = f"127.0.0.1:{free_ports(1)[0]}"
+  server = kernels.rpc_server(server_address=address)
+  client = None
+  try:
+    kernels.rpc_server_register(
+        server, method_name="double", captured_inputs=[], f=double,
+        input_specs=encoded(double.structured_input_signature[0]),
+        output_specs=encoded(tf.TensorSpec([], tf.int32)))
+    kernels.rpc_server_start(server)
+    client, listed = kernels.rpc_client(server_address=address, timeout_in_ms=10000,
+                                        list_registered_methods=True)
+    method = _tf_bridge.parse_registered_method(listed.numpy()[0])
+    assert method.method == "double"
+    decoded = tf.__internal__.saved_model.decode_proto
+    assert decoded(method.output_specs) == tf.TensorSpec([], tf.int32)
+    assert decoded(method.input_specs) == (tf.TensorSpec([], tf.int32, name="x"),)
+    future, deleter = kernels.rpc_call(client, method_name="double", args=[tf.constant(21)],
+                                       timeout_in_ms=10000)
+    assert int(kernels.rpc_check_status(future)[0]) == 0
+    assert kernels.rpc_get_value(future, Tout=[tf.int32])[0].numpy() == 42
+    kernels.delete_rpc_future_resource(handle=future, deleter=deleter)
+  finally:
+    for handle in [h for h in (client, server) if h is not None]:
+      tf.raw_ops.DestroyResourceOp(resource=handle, ignore_lookup_error=True)
+
+
+def test_a_missing_rpc_module_is_an_import_error_naming_it():
+  with pytest.raises(ImportError, match=r"no RPC ops \(tensorflow.distribute.experimental"
+                                        r".rpc.kernels.gone\)"):
+    _tf_bridge._rpc_module("kernels.gone")  # pylint: disable=protected-access

@@ -43,6 +43,10 @@ and saves checkpoints from every worker into the same files
 (`route_keras_checkpoint_writes`); tf_keras decides loss scaling,
 multi-worker prediction and backups by the class of the strategy
 (`route_tf_keras`).
+
+`tf.distribute.experimental.rpc` runs on TensorFlow's RPC ops, whose
+generated wrappers (`rpc_kernels`) and whose proto of a server's listed
+methods (`parse_registered_method`) only private modules export.
 """
 
 import functools
@@ -674,3 +678,35 @@ def task_answers(task, timeout_seconds):
           tf.errors.AbortedError, tf.errors.NotFoundError):
     return False
   return True
+
+
+# --- Remote procedure calls.
+
+_RPC_PACKAGE = "tensorflow.distribute.experimental.rpc"
+
+
+@functools.lru_cache(maxsize=None)
+def _rpc_module(name):
+  try:
+    return importlib.import_module(f"{_RPC_PACKAGE}.{name}")
+  except ImportError:
+    raise ImportError(f"TensorFlow {tf.__version__} has no RPC ops "
+                      f"({_RPC_PACKAGE}.{name}), which "
+                      "tf_distribute_lite.experimental.rpc runs on.") from None
+
+
+def rpc_kernels():
+  """TensorFlow's generated wrappers of its RPC ops: `rpc_server`,
+  `rpc_server_register`, `rpc_server_start`, `rpc_client`, `rpc_call`,
+  `rpc_check_status`, `rpc_get_value` and `delete_rpc_future_resource`.
+  `tf.raw_ops` does not list them."""
+  return _rpc_module("kernels.gen_rpc_ops")
+
+
+def parse_registered_method(serialized):
+  """The `RegisteredMethod` proto (`method`, and its `input_specs` and
+  `output_specs` as `StructuredValue`s) that the `RpcClient` op lists, one
+  serialized string per method of the server."""
+  proto = _rpc_module("proto.tf_rpc_service_pb2").RegisteredMethod()
+  proto.ParseFromString(serialized)
+  return proto

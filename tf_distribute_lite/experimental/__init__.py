@@ -14,3 +14,4 @@ from tf_distribute_lite.distribute_lib import ValueContext
 from tf_distribute_lite.termination_config import TerminationConfig
 from tf_distribute_lite.experimental import coordinator
 from tf_distribute_lite.experimental import partitioners
+from tf_distribute_lite.experimental import rpc
