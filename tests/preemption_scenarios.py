@@ -187,3 +187,67 @@ def without_handler(ctx):
     watcher.block_until_worker_exit()
     out["blocked_until_exit"] = True
   return out
+
+
+# --- tf_keras's BackupAndRestore.
+
+KERAS_STEPS_PER_EPOCH = 4
+
+
+def keras_fit(ctx):
+  """tf_keras's `fit` of `keras_models.classifier` with `BackupAndRestore`
+  into `run/backup`, `epochs` epochs of 4 steps. Args: epochs, kind,
+  save_freq, save_before_preemption, signal_at ([index, steps] of this run:
+  the pause comes before `BackupAndRestore` sees the step end, as a notice
+  in the middle of the step would).
+
+  Every step trains on the same global batch of 16: a job that resumes in
+  the middle of an epoch reads the epoch's data from its start (tf_keras
+  counts steps, it does not skip data), so only then does it end where an
+  uninterrupted run does, whatever step it resumes at."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  from keras_models import classification_data, classifier  # pylint: disable=g-import-not-at-top
+  args = ctx.args
+  strategy, _ = _strategy(ctx)
+  with strategy.scope():
+    model = _keras_classifier(tf_keras, classifier)
+  ran = []
+
+  class Steps(tf_keras.callbacks.Callback):
+    """Records the (epoch, batch) of each step, and pauses for the signal."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+      self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+      ran.append([int(self.epoch), int(batch)])
+      if args.get("signal_at") == [ctx.index, len(ran)]:
+        _wait_for_signal(ctx)
+
+  backup = tf_keras.callbacks.BackupAndRestore(
+      os.path.join(ctx.directory, "run", "backup"), save_freq=args.get("save_freq", "epoch"),
+      save_before_preemption=args.get("save_before_preemption", False))
+  dataset = tf.data.Dataset.from_tensor_slices(classification_data(16)).batch(16).repeat()
+  model.fit(dataset, epochs=args["epochs"], steps_per_epoch=KERAS_STEPS_PER_EPOCH, verbose=0,
+            callbacks=[Steps(), backup])
+  handler = getattr(model, "_preemption_handler", None)
+  return {"ran": ran, "weights": [w.tolist() for w in model.get_weights()],
+          "handler": handler and type(handler).__module__}
+
+
+def _keras_classifier(tf_keras, classifier):
+  model = classifier(tf_keras)
+  model.compile(optimizer=tf_keras.optimizers.SGD(learning_rate=0.1),
+                loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  return model
+
+
+def keras_plain_weights(steps):
+  """The weights of `keras_fit` after `steps` steps, without strategy or
+  backup."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  from keras_models import classification_data, classifier  # pylint: disable=g-import-not-at-top
+  model = _keras_classifier(tf_keras, classifier)
+  dataset = tf.data.Dataset.from_tensor_slices(classification_data(16)).batch(16).repeat()
+  model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+  return [w.tolist() for w in model.get_weights()]

@@ -41,8 +41,8 @@ distributed dataset by the name and module of a base class
 for TensorFlow's own multi-worker class (`route_keras_reduce_per_replica`),
 and saves checkpoints from every worker into the same files
 (`route_keras_checkpoint_writes`); tf_keras decides loss scaling,
-multi-worker prediction and backups by the class of the strategy
-(`route_tf_keras`).
+multi-worker prediction, backups and saving before preemption by the class
+of the strategy (`route_tf_keras`).
 
 `tf.distribute.experimental.rpc` runs on TensorFlow's RPC ops, whose
 generated wrappers (`rpc_kernels`) and whose proto of a server's listed
@@ -445,7 +445,7 @@ def _skipped_where(method, routes):
   return skipped
 
 
-# tf_keras answers three questions with `isinstance` checks against
+# tf_keras answers four questions with `isinstance` checks against
 # TensorFlow's own strategy classes, each in a module-level name it looks up
 # when it asks: (module, name, the question).
 _TF_KERAS_CHECKS = (
@@ -453,10 +453,12 @@ _TF_KERAS_CHECKS = (
      "strategy_supports_loss_scaling", "loss_scaling"),
     ("tf_keras.src.engine.training", "_collective_all_reduce_multi_worker", "multi_worker"),
     ("tf_keras.src.callbacks", "BackupAndRestore", "backup"),
+    ("tf_keras.src.distribute.worker_training_state", "WorkerTrainingState",
+     "save_before_preemption"),
 )
 
 
-def route_tf_keras(answers):
+def route_tf_keras(answers, preemption_handler):
   """Makes tf_keras ask `answers(strategy)` (a set of the questions below it
   answers yes to) before its own checks against TensorFlow's classes:
 
@@ -465,6 +467,11 @@ def route_tf_keras(answers):
   * "multi_worker": does prediction gather every worker's outputs? TensorFlow
     asks for its own MultiWorkerMirroredStrategy on several workers.
   * "backup": may `BackupAndRestore` back this strategy's training up?
+  * "save_before_preemption": may `BackupAndRestore(...,
+    save_before_preemption=True)` save at a termination notice? tf_keras
+    asks for TensorFlow's MultiWorkerMirroredStrategy on Google Cloud; then
+    its backup is driven by `preemption_handler(cluster_resolver,
+    checkpoint_manager)` (tfd's `PreemptionCheckpointHandler`).
 
   Call it whenever a strategy becomes current: it changes nothing until
   tf_keras is imported, routes each check once, and costs a few dictionary
@@ -476,6 +483,8 @@ def route_tf_keras(answers):
       continue
     if question == "backup":
       _route_backup(module.BackupAndRestore, answers)
+    elif question == "save_before_preemption":
+      _route_training_state(module, answers, preemption_handler)
     else:
       setattr(module, name, _asking_first(getattr(module, name), answers, question))
 
@@ -490,7 +499,21 @@ def _asking_first(check, answers, question):
 
 
 def _route_backup(callback_class, answers):
+  """`BackupAndRestore` takes the strategies that answer "backup"; with
+  `save_before_preemption` it also asks for the batch hooks, in which
+  tf_keras checks for a notice, wherever the strategy answers
+  "save_before_preemption" (tf_keras asks for them only to save every
+  `save_freq` batches, so with `save_freq="epoch"` and no other callback
+  that wants them, such as `verbose=0`, it never checks)."""
   on_train_begin = callback_class.on_train_begin
+  implements_batch_hooks = callback_class._implements_train_batch_hooks  # pylint: disable=protected-access
+
+  @functools.wraps(implements_batch_hooks)
+  def batch_hooks(self):
+    model = getattr(self, "model", None)
+    return implements_batch_hooks(self) or bool(
+        self.save_before_preemption and model is not None
+        and "save_before_preemption" in answers(model.distribute_strategy))
 
   @functools.wraps(on_train_begin)
   def routed(self, logs=None):
@@ -500,7 +523,35 @@ def _route_backup(callback_class, answers):
       self._supported_strategies = supported + (type(strategy),)  # pylint: disable=protected-access
     return on_train_begin(self, logs)
   callback_class.on_train_begin = routed
+  callback_class._implements_train_batch_hooks = batch_hooks  # pylint: disable=protected-access
   callback_class._tfd_answers = answers  # pylint: disable=protected-access
+
+
+def _route_training_state(module, answers, preemption_handler):
+  """tf_keras's backup state builds TensorFlow's handler for
+  `save_before_preemption`, from the manager that writes this worker's
+  backup (a temporary folder on workers other than the chief), and turns it
+  on only for TensorFlow's MultiWorkerMirroredStrategy on Google Cloud
+  (`distributed_file_utils._on_gcp`), where TensorFlow 2.21 switches its
+  handler off without GPUs and tf_keras then fails at the first batch. For
+  a strategy that answers yes the state is built without it, and on Google
+  Cloud it is driven by `preemption_handler` over the manager that reads the
+  backup, so every worker restores the chief's backup."""
+  state_class = module.WorkerTrainingState
+  init = state_class.__init__
+
+  @functools.wraps(init)
+  def routed(self, model, checkpoint_dir, save_freq="epoch", save_before_preemption_arg=None):
+    strategy = model.distribute_strategy
+    ours = bool(save_before_preemption_arg) and "save_before_preemption" in answers(strategy)
+    init(self, model, checkpoint_dir, save_freq, False if ours else save_before_preemption_arg)
+    if ours and module.distributed_file_utils._on_gcp():  # pylint: disable=protected-access
+      self._enable_save_before_preemption = True  # pylint: disable=protected-access
+      self.preemption_handler = preemption_handler(
+          strategy.cluster_resolver, self.read_checkpoint_manager)
+      model._preemption_handler = self.preemption_handler  # pylint: disable=protected-access
+  state_class.__init__ = routed
+  state_class._tfd_answers = answers  # pylint: disable=protected-access
 
 
 def parse_topology_proto(serialized):

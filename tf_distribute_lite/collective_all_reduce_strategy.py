@@ -90,9 +90,10 @@ class CollectiveAllReduceStrategy(strategy_v1.TF1Methods, distribute_lib.Strateg
 
   @property
   def _tf_keras_answers(self):
+    answers = frozenset({"loss_scaling", "backup", "save_before_preemption"})
     if self._extended._in_multi_worker_mode():  # pylint: disable=protected-access
-      return frozenset({"loss_scaling", "backup", "multi_worker"})
-    return frozenset({"loss_scaling", "backup"})
+      return answers | {"multi_worker"}
+    return answers
 
 
 class _AnyMultiWorkerStrategy(type):
