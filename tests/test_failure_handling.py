@@ -23,10 +23,12 @@ from tf_distribute_lite import gce_metadata
 from cloud_fakes import FakeCloud
 from multi_worker import LocalCluster
 from multi_worker import run_together
+from preemption_scenarios import keras_plain_weights
 from preemption_scenarios import plain_weights
 
 MODULES = pytest.mark.parametrize("mod", [tf.distribute, tfd], ids=["tf", "tfd"])
 SCENARIO = "preemption_scenarios.train"
+KERAS_SCENARIO = "preemption_scenarios.keras_fit"
 RESTART_EXIT_CODE = 42
 GCE_RESTART_EXIT_CODE = 143
 
@@ -411,3 +413,134 @@ def test_sigterm_without_a_handler_and_the_preemption_watcher(tmp_path):
   assert results["tf"] == [lived_on, lived_on]
   assert results["tfd"] == [dict(lived_on, preemption_message="/job:worker/task:1"),
                             -signal.SIGTERM]
+
+
+# --- tf_keras's BackupAndRestore.
+
+def _assert_weights(weights, expected):
+  for ours, theirs in zip(weights, expected, strict=True):
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+def _fit_with_save_before_preemption(mod, backup_dir, save_freq="epoch"):
+  """tf_keras's `fit`, 2 epochs of 3 steps (`verbose=0`) with
+  `BackupAndRestore(backup_dir, save_freq, save_before_preemption=True)`
+  under `mod`'s MultiWorkerMirroredStrategy on one worker; the model."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  from keras_models import classification_data, classifier  # pylint: disable=g-import-not-at-top
+  with mod.MultiWorkerMirroredStrategy().scope():
+    model = classifier(tf_keras)
+    model.compile(optimizer="sgd", loss=tf_keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+  dataset = tf.data.Dataset.from_tensor_slices(classification_data(16)).batch(8).repeat()
+  on_sigterm = signal.getsignal(signal.SIGTERM)
+  try:
+    model.fit(dataset, epochs=2, steps_per_epoch=3, verbose=0, callbacks=[
+        tf_keras.callbacks.BackupAndRestore(str(backup_dir), save_freq=save_freq,
+                                            save_before_preemption=True)])
+  finally:
+    signal.signal(signal.SIGTERM, on_sigterm)  # a handler sets its own
+  return model
+
+
+def test_tf_keras_saves_before_preemption_with_tfds_handler_on_google_cloud(
+    tmp_path, google_cloud):
+  """On a (fake) Google Cloud CPU VM tf_keras turns `save_before_preemption`
+  on for MultiWorkerMirroredStrategy, and with TensorFlow's, whose handler
+  is off there, fails at the first step end it checks for a notice. With
+  tfd's strategy tfd's handler counts every step, also where tf_keras would
+  check none (`save_freq="epoch"` and `verbose=0`: no callback asks for the
+  batch hooks)."""
+  with pytest.raises(AttributeError, match="_run_counter"):
+    _fit_with_save_before_preemption(tf.distribute, tmp_path / "tf", save_freq=2)
+  for save_freq in (2, "epoch"):
+    model = _fit_with_save_before_preemption(tfd, tmp_path / f"tfd_{save_freq}", save_freq)
+    handler = model._preemption_handler  # pylint: disable=protected-access
+    assert isinstance(handler, tfd.experimental.PreemptionCheckpointHandler)
+    assert int(handler.total_run_calls) == 6
+
+
+def test_tf_keras_saves_before_preemption_only_on_google_cloud(tmp_path, not_on_google_cloud):
+  """Elsewhere tf_keras leaves `save_before_preemption` off, with
+  TensorFlow's strategy and with tfd's: no handler is made."""
+  for mod in (tf.distribute, tfd):
+    model = _fit_with_save_before_preemption(mod, tmp_path / mod.__name__)
+    assert not hasattr(model, "_preemption_handler"), mod
+
+
+@pytest.mark.multi_worker
+def test_tf_keras_backup_and_restore_resumes_after_sigterm(tmp_path):
+  """`BackupAndRestore(save_freq=3)`, 2 epochs of 4 steps; the last worker
+  gets SIGTERM after step 4. tfd's 2 workers stop: worker 1 ends by the
+  signal, worker 0's next collective fails once worker 1 no longer answers.
+  TensorFlow's ignore the signal and finish, an uninterrupted run. On one
+  worker, MirroredStrategy, TensorFlow's and tfd's, the signal ends the
+  process. Each restarted job resumes from the backup at step 3 (the last
+  step of epoch 0), runs the 5 steps left and ends with the weights of
+  an uninterrupted run."""
+  args = {"epochs": 2, "save_freq": 3}
+  runs = {(kind, mod): (LocalCluster(workers, tmp_path / f"{kind}_{mod}"), mod,
+                        dict(args, kind=kind))
+          for kind, workers in (("multi_worker", 2), ("mirrored", 1)) for mod in ("tf", "tfd")}
+  for cluster, mod, run_args in runs.values():
+    cluster.start(KERAS_SCENARIO, mod, args=dict(run_args, signal_at=[cluster.num_workers - 1, 4]))
+  try:
+    for cluster, _, _ in runs.values():
+      last = cluster.num_workers - 1
+      assert cluster.wait_for_file(cluster.directory / f"ready-{last}", 120), cluster.logs()
+      cluster.send_signal(last, signal.SIGTERM)
+      (cluster.directory / "signal-sent").write_text("")
+    first = {key: [_result_or_exit_code(cluster, index, timeout=90)
+                   for index in range(cluster.num_workers)]
+             for key, (cluster, _, _) in runs.items()}
+  finally:
+    for cluster, _, _ in runs.values():
+      cluster.stop()
+  uninterrupted = keras_plain_weights(8)
+  for result in first[("multi_worker", "tf")]:
+    assert result["ran"] == [[epoch, batch] for epoch in range(2) for batch in range(4)]
+    _assert_weights(result["weights"], uninterrupted)
+  worker0, worker1 = first[("multi_worker", "tfd")]
+  assert worker0["type"] == "UnavailableError" and "/task:1" in worker0["error"]
+  assert worker1 == -signal.SIGTERM
+  assert first[("mirrored", "tf")] == first[("mirrored", "tfd")] == [-signal.SIGTERM]
+  restarted = [key for key in runs if key != ("multi_worker", "tf")]
+  for cluster, _, _ in (runs[key] for key in restarted):
+    (cluster.directory / "signal-sent").unlink()
+  results = run_together([(cluster, KERAS_SCENARIO, mod, {"args": run_args})
+                          for cluster, mod, run_args in (runs[key] for key in restarted)])
+  for key, workers in zip(restarted, results):
+    for result in workers.values():
+      assert result.get("ran") == [[0, 3], [1, 0], [1, 1], [1, 2], [1, 3]], (key, result)
+      _assert_weights(result["weights"], uninterrupted)
+
+
+@pytest.mark.multi_worker
+def test_tf_keras_saves_before_preemption_on_two_tfd_workers(tmp_path, google_cloud):
+  """`BackupAndRestore(save_before_preemption=True)` on a (fake) Google Cloud
+  VM: worker 1 of tfd's 2 gets SIGTERM after step 5 (epoch 1, batch 0);
+  both save at step 6, the chief into the backup, and exit with Google
+  Cloud's restart code. The restarted job restores the chief's backup on
+  both workers, runs the last 2 steps and ends with the weights of an
+  uninterrupted run. (TensorFlow's handler is off on a CPU VM, and tf_keras
+  fails at the first step.)"""
+  env = {"GCE_METADATA_IP": google_cloud.address}
+  args = {"epochs": 2, "save_before_preemption": True}
+  cluster = LocalCluster(2, tmp_path)
+  cluster.start(KERAS_SCENARIO, "tfd", args=dict(args, signal_at=[1, 5]), env=env)
+  try:
+    assert cluster.wait_for_file(tmp_path / "ready-1", 120), cluster.logs()
+    cluster.send_signal(1, signal.SIGTERM)
+    (tmp_path / "signal-sent").write_text("")
+    assert cluster.wait_for_exits(90) == {0: GCE_RESTART_EXIT_CODE, 1: GCE_RESTART_EXIT_CODE}
+  finally:
+    cluster.stop()
+  assert _saved_runs(tmp_path / "run" / "backup" / "chief") == [6]
+  assert sorted(os.listdir(tmp_path / "run" / "backup")) == ["chief"]
+  (tmp_path / "signal-sent").unlink()
+  restarted = cluster.run(KERAS_SCENARIO, "tfd", args=args, env=env)
+  uninterrupted = keras_plain_weights(8)
+  for result in restarted.values():
+    assert result.get("ran") == [[1, 2], [1, 3]], result
+    assert result["handler"] == "tf_distribute_lite.failure_handling"
+    _assert_weights(result["weights"], uninterrupted)
