@@ -1,5 +1,6 @@
 """The bridge to TensorFlow's strategy stack: what it relies on, and its refusal."""
 
+import contextlib
 import inspect
 import os
 import tempfile
@@ -208,7 +209,8 @@ def test_tf_keras_checks_are_routed_for_chosen_strategies():
       callbacks.BackupAndRestore.on_train_begin)
   chosen = tfd.OneDeviceStrategy("CPU:0")
   _tf_bridge.route_tf_keras(
-      lambda strategy: {"loss_scaling", "multi_worker"} if strategy is chosen else set())
+      lambda strategy: {"loss_scaling", "multi_worker"} if strategy is chosen else set(),
+      tfd.experimental.PreemptionCheckpointHandler)
   with chosen.scope():
     assert loss_scale_optimizer.strategy_supports_loss_scaling()
   assert training._collective_all_reduce_multi_worker(chosen)  # pylint: disable=protected-access
@@ -217,6 +219,63 @@ def test_tf_keras_checks_are_routed_for_chosen_strategies():
   with tfd.experimental.CentralStorageStrategy(["CPU:0", "CPU:1"]).scope():
     assert not loss_scale_optimizer.strategy_supports_loss_scaling()
   assert loss_scale_optimizer.strategy_supports_loss_scaling()
+
+
+def test_tf_keras_save_before_preemption_is_routed_for_chosen_strategies(tmp_path, monkeypatch):
+  """tf_keras's backup state turns `save_before_preemption` on where
+  `distributed_file_utils._on_gcp()` says Google Cloud; for a strategy that
+  answers yes it is driven by the handler the bridge is given, made from the
+  strategy's cluster resolver and the manager that reads the backup, through
+  the handler's names tf_keras reads. `BackupAndRestore` then asks for the
+  batch hooks, where tf_keras checks for a notice."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  from tf_keras.src.distribute import distributed_file_utils  # pylint: disable=g-import-not-at-top
+  from tf_keras.src.distribute import distributed_training_utils  # pylint: disable=g-import-not-at-top
+  from tf_keras.src.distribute import worker_training_state  # pylint: disable=g-import-not-at-top
+  state_class = worker_training_state.WorkerTrainingState
+  assert list(inspect.signature(state_class.__init__).parameters) == [
+      "self", "model", "checkpoint_dir", "save_freq", "save_before_preemption_arg"]
+  for routed in ((state_class, "__init__"), (state_class, "_tfd_answers"),
+                 (tf_keras.callbacks.BackupAndRestore, "on_train_begin"),
+                 (tf_keras.callbacks.BackupAndRestore, "_implements_train_batch_hooks"),
+                 (tf_keras.callbacks.BackupAndRestore, "_tfd_answers")):
+    monkeypatch.setattr(*routed, getattr(*routed, None), raising=False)
+  monkeypatch.setattr(distributed_file_utils, "_on_gcp", lambda: 200)
+  made = []
+
+  class Handler:
+
+    def __init__(self, cluster_resolver, checkpoint_manager):
+      made.append(self)
+      self.made_with = (cluster_resolver, checkpoint_manager)
+      self._run_counter = 0
+      self.checks = self.scopes = 0
+
+    def _check_preemption_and_maybe_checkpoint(self):
+      self.checks += 1
+
+    @contextlib.contextmanager
+    def watch_preemption_scope(self):
+      self.scopes += 1
+      yield
+
+  _tf_bridge.route_tf_keras(lambda strategy: {"save_before_preemption"}, Handler)
+  model = tf_keras.Sequential([tf_keras.Input((1,)), tf_keras.layers.Dense(1)])
+  backup = tf_keras.callbacks.BackupAndRestore(str(tmp_path), save_before_preemption=True)
+  backup.set_model(model)
+  assert backup._implements_train_batch_hooks()  # pylint: disable=protected-access
+  state = state_class(model, str(tmp_path), "epoch", True)
+  (handler,) = made
+  assert handler.made_with == (model.distribute_strategy.cluster_resolver,
+                               state.read_checkpoint_manager)
+  assert model._preemption_handler is handler  # pylint: disable=protected-access
+  state.backup_if_preempted()
+  with distributed_training_utils.maybe_preemption_handler_scope(model):
+    pass
+  assert (handler._run_counter, handler.checks, handler.scopes) == (1, 1, 1)  # pylint: disable=protected-access
+  monkeypatch.setattr(distributed_file_utils, "_on_gcp", lambda: False)
+  assert not state_class(model, str(tmp_path), "epoch", True)._enable_save_before_preemption  # pylint: disable=protected-access
+  assert len(made) == 1
 
 
 def test_tf_keras_allows_mixed_float16_where_tensorflow_does():
