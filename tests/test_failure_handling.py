@@ -5,6 +5,7 @@ worker processes that get a real SIGTERM in the middle of training, exit,
 restart and end with the weights of an uninterrupted run, compared with
 `tf.distribute` where TensorFlow 2.21 has the same behaviour."""
 
+import contextlib
 import inspect
 import json
 import os
@@ -237,25 +238,33 @@ def test_on_google_cloud_without_gpus_tensorflow_turns_the_handler_off(tmp_path,
 
 # --- Worker processes that get SIGTERM.
 
-def _preempt_and_restart(runs, signal_at, timeout=120):
-  """Runs `train` on each `(cluster, module, args)` of `runs` at once; the
-  worker `signal_at[0]` of each gets SIGTERM after `signal_at[1]` steps.
-  Returns, per run, the exit codes of the first run and the results of the
-  restarted one."""
-  for cluster, mod, args in runs:
-    cluster.start(SCENARIO, mod, args=dict(args, signal_at=list(signal_at)))
+@contextlib.contextmanager
+def _sigterm_to_last_workers(runs, scenario, after_steps, env=None, timeout=120):
+  """Starts `scenario` on each `(cluster, module, args)` of `runs` at once;
+  the last worker of each gets SIGTERM once it has run `after_steps` steps
+  (arg "signal_at"). Every worker is killed when the block ends."""
   try:
+    for cluster, mod, args in runs:
+      cluster.start(scenario, mod, env=env, args=dict(
+          args, signal_at=[cluster.num_workers - 1, after_steps]))
     for cluster, _, _ in runs:
-      assert cluster.wait_for_file(cluster.directory / f"ready-{signal_at[0]}", timeout), (
-          cluster.logs())
-      cluster.send_signal(signal_at[0], signal.SIGTERM)
+      last = cluster.num_workers - 1
+      assert cluster.wait_for_file(cluster.directory / f"ready-{last}", timeout), cluster.logs()
+      cluster.send_signal(last, signal.SIGTERM)
       (cluster.directory / "signal-sent").write_text("")
-    exit_codes = [cluster.wait_for_exits(timeout) for cluster, _, _ in runs]
+    yield
   finally:
     for cluster, _, _ in runs:
       cluster.stop()
-  for cluster, _, _ in runs:
-    (cluster.directory / "signal-sent").unlink()
+      (cluster.directory / "signal-sent").unlink(missing_ok=True)
+
+
+def _preempt_and_restart(runs, after_steps, timeout=120):
+  """Runs `train` on each `(cluster, module, args)` of `runs` at once; the
+  last worker of each gets SIGTERM after `after_steps` steps. Returns, per
+  run, the exit codes of the first run and the results of the restarted one."""
+  with _sigterm_to_last_workers(runs, SCENARIO, after_steps, timeout=timeout):
+    exit_codes = [cluster.wait_for_exits(timeout) for cluster, _, _ in runs]
   restarted = run_together([(cluster, SCENARIO, mod, {"args": args})
                             for cluster, mod, args in runs], timeout=timeout)
   return list(zip(exit_codes, restarted))
@@ -278,7 +287,7 @@ def test_two_workers_save_at_the_step_after_sigterm_and_resume(tmp_path):
   uninterrupted steps do, as with TensorFlow's handler (which leaves worker
   1's temporary folder behind)."""
   runs = [(LocalCluster(2, tmp_path / mod), mod, {"steps": 8}) for mod in ("tf", "tfd")]
-  outcomes = dict(zip(("tf", "tfd"), _preempt_and_restart(runs, signal_at=(1, 3))))
+  outcomes = dict(zip(("tf", "tfd"), _preempt_and_restart(runs, after_steps=3)))
   for mod, (exit_codes, restarted) in outcomes.items():
     assert exit_codes == {0: RESTART_EXIT_CODE, 1: RESTART_EXIT_CODE}, mod
     _assert_resumed(restarted, saved_at=4, steps=8)
@@ -295,7 +304,7 @@ def test_orbit_action_saves_on_two_tfd_workers_and_the_job_resumes(tmp_path):
   runs = [(LocalCluster(2, tmp_path / mod), mod, {"steps": 8, "orbit": True})
           for mod in ("tf", "tfd")]
   for mod, (exit_codes, restarted) in zip(("tf", "tfd"), _preempt_and_restart(
-      runs, signal_at=(1, 3))):
+      runs, after_steps=3)):
     assert exit_codes == {0: RESTART_EXIT_CODE, 1: RESTART_EXIT_CODE}, mod
     # The action runs after each step: the one after the signal (step 4)
     # publishes the step, the next one saves, numbered by the step variable.
@@ -313,7 +322,7 @@ def test_one_worker_strategies_save_at_the_step_after_sigterm_and_resume(tmp_pat
   runs = [(LocalCluster(1, tmp_path / f"{kind}_{mod}"), mod,
            {"steps": 6, "kind": kind, "logical_cpus": 4}) for kind, mod in kinds]
   for (kind, mod), (exit_codes, restarted) in zip(
-      kinds, _preempt_and_restart(runs, signal_at=(0, 2))):
+      kinds, _preempt_and_restart(runs, after_steps=2)):
     assert exit_codes == {0: RESTART_EXIT_CODE}, (kind, mod)
     _assert_resumed(restarted, saved_at=3, steps=6)
 
@@ -327,17 +336,8 @@ def test_grace_period_saves_at_once_trains_on_and_saves_again_before_it_ends(tmp
   args = {"steps": 100, "kind": "one_device", "grace_period": 1.5, "step_seconds": 0.05,
           "keep": 2, "exit_code": 7}
   runs = [(LocalCluster(1, tmp_path / mod), mod, args) for mod in ("tf", "tfd")]
-  for cluster, mod, _ in runs:
-    cluster.start(SCENARIO, mod, args=dict(args, signal_at=[0, 2]))
-  try:
-    for cluster, _, _ in runs:
-      assert cluster.wait_for_file(cluster.directory / "ready-0", 120), cluster.logs()
-      cluster.send_signal(0, signal.SIGTERM)
-      (cluster.directory / "signal-sent").write_text("")
+  with _sigterm_to_last_workers(runs, SCENARIO, after_steps=2):
     exit_codes = [cluster.wait_for_exits(120) for cluster, _, _ in runs]
-  finally:
-    for cluster, _, _ in runs:
-      cluster.stop()
   for (cluster, mod, _), codes in zip(runs, exit_codes):
     assert codes == {0: 7}, mod
     first, final = _saved_runs(cluster.directory / "run" / "checkpoints")
@@ -352,17 +352,8 @@ def test_on_google_cloud_without_gpus_sigterm_still_saves(tmp_path, google_cloud
   env = {"GCE_METADATA_IP": google_cloud.address}
   runs = [(LocalCluster(1, tmp_path / mod), mod, {"steps": 6, "kind": "one_device"})
           for mod in ("tf", "tfd")]
-  for cluster, mod, args in runs:
-    cluster.start(SCENARIO, mod, args=dict(args, signal_at=[0, 2]), env=env)
-  try:
-    for cluster, _, _ in runs:
-      assert cluster.wait_for_file(cluster.directory / "ready-0", 120), cluster.logs()
-      cluster.send_signal(0, signal.SIGTERM)
-      (cluster.directory / "signal-sent").write_text("")
+  with _sigterm_to_last_workers(runs, SCENARIO, after_steps=2, env=env):
     theirs, ours = [cluster.wait_for_exits(120) for cluster, _, _ in runs]
-  finally:
-    for cluster, _, _ in runs:
-      cluster.stop()
   assert theirs == {0: -signal.SIGTERM}
   assert ours == {0: GCE_RESTART_EXIT_CODE}
   assert _saved_runs(tmp_path / "tf" / "run" / "checkpoints") == []
@@ -397,18 +388,11 @@ def test_sigterm_without_a_handler_and_the_preemption_watcher(tmp_path):
   signal as a program that set no handler, after recording the notice:
   worker 0's watcher names it and returns from `block_until_worker_exit`
   once it no longer answers."""
-  results = {}
-  for mod, watch_seconds in (("tf", 3), ("tfd", 30)):
-    cluster = LocalCluster(2, tmp_path / mod)
-    cluster.start("preemption_scenarios.without_handler", mod,
-                  args={"signal_at": [1, 0], "watch_seconds": watch_seconds})
-    try:
-      assert cluster.wait_for_file(cluster.directory / "ready-1", 120), cluster.logs()
-      cluster.send_signal(1, signal.SIGTERM)
-      (cluster.directory / "signal-sent").write_text("")
-      results[mod] = [_result_or_exit_code(cluster, index, timeout=90) for index in (0, 1)]
-    finally:
-      cluster.stop()
+  runs = [(LocalCluster(2, tmp_path / mod), mod, {"watch_seconds": watch_seconds})
+          for mod, watch_seconds in (("tf", 3), ("tfd", 30))]
+  with _sigterm_to_last_workers(runs, "preemption_scenarios.without_handler", after_steps=0):
+    results = {mod: [_result_or_exit_code(cluster, index, timeout=90) for index in (0, 1)]
+               for cluster, mod, _ in runs}
   lived_on = {"lived_on": True, "preemption_message": None, "blocked_until_exit": True}
   assert results["tf"] == [lived_on, lived_on]
   assert results["tfd"] == [dict(lived_on, preemption_message="/job:worker/task:1"),
@@ -482,20 +466,10 @@ def test_tf_keras_backup_and_restore_resumes_after_sigterm(tmp_path):
   runs = {(kind, mod): (LocalCluster(workers, tmp_path / f"{kind}_{mod}"), mod,
                         dict(args, kind=kind))
           for kind, workers in (("multi_worker", 2), ("mirrored", 1)) for mod in ("tf", "tfd")}
-  for cluster, mod, run_args in runs.values():
-    cluster.start(KERAS_SCENARIO, mod, args=dict(run_args, signal_at=[cluster.num_workers - 1, 4]))
-  try:
-    for cluster, _, _ in runs.values():
-      last = cluster.num_workers - 1
-      assert cluster.wait_for_file(cluster.directory / f"ready-{last}", 120), cluster.logs()
-      cluster.send_signal(last, signal.SIGTERM)
-      (cluster.directory / "signal-sent").write_text("")
+  with _sigterm_to_last_workers(runs.values(), KERAS_SCENARIO, after_steps=4):
     first = {key: [_result_or_exit_code(cluster, index, timeout=90)
                    for index in range(cluster.num_workers)]
              for key, (cluster, _, _) in runs.items()}
-  finally:
-    for cluster, _, _ in runs.values():
-      cluster.stop()
   uninterrupted = keras_plain_weights(8)
   for result in first[("multi_worker", "tf")]:
     assert result["ran"] == [[epoch, batch] for epoch in range(2) for batch in range(4)]
@@ -505,8 +479,6 @@ def test_tf_keras_backup_and_restore_resumes_after_sigterm(tmp_path):
   assert worker1 == -signal.SIGTERM
   assert first[("mirrored", "tf")] == first[("mirrored", "tfd")] == [-signal.SIGTERM]
   restarted = [key for key in runs if key != ("multi_worker", "tf")]
-  for cluster, _, _ in (runs[key] for key in restarted):
-    (cluster.directory / "signal-sent").unlink()
   results = run_together([(cluster, KERAS_SCENARIO, mod, {"args": run_args})
                           for cluster, mod, run_args in (runs[key] for key in restarted)])
   for key, workers in zip(restarted, results):
@@ -527,17 +499,10 @@ def test_tf_keras_saves_before_preemption_on_two_tfd_workers(tmp_path, google_cl
   env = {"GCE_METADATA_IP": google_cloud.address}
   args = {"epochs": 2, "save_before_preemption": True}
   cluster = LocalCluster(2, tmp_path)
-  cluster.start(KERAS_SCENARIO, "tfd", args=dict(args, signal_at=[1, 5]), env=env)
-  try:
-    assert cluster.wait_for_file(tmp_path / "ready-1", 120), cluster.logs()
-    cluster.send_signal(1, signal.SIGTERM)
-    (tmp_path / "signal-sent").write_text("")
+  with _sigterm_to_last_workers([(cluster, "tfd", args)], KERAS_SCENARIO, after_steps=5, env=env):
     assert cluster.wait_for_exits(90) == {0: GCE_RESTART_EXIT_CODE, 1: GCE_RESTART_EXIT_CODE}
-  finally:
-    cluster.stop()
   assert _saved_runs(tmp_path / "run" / "backup" / "chief") == [6]
   assert sorted(os.listdir(tmp_path / "run" / "backup")) == ["chief"]
-  (tmp_path / "signal-sent").unlink()
   restarted = cluster.run(KERAS_SCENARIO, "tfd", args=args, env=env)
   uninterrupted = keras_plain_weights(8)
   for result in restarted.values():
