@@ -7,7 +7,8 @@ one `handler.run` per step, from the checkpoint the handler restores. A
 worker named in `signal_at` stops after that many steps, says so in the
 file `ready-INDEX` (holding its process id) and waits until the test has
 sent it SIGTERM and written `signal-sent`: the notice always comes after the
-same step.
+same step. `keras_fit` does the same with tf_keras's `fit` and
+`BackupAndRestore`.
 """
 
 import json

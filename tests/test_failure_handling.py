@@ -459,9 +459,9 @@ def test_tf_keras_backup_and_restore_resumes_after_sigterm(tmp_path):
   signal, worker 0's next collective fails once worker 1 no longer answers.
   TensorFlow's ignore the signal and finish, an uninterrupted run. On one
   worker, MirroredStrategy, TensorFlow's and tfd's, the signal ends the
-  process. Each restarted job resumes from the backup at step 3 (the last
-  step of epoch 0), runs the 5 steps left and ends with the weights of
-  an uninterrupted run."""
+  process. Each restarted job resumes from the backup made after step 3,
+  at the last step of epoch 0, runs the 5 steps left and ends with the
+  weights of an uninterrupted run."""
   args = {"epochs": 2, "save_freq": 3}
   runs = {(kind, mod): (LocalCluster(workers, tmp_path / f"{kind}_{mod}"), mod,
                         dict(args, kind=kind))
