@@ -209,8 +209,7 @@ def test_tf_keras_checks_are_routed_for_chosen_strategies():
       callbacks.BackupAndRestore.on_train_begin)
   chosen = tfd.OneDeviceStrategy("CPU:0")
   _tf_bridge.route_tf_keras(
-      lambda strategy: {"loss_scaling", "multi_worker"} if strategy is chosen else set(),
-      tfd.experimental.PreemptionCheckpointHandler)
+      lambda strategy: {"loss_scaling", "multi_worker"} if strategy is chosen else set())
   with chosen.scope():
     assert loss_scale_optimizer.strategy_supports_loss_scaling()
   assert training._collective_all_reduce_multi_worker(chosen)  # pylint: disable=protected-access
@@ -224,9 +223,9 @@ def test_tf_keras_checks_are_routed_for_chosen_strategies():
 def test_tf_keras_save_before_preemption_is_routed_for_chosen_strategies(tmp_path, monkeypatch):
   """tf_keras's backup state turns `save_before_preemption` on where
   `distributed_file_utils._on_gcp()` says Google Cloud; for a strategy that
-  answers yes it is driven by the handler the bridge is given, made from the
-  strategy's cluster resolver and the manager that reads the backup, through
-  the handler's names tf_keras reads. `BackupAndRestore` then asks for the
+  answers yes it is driven by the handler registered with the bridge, made
+  from the strategy's cluster resolver and the manager that reads the
+  backup, through the handler's names tf_keras reads. `BackupAndRestore` then asks for the
   batch hooks, where tf_keras checks for a notice."""
   import tf_keras  # pylint: disable=g-import-not-at-top
   from tf_keras.src.distribute import distributed_file_utils  # pylint: disable=g-import-not-at-top
@@ -259,7 +258,8 @@ def test_tf_keras_save_before_preemption_is_routed_for_chosen_strategies(tmp_pat
       self.scopes += 1
       yield
 
-  _tf_bridge.route_tf_keras(lambda strategy: {"save_before_preemption"}, Handler)
+  monkeypatch.setitem(_tf_bridge._preemption_handler, "class", Handler)  # pylint: disable=protected-access
+  _tf_bridge.route_tf_keras(lambda strategy: {"save_before_preemption"})
   model = tf_keras.Sequential([tf_keras.Input((1,)), tf_keras.layers.Dense(1)])
   backup = tf_keras.callbacks.BackupAndRestore(str(tmp_path), save_before_preemption=True)
   backup.set_model(model)

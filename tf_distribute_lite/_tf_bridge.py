@@ -458,7 +458,18 @@ _TF_KERAS_CHECKS = (
 )
 
 
-def route_tf_keras(answers, preemption_handler):
+# tfd's `PreemptionCheckpointHandler`, which `failure_handling` registers
+# when imported (the package's `__init__` imports it): tf_keras's backups
+# save before preemption through it.
+_preemption_handler = {}
+
+
+def register_preemption_handler(handler_class):
+  """Called once by `failure_handling` with its `PreemptionCheckpointHandler`."""
+  _preemption_handler["class"] = handler_class
+
+
+def route_tf_keras(answers):
   """Makes tf_keras ask `answers(strategy)` (a set of the questions below it
   answers yes to) before its own checks against TensorFlow's classes:
 
@@ -470,8 +481,8 @@ def route_tf_keras(answers, preemption_handler):
   * "save_before_preemption": may `BackupAndRestore(...,
     save_before_preemption=True)` save at a termination notice? tf_keras
     asks for TensorFlow's MultiWorkerMirroredStrategy on Google Cloud; then
-    its backup is driven by `preemption_handler(cluster_resolver,
-    checkpoint_manager)` (tfd's `PreemptionCheckpointHandler`).
+    its backup is driven by tfd's `PreemptionCheckpointHandler` (as
+    registered).
 
   Call it whenever a strategy becomes current: it changes nothing until
   tf_keras is imported, routes each check once, and costs a few dictionary
@@ -484,7 +495,7 @@ def route_tf_keras(answers, preemption_handler):
     if question == "backup":
       _route_backup(module.BackupAndRestore, answers)
     elif question == "save_before_preemption":
-      _route_training_state(module, answers, preemption_handler)
+      _route_training_state(module, answers)
     else:
       setattr(module, name, _asking_first(getattr(module, name), answers, question))
 
@@ -527,7 +538,7 @@ def _route_backup(callback_class, answers):
   callback_class._tfd_answers = answers  # pylint: disable=protected-access
 
 
-def _route_training_state(module, answers, preemption_handler):
+def _route_training_state(module, answers):
   """tf_keras's backup state builds TensorFlow's handler for
   `save_before_preemption`, from the manager that writes this worker's
   backup (a temporary folder on workers other than the chief), and turns it
@@ -535,7 +546,7 @@ def _route_training_state(module, answers, preemption_handler):
   (`distributed_file_utils._on_gcp`), where TensorFlow 2.21 switches its
   handler off without GPUs and tf_keras then fails at the first batch. For
   a strategy that answers yes the state is built without it, and on Google
-  Cloud it is driven by `preemption_handler` over the manager that reads the
+  Cloud it is driven by the registered handler over the manager that reads the
   backup, so every worker restores the chief's backup."""
   state_class = module.WorkerTrainingState
   init = state_class.__init__
@@ -547,7 +558,7 @@ def _route_training_state(module, answers, preemption_handler):
     init(self, model, checkpoint_dir, save_freq, False if ours else save_before_preemption_arg)
     if ours and module.distributed_file_utils._on_gcp():  # pylint: disable=protected-access
       self._enable_save_before_preemption = True  # pylint: disable=protected-access
-      self.preemption_handler = preemption_handler(
+      self.preemption_handler = _preemption_handler["class"](
           strategy.cluster_resolver, self.read_checkpoint_manager)
       model._preemption_handler = self.preemption_handler  # pylint: disable=protected-access
   state_class.__init__ = routed

@@ -21,7 +21,6 @@ from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import contexts
 from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
-from tf_distribute_lite import failure_handling
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import replica_context
@@ -98,7 +97,7 @@ class _StrategyScope:
     default_device = self._strategy.extended._default_device  # pylint: disable=protected-access
     self._device_scope = tf.device(default_device) if default_device else contextlib.nullcontext()
     self._device_scope.__enter__()
-    _tf_bridge.route_tf_keras(_tf_keras_answers, failure_handling.PreemptionCheckpointHandler)
+    _tf_bridge.route_tf_keras(_tf_keras_answers)
     return self._strategy
 
   def __exit__(self, *exc_info):

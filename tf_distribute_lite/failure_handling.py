@@ -338,3 +338,6 @@ class _Task:
                id_=cluster_runtime.id_in_cluster(spec, task_type, index),
                task_type=task_type, index=index,
                is_chief=cluster_runtime.is_chief(spec, task_type, index))
+
+
+_tf_bridge.register_preemption_handler(PreemptionCheckpointHandler)
