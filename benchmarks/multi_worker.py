@@ -81,7 +81,7 @@ def mw_allreduce_16mb(module, strategy, budget):
   return ms, {"sum": scenarios.checksum(strategy.experimental_local_results(fn()))}
 
 
-def _mlp_data():
+def mlp_data():
   """Initial weights of a 784-256-10 MLP and a global batch (x, y)."""
   rng = np.random.default_rng(0)
   initial = [rng.normal(0, 0.05, (784, 256)).astype(np.float32), np.zeros(256, np.float32),
@@ -114,7 +114,7 @@ def _train_step(module, strategy, step_fn):
 
 def mw_mlp_step(module, strategy, budget):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  initial, x, y = _mlp_data()
+  initial, x, y = mlp_data()
   with strategy.scope():
     params = [tf.Variable(v) for v in initial]
   batch = _replica_batches(strategy, x, y)
@@ -138,7 +138,7 @@ def mw_mlp_step(module, strategy, budget):
 def mw_keras_step(module, strategy, budget):
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  initial, x, y = _mlp_data()
+  initial, x, y = mlp_data()
   with strategy.scope():
     model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
                               keras.layers.Dense(10)])
@@ -191,7 +191,7 @@ def worker(impl, quick, result_path):
 # --- Driver.
 
 
-def _free_ports(count):
+def free_ports(count):
   sockets = [socket.socket() for _ in range(count)]
   for s in sockets:
     s.bind(("127.0.0.1", 0))
@@ -203,7 +203,7 @@ def _free_ports(count):
 
 def run_cluster(impl, quick, timeout, directory):
   """Every task's results of one cluster run of `impl`, by task index."""
-  addresses = [f"127.0.0.1:{p}" for p in _free_ports(NUM_WORKERS)]
+  addresses = [f"127.0.0.1:{p}" for p in free_ports(NUM_WORKERS)]
   paths = [directory / f"{impl}-{i}.json" for i in range(NUM_WORKERS)]
   processes = []
   try:
@@ -233,11 +233,7 @@ def run_cluster(impl, quick, timeout, directory):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--repeats", type=int, default=None,
-                      help="clusters per implementation; default 3, or 1 with --quick")
-  parser.add_argument("--quick", action="store_true", help="smoke run")
-  parser.add_argument("--timeout", type=int, default=600,
-                      help="seconds before a cluster is stopped (default 600)")
+  add_options(parser)
   parser.add_argument("--worker", nargs=2, metavar=("IMPL", "RESULT"),
                       help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -249,22 +245,42 @@ def main(argv=None):
   print(f"{NUM_WORKERS} worker processes on 127.0.0.1, one replica each (CPU); "
         f"{repeats} cluster(s) per implementation; task 0's times in ms, "
         f"medians across repeats{'; --quick' if args.quick else ''}", flush=True)
-  directory = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"tfd_mw_bench_{os.getpid()}"
+
+  def task_zero(impl, directory):
+    tasks = run_cluster(impl, args.quick, args.timeout, directory)
+    return {name: _task_zero_or_disagreement(tasks, name) for name in SCENARIOS}
+  return compare(task_zero, SCENARIOS, repeats, "tfd_mw_bench")
+
+
+def add_options(parser):
+  """The options of every cluster benchmark."""
+  parser.add_argument("--repeats", type=int, default=None,
+                      help="clusters per implementation; default 3, or 1 with --quick")
+  parser.add_argument("--quick", action="store_true", help="smoke run")
+  parser.add_argument("--timeout", type=int, default=600,
+                      help="seconds before a cluster is stopped (default 600)")
+
+
+def compare(run_one, scenarios_run, repeats, name):
+  """Runs `run_one(impl, directory)`, which returns each scenario's result
+  on a fresh cluster, for each implementation in turn, `repeats` times;
+  prints the progress and the table, and returns the exit code."""
+  directory = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"{name}_{os.getpid()}"
   directory.mkdir(parents=True, exist_ok=True)
-  results = {s: {impl: [] for impl in run.IMPLS} for s in SCENARIOS}
+  results = {s: {impl: [] for impl in run.IMPLS} for s in scenarios_run}
   start = time.perf_counter()
   for repeat in range(repeats):
     for impl in IMPLS:
       t0 = time.perf_counter()
-      tasks = run_cluster(impl, args.quick, args.timeout, directory)
-      for name in SCENARIOS:
-        results[name][impl].append(_task_zero_or_disagreement(tasks, name))
+      outcome = run_one(impl, directory)
+      for scenario in scenarios_run:
+        results[scenario][impl].append(outcome[scenario])
       print(f"[{repeat + 1}/{repeats}] {impl}: " + ", ".join(
-          f"{name} {run.fmt_cell(r[name]['value'])} ms" if "value" in r[name] else
-          f"{name} {r[name]['error'][:200]}" for r in tasks[:1] for name in SCENARIOS)
-            + f" ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+          f"{s} {run.fmt_cell(r['value'])} ms" if "value" in r else f"{s} {r['error'][:300]}"
+          for s, r in outcome.items()) + f" ({time.perf_counter() - t0:.1f} s)",
+            file=sys.stderr, flush=True)
   print()
-  code = run.report(results, SCENARIOS)
+  code = run.report(results, scenarios_run)
   minutes, seconds = divmod(round(time.perf_counter() - start), 60)
   print(f"total time: {minutes} min {seconds} s for {repeats * len(IMPLS)} clusters")
   return code

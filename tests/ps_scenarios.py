@@ -175,6 +175,13 @@ def basics(context):
   coordinator.join()
   facts["user_error"]["works_after"] = int(after.fetch()) in (0, 1)
   facts["counter_after"] = float(counter.numpy())
+
+  for _ in range(3):
+    coordinator.schedule(increment)  # values dropped at once: the functions still run
+  coordinator.join()
+  coordinator.schedule(failing)
+  facts["dropped_values"] = {"counter": float(counter.numpy()),
+                             "failed_join": _error(coordinator.join)}
   return facts
 
 

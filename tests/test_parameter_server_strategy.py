@@ -65,6 +65,7 @@ def test_strategy_and_coordinator_match_tensorflow(cluster_runs):
                             "worker_index_outside": "RuntimeError"}
   assert ours["user_error"] == {"join": "InvalidArgumentError",
                                 "fetch": "InvalidArgumentError", "works_after": True}
+  assert ours["dropped_values"] == {"counter": 14.0, "failed_join": "InvalidArgumentError"}
 
 
 def test_tf_keras_training_with_sharded_variables_matches_tensorflow(cluster_runs):

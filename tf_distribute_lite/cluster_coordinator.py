@@ -21,6 +21,7 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 
 import tensorflow as tf
 
@@ -123,9 +124,9 @@ class ClusterCoordinator:
           function = fn.get_concrete_function(*specs[0], **specs[1])
         finally:
           self._strategy.extended._being_scheduled = False  # pylint: disable=protected-access
-    closure = _Closure(function, args, kwargs)
-    self._queue.put(closure)
-    return closure.remote_value
+    remote_value = coordinator_values.RemoteValueImpl()
+    self._queue.put(_Closure(function, args, kwargs, remote_value))
+    return remote_value
 
   def join(self):
     """Waits until every scheduled function has run; raises the error of
@@ -196,27 +197,44 @@ def _spec_for_tracing(value):
 
 
 class _Closure:
-  """A scheduled function call and its `RemoteValue`."""
+  """A scheduled function call and its `RemoteValue`, held weakly: when
+  nobody holds the value any more, the function's outputs are not copied to
+  the coordinator (as in TensorFlow)."""
 
-  def __init__(self, function, args, kwargs):
+  def __init__(self, function, args, kwargs, remote_value):
     self.function, self.args, self.kwargs = function, args, kwargs
-    self.remote_value = coordinator_values.RemoteValueImpl()
+    self._remote_value = weakref.ref(remote_value)
 
   def run_on(self, worker):
+    """Runs the function on `worker`; its outputs, still there."""
     def on_worker(value):
       if isinstance(value, coordinator_values.PerWorkerValues):
         return value._value_on(worker.index)  # pylint: disable=protected-access
       return value
     args, kwargs = tf.nest.map_structure(on_worker, (self.args, self.kwargs))
     with tf.device(worker.device), coordinator_values.running_on(worker.index):
-      outputs = self.function(*args, **kwargs)
-    with tf.device(_COORDINATOR_CPU):  # kept here: the worker may be lost later
-      outputs = tf.nest.map_structure(
+      return self.function(*args, **kwargs)
+
+  def deliver(self, outputs):
+    """Copies `outputs` to the coordinator, where they outlive a later loss
+    of their worker, and sets the `RemoteValue`, if it is still held."""
+    remote_value = self._remote_value()
+    if remote_value is None:
+      return
+    with tf.device(_COORDINATOR_CPU):
+      copies = tf.nest.map_structure(
           lambda x: tf.identity(x) if isinstance(x, tf.Tensor) else x, outputs)
-    self.remote_value._set(outputs)  # pylint: disable=protected-access
+    # Releasing the worker's outputs now would cost an RPC on this worker's
+    # dispatch loop; they go when the value does.
+    remote_value._set(copies, keep_alive=outputs)  # pylint: disable=protected-access
+
+  def set_error(self, error):
+    remote_value = self._remote_value()
+    if remote_value is not None:
+      remote_value._set_error(error)  # pylint: disable=protected-access
 
   def cancel(self):
-    self.remote_value._set_error(tf.errors.CancelledError(  # pylint: disable=protected-access
+    self.set_error(tf.errors.CancelledError(
         None, None, "The corresponding function is cancelled. Please reschedule "
         "the function."))
 
@@ -240,8 +258,13 @@ class _Worker:
     while True:
       closure = queue.get()
       try:
-        with self.coordinator._cluster_lock.reading(), self.executor_scope():  # pylint: disable=protected-access
-          closure.run_on(self)
+        with self.coordinator._cluster_lock.reading():  # pylint: disable=protected-access
+          with self.executor_scope():
+            outputs = closure.run_on(self)
+            closure.deliver(outputs)
+          # Released after the scope: leaving it waits for the default
+          # executor's pending work, which the release of remote tensors adds.
+          del outputs
       except Exception as e:  # pylint: disable=broad-except
         if not self.failed(e):
           queue.fail(closure, e)
@@ -338,7 +361,7 @@ class _ClosureQueue:
   def fail(self, closure, error):
     with self._condition:
       self._running -= 1
-      closure.remote_value._set_error(error)  # pylint: disable=protected-access
+      closure.set_error(error)
       if self._error is None:
         self._error = error
       while self._pending:
@@ -356,7 +379,7 @@ class _ClosureQueue:
             f"{address}, did not come back within {WORKER_RECOVERY_SECONDS:g} s.")
         self._error = self._error or self._lost_error
         while self._pending:
-          self._pending.popleft().remote_value._set_error(self._lost_error)  # pylint: disable=protected-access
+          self._pending.popleft().set_error(self._lost_error)
       self._condition.notify_all()
 
   def raise_error(self):

@@ -96,11 +96,14 @@ class RemoteValueImpl(RemoteValue):
   def __init__(self):
     self._ready = threading.Event()
     self._values = None
+    self._kept_alive = None
     self._error = None
     self._status = RemoteValueStatus.NOT_READY
 
-  def _set(self, values):
-    self._values, self._error = values, None
+  def _set(self, values, keep_alive=None):
+    """`keep_alive`: what lives as long as this value (the outputs still on
+    the worker, released when the value is, as TensorFlow's)."""
+    self._values, self._error, self._kept_alive = values, None, keep_alive
     self._status = RemoteValueStatus.READY
     self._ready.set()
 
