@@ -12,9 +12,9 @@ What it shows:
 * Run it again with the same folder: it resumes where it stopped, and ends
   with the weights of a run that was never stopped.
 
-  python examples/preemption_training.py --checkpoint-dir /tmp/ckpt --steps 200 &
+  python examples/preemption_training.py --checkpoint-dir ckpt --steps 200 &
   kill -TERM %1; wait %1; echo $?     # 42: saved, stopped
-  python examples/preemption_training.py --checkpoint-dir /tmp/ckpt --steps 200
+  python examples/preemption_training.py --checkpoint-dir ckpt --steps 200
 
 With `--pause` each step sleeps that many seconds, so there is time to send
 the signal. With a `TF_CONFIG` on each machine it trains with
