@@ -6,12 +6,13 @@ Each returns JSON-able facts that the tests compare between the two.
 
 import json
 import os
-import socket
 import time
 
 import numpy as np
 import tensorflow as tf
 import tf_keras
+
+from tf_distribute_lite import cluster_runtime
 
 
 def _cluster(context):
@@ -22,23 +23,11 @@ def _cluster(context):
     context.servers = [
         tf.distribute.Server(cluster, job_name=job, task_index=i, protocol="grpc", start=True)
         for job in ("worker", "ps") for i in range(cluster.num_tasks(job))]
-  deadline = time.monotonic() + 60
-  for job in ("worker", "ps"):
-    for address in cluster.job_tasks(job):
-      while not _listening(address):
-        if time.monotonic() > deadline:
-          raise TimeoutError(f"no server at {address} after 60 s")
-        time.sleep(0.1)
+  # TensorFlow's strategy does not wait for the servers; wait for both.
+  missing = cluster_runtime.unanswered_tasks(cluster, ("worker", "ps"), time.monotonic() + 60)
+  if missing:
+    raise TimeoutError(f"no server answers after 60 s for {missing}")
   return cluster
-
-
-def _listening(address):
-  host, port = address.rsplit(":", 1)
-  try:
-    with socket.create_connection((host, int(port)), timeout=1):
-      return True
-  except OSError:
-    return False
 
 
 def _strategy(context, partitioner=None):
