@@ -13,6 +13,7 @@ too are added by `strategy_v1`, which this module never imports.
 import collections
 import collections.abc
 import contextlib
+import numbers
 import weakref
 
 import tensorflow as tf
@@ -211,6 +212,12 @@ class StrategyBase:
       components = value.values
     else:
       components = (value,) * local_replicas
+    sparse = [c for c in components if isinstance(c, tf.SparseTensor)]
+    if sparse:  # TensorFlow 2.21 fails converting it, with a TypeError.
+      raise TypeError(
+          f"`strategy.reduce` along an axis is not supported for a "
+          f"tf.SparseTensor; got one of shape {sparse[0].shape} with "
+          f"axis={axis!r}. Convert it with tf.sparse.to_dense first.")
     if len(components) == self.num_replicas_in_sync == local_replicas:
       return _reduce_local_along(reduce_op, components, axis)
     # Other processes hold the other replicas' components: sums and element
@@ -372,6 +379,23 @@ def _check_run_arguments(args, kwargs):
     raise TypeError(
         f"`kwargs` of strategy.run must be a dict of keyword arguments for "
         f"`fn`, got {type(kwargs)}.")
+
+
+def check_count(value, argument, minimum):
+  """Raises `TypeError` unless `value` is an int, `ValueError` if it is
+  below `minimum`: for counts such as `num_gpus` or `steps_per_run`.
+
+  >>> check_count(-1, "num_gpus", 0)
+  Traceback (most recent call last):
+  ...
+  ValueError: Argument `num_gpus` must be an integer of at least 0. Received: num_gpus=-1
+  """
+  if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+    raise TypeError(f"Argument `{argument}` must be an integer. Received: "
+                    f"{argument}={value!r} of type {type(value).__name__}")
+  if value < minimum:
+    raise ValueError(f"Argument `{argument}` must be an integer of at least "
+                     f"{minimum}. Received: {argument}={value!r}")
 
 
 def _check_replica_counts(strategy, structure, argument):
