@@ -194,6 +194,15 @@ def test_what_is_not_a_resolver_is_a_value_error(snippet, fragments):
       + fragments)
 
 
+def test_a_partitioner_that_is_no_function_is_a_type_error():
+  """Before any server is reached; TF takes it and fails at the first
+  variable with a TypeError ("'int' object is not callable")."""
+  resolver = tfd.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec({"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}))
+  with pytest.raises(TypeError, match="variable_partitioner must be .* got the int 2"):
+    tfd.ParameterServerStrategy(resolver, variable_partitioner=2)
+
+
 @pytest.mark.parametrize("mod", [tfd, tf.distribute], ids=MODULES[::-1])
 def test_worker_index_outside_a_function_is_a_runtime_error(mod):
   with pytest.raises(RuntimeError, match="Cannot retrieve the worker index"):

@@ -460,16 +460,19 @@ def _joined(tensors, axes):
 
 
 def _checked_axes(axis, tensor):
-  """`axis` validated against `tensor`'s rank."""
+  """`axis` validated against `tensor`'s rank, its ints as Python ints."""
   axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
   rank = tensor.shape.rank
   for a in axes:
-    if not isinstance(a, int):
+    if not isinstance(a, numbers.Integral) or isinstance(a, bool):
       raise TypeError(f"`axis` must be None, an int or a list of ints; got {axis!r}.")
     if rank is not None and not -rank <= a < rank:
       raise ValueError(f"`axis` = {axis!r} out of range for `value` with "
                        f"rank {rank} (shape {tensor.shape}).")
-  return axes if isinstance(axis, (list, tuple)) else axis
+  axes = [int(a) for a in axes]
+  if rank is not None and len({a % rank for a in axes}) < len(axes):
+    raise ValueError(f"`axis` = {axis!r} names an axis more than once.")
+  return axes if isinstance(axis, (list, tuple)) else axes[0]
 
 
 def _element_count(tensor, axes):

@@ -146,9 +146,9 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   def _current_replica_id(self):
     """The replica whose component a read or write here means, or None.
 
-    Inside `run` of another strategy it raises `ValueError` (TensorFlow 2.21
-    takes the component of that strategy's replica id, which belongs to no
-    replica of it; tf_keras then refuses the variable with a ValueError).
+    In a replica of another strategy it raises `ValueError`, where
+    TensorFlow 2.21 reads the component of that strategy's replica id,
+    which is no replica of this variable's strategy.
     """
     entry = contexts.current()
     if entry.replica_context is None:

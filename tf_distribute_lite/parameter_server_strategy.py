@@ -70,6 +70,12 @@ class ParameterServerStrategyV2(strategy_v1.TF1Methods, distribute_lib.Strategy)
 
   def __init__(self, cluster_resolver, variable_partitioner=None):
     cluster_resolver_lib.check_resolver(cluster_resolver)
+    if variable_partitioner is not None and not callable(variable_partitioner):
+      # TensorFlow 2.21 takes it and fails at the first variable.
+      raise TypeError(
+          f"variable_partitioner must be a tf.distribute.experimental.partitioners."
+          f"Partitioner (or a function of a variable's shape and dtype) or None; "
+          f"got the {type(variable_partitioner).__name__} {variable_partitioner!r}.")
     cluster_spec = _checked_cluster(cluster_resolver)
     _wait_for_servers(cluster_spec)
     _connect(cluster_spec, cluster_resolver.rpc_layer or "grpc")

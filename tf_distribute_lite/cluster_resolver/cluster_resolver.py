@@ -195,8 +195,8 @@ def check_resolver(resolver, argument="cluster_resolver", kind=ClusterResolver,
   NotAResolverError: cluster_resolver must be an instance of tf.distribute.cluster_resolver.ClusterResolver; got the str 'localhost:2222'.
   """
   if not isinstance(resolver, kind):
-    raise NotAResolverError(f"{argument} must be an instance of {kind_name}; got the "
-                     f"{type(resolver).__name__} {resolver!r}.")
+    raise NotAResolverError(f"{argument} must be an instance of {kind_name}; "
+                            f"got the {type(resolver).__name__} {resolver!r}.")
 
 
 class SimpleClusterResolver(ClusterResolver):
