@@ -83,7 +83,7 @@ def check_not_sparse(components):
   >>> check_not_sparse([tf.sparse.eye(2), tf.sparse.eye(2)])
   Traceback (most recent call last):
   ...
-  SparseAcrossReplicasError: Reducing or gathering a tf.SparseTensor across replicas is not supported; got the per-replica components [SparseTensor(shape=(2, 2), dtype=float32), SparseTensor(shape=(2, 2), dtype=float32)]. Convert them with tf.sparse.to_dense first, or pass a tf.IndexedSlices.
+  tf_distribute_lite.cross_device_ops.SparseAcrossReplicasError: Reducing or gathering a tf.SparseTensor across replicas is not supported; got the per-replica components [SparseTensor(shape=(2, 2), dtype=float32), SparseTensor(shape=(2, 2), dtype=float32)]. Convert them with tf.sparse.to_dense first, or pass a tf.IndexedSlices.
   """
   if len(components) > 1 and any(isinstance(c, tf.SparseTensor) for c in components):
     described = ", ".join(

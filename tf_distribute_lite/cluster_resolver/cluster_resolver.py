@@ -192,7 +192,7 @@ def check_resolver(resolver, argument="cluster_resolver", kind=ClusterResolver,
   >>> check_resolver("localhost:2222")
   Traceback (most recent call last):
   ...
-  NotAResolverError: cluster_resolver must be an instance of tf.distribute.cluster_resolver.ClusterResolver; got the str 'localhost:2222'.
+  tf_distribute_lite.cluster_resolver.cluster_resolver.NotAResolverError: cluster_resolver must be an instance of tf.distribute.cluster_resolver.ClusterResolver; got the str 'localhost:2222'.
   """
   if not isinstance(resolver, kind):
     raise NotAResolverError(f"{argument} must be an instance of {kind_name}; "
