@@ -95,7 +95,8 @@ def test_a_ps_task_is_refused_before_joining(mod, monkeypatch):
     mod.MultiWorkerMirroredStrategy()
 
 
-_NOT_A_RESOLVER = "cluster_resolver must be an instance of tf.distribute.cluster_resolver.ClusterResolver"
+_NOT_A_RESOLVER = ("cluster_resolver must be an instance of "
+                   "tf.distribute.cluster_resolver.ClusterResolver")
 
 
 @pytest.mark.parametrize("snippet, fragments", [

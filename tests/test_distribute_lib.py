@@ -417,7 +417,8 @@ def test_reduce_with_an_axis_out_of_range_raises(axis):
     (tf.constant(0), TypeError, TypeError, "`axis` must be None, an int or a list of ints"),
 ], ids=["numpy_int", "repeated", "tensor"])
 def test_reduce_axis_of_other_types(axis, theirs, ours, fragment):
-  snippet = lambda a: a.mirrored.reduce("SUM", _blocks(a), axis=axis)  # pylint: disable=unnecessary-lambda-assignment
+  def snippet(a):
+    return a.mirrored.reduce("SUM", _blocks(a), axis=axis)
   if ours is None:
     assert float(tf.reduce_sum(snippet(TF))) == float(tf.reduce_sum(snippet(TFD))) == 420.0
   else:

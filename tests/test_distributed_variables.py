@@ -1313,7 +1313,8 @@ def _other_strategy_step(api, make_optimizer, build=False, trained=False):
     optimizer = make_optimizer()
     if build:
       optimizer.build([v])
-  step = lambda: optimizer.apply_gradients([(tf.constant(1.0), v)])  # pylint: disable=unnecessary-lambda-assignment
+  def step():
+    return optimizer.apply_gradients([(tf.constant(1.0), v)])
   if trained:
     api.pair.run(step)
   return api.one_device("CPU:1").run(step)

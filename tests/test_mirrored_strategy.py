@@ -318,12 +318,11 @@ def test_cross_device_ops_instances_are_accepted(ops):
 
 
 @pytest.mark.parametrize("devices", [
-    [tf.config.LogicalDevice("/device:CPU:0", "CPU"), tf.config.LogicalDevice("/device:CPU:1", "CPU")],
-    [None]], ids=["logical_devices", "none"])
+    [tf.config.LogicalDevice(f"/device:CPU:{i}", "CPU") for i in range(2)], [None]],
+                         ids=["logical_devices", "none"])
 def test_logical_devices_and_none_are_accepted_as_in_tf(devices):
-  ours = tfd.MirroredStrategy(devices)
-  assert ours.extended.worker_devices == new_mirrored(tf.distribute, devices).extended.worker_devices
-  assert ours.extended.worker_devices == DEVICES[:len(devices)]
+  theirs = new_mirrored(tf.distribute, devices).extended.worker_devices
+  assert tfd.MirroredStrategy(devices).extended.worker_devices == theirs == DEVICES[:len(devices)]
 
 
 # --- Values every replica shares.

@@ -463,7 +463,8 @@ def test_regroup_components_of_a_variable_give_the_variable():
 def _by_replica(api, first, other, run=False):
   """`first` from replica 0, `other` from replica 1, of `run` or of
   `experimental_distribute_values_from_function`."""
-  pick = lambda replica_id: first() if replica_id == 0 else other()  # pylint: disable=unnecessary-lambda-assignment
+  def pick(replica_id):
+    return first() if replica_id == 0 else other()
   if run:
     return api.pair.run(lambda: pick(api.mod.get_replica_context().replica_id_in_sync_group))
   return api.pair.experimental_distribute_values_from_function(
