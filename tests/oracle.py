@@ -16,6 +16,7 @@ get TF's MirroredStrategy only from here, by two rules:
 Our own strategies each get their own collective group, so they need no rule.
 """
 
+import pytest
 import tensorflow as tf
 from tensorflow.python.distribute import cross_device_ops as tf_cross_device_ops
 
@@ -170,3 +171,23 @@ def compare(snippet, tf_args, tfd_args):
       f"\ntf.distribute gave: {expected!r}\n"
       f"tf_distribute_lite gave: {actual!r}")
   return expected
+
+
+def check_misuse(snippet, theirs, ours, fragments, apis=(TF, TFD)):
+  """Bad input: `snippet(apis[0])` (TensorFlow) raises exactly `theirs`, or
+  nothing where `theirs` is None (TF accepts it and fails later, or never);
+  `snippet(apis[1])` (ours) raises an instance of `ours` (a class, or a
+  tuple of classes the error is each of), its message holding each of
+  `fragments` (the argument, what was expected, what was given)."""
+  try:
+    snippet(apis[0])
+  except Exception as e:  # pylint: disable=broad-except
+    assert type(e) is theirs, f"tf.distribute raised {e!r}, not {theirs}"
+  else:
+    assert theirs is None, f"tf.distribute raised no {theirs.__name__}"
+  ours = ours if isinstance(ours, tuple) else (ours,)
+  with pytest.raises(ours) as raised:
+    snippet(apis[1])
+  assert all(isinstance(raised.value, cls) for cls in ours), repr(raised.value)
+  for fragment in fragments:
+    assert fragment in str(raised.value), (fragment, str(raised.value))

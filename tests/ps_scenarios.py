@@ -48,6 +48,15 @@ def _error(call):
   return None
 
 
+def _raised(call):
+  """The class name and message of what `call()` raises, or None."""
+  try:
+    call()
+  except Exception as e:  # pylint: disable=broad-except
+    return [type(e).__name__, str(e)]
+  return None
+
+
 def basics(context):
   """Strategy, variables, scheduling, datasets, misuse and errors."""
   mod = context.mod
@@ -171,6 +180,18 @@ def basics(context):
   coordinator.schedule(failing)
   facts["dropped_values"] = {"counter": float(counter.numpy()),
                              "failed_join": _error(coordinator.join)}
+
+  def returns_int():
+    return 42
+
+  # Last, after which TensorFlow's coordinator may have failed closures.
+  facts["bad_input"] = {
+      "kwargs_list": _raised(lambda: coordinator.schedule(increment, kwargs=[1.0])),
+      "args_not_a_tuple": _raised(lambda: coordinator.schedule(replicated, args=3.0)),
+      "dataset_not_a_function": _raised(lambda: coordinator.create_per_worker_dataset(42)),
+      "dataset_fn_returns_int": _raised(
+          lambda: iter(coordinator.create_per_worker_dataset(returns_int))),
+  }
   return facts
 
 

@@ -16,6 +16,7 @@ from keras_models import classification_data
 from keras_models import classifier
 from keras_models import TOLERANCE
 import multi_worker
+import oracle
 from multi_worker import LocalCluster
 from multi_worker import run_once
 from multi_worker import run_together
@@ -94,9 +95,25 @@ def test_a_ps_task_is_refused_before_joining(mod, monkeypatch):
     mod.MultiWorkerMirroredStrategy()
 
 
-def test_communication_options_must_be_communication_options():
-  with pytest.raises(ValueError, match="communication_options must be an instance"):
-    tfd.MultiWorkerMirroredStrategy(communication_options={"timeout_seconds": 1})
+_NOT_A_RESOLVER = ("cluster_resolver must be an instance of "
+                   "tf.distribute.cluster_resolver.ClusterResolver")
+
+
+@pytest.mark.parametrize("snippet, fragments", [
+    (lambda a: a.mod.MultiWorkerMirroredStrategy(cluster_resolver="localhost:2222"),
+     [_NOT_A_RESOLVER, "got the str 'localhost:2222'"]),
+    (lambda a: a.mod.experimental.MultiWorkerMirroredStrategy(cluster_resolver=3),
+     [_NOT_A_RESOLVER, "got the int 3"]),
+    (lambda a: a.v1.experimental.MultiWorkerMirroredStrategy(
+        cluster_resolver=tf.train.ClusterSpec({"worker": ["localhost:2222"]})),
+     [_NOT_A_RESOLVER, "got the ClusterSpec"]),
+    (lambda a: a.mod.MultiWorkerMirroredStrategy(communication_options={"timeout_seconds": 1}),
+     ["communication_options must be an instance of "
+      "tf.distribute.experimental.CommunicationOptions", "{'timeout_seconds': 1}"]),
+], ids=["string_resolver", "int_resolver", "v1_cluster_spec", "options_dict"])
+def test_bad_arguments_raise_value_error_as_in_tf(snippet, fragments, monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  oracle.check_misuse(snippet, ValueError, ValueError, fragments)
 
 
 @pytest.mark.parametrize("tf_config, field", [

@@ -283,6 +283,37 @@ def test_distribute_dataset_drops_a_last_partial_group(graph):
     assert read_all() == [[0, 1], [2, 3]]
 
 
+@pytest.mark.parametrize("make, error, fragments", [
+    (lambda r: contrib.MirroredStrategy(num_gpus=-1), ValueError,
+     ["`num_gpus`", "at least 0", "num_gpus=-1"]),
+    (lambda r: contrib.MirroredStrategy(num_gpus_per_worker=-2), ValueError,
+     ["`num_gpus_per_worker`", "at least 0", "num_gpus_per_worker=-2"]),
+    (lambda r: contrib.MirroredStrategy(num_gpus="2"), TypeError,
+     ["`num_gpus`", "integer", "num_gpus='2' of type str"]),
+    (lambda r: contrib.MirroredStrategy(num_gpus=1, num_gpus_per_worker=1), ValueError,
+     ["`num_gpus` or `num_gpus_per_worker`, not both"]),
+    (lambda r: contrib.MirroredStrategy(["/cpu:0"], num_gpus=1), ValueError,
+     ["`devices` or `num_gpus`, not both", "devices=['/cpu:0']"]),
+    (lambda r: contrib.MirroredStrategy(["/cpu:0"], cross_tower_ops="nccl"), TypeError,
+     ["`cross_tower_ops`", "tf.distribute.CrossDeviceOps", "str 'nccl'"]),
+    (lambda r: contrib.TPUStrategy(r, 1, num_cores=0), ValueError,
+     ["`num_cores`", "at least 1", "num_cores=0"]),
+    (lambda r: contrib.TPUStrategy(r, steps_per_run=-1), ValueError,
+     ["`steps_per_run`", "at least 1", "steps_per_run=-1"]),
+    (lambda r: _mirrored().reduce("SUM", tf.constant(1.0)), ValueError,
+     ["`aggregation`", "tf.VariableAggregation.SUM", "got 'SUM'"]),
+], ids=["negative_gpus", "negative_gpus_per_worker", "string_gpus", "both_gpu_counts",
+        "devices_and_gpus", "string_tower_ops", "no_cores", "negative_steps", "reduce_op"])
+def test_bad_arguments_raise_a_clear_error(tpu_resolver, make, error, fragments):
+  """Each names its argument (a negative `num_gpus` is no count of GPUs,
+  not every device)."""
+  with pytest.raises(error) as raised:
+    make(tpu_resolver)
+  assert type(raised.value) is error
+  for fragment in fragments:
+    assert fragment in str(raised.value)
+
+
 def test_lifecycle_and_configuration():
   distribution = _mirrored()
   assert distribution.initialize() is None and distribution.finalize() is None

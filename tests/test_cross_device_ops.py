@@ -823,3 +823,44 @@ def test_strategy_with_nccl_reduces_to_host_by_fallback():
                       tf.float32))
   assert float(strategy.reduce("SUM", per_replica, axis=None)) == 6.0
   assert float(strategy.reduce("MEAN", per_replica, axis=None)) == 1.5
+
+
+# --- Sparse values.
+
+def _sparse():
+  return tf.sparse.from_dense(tf.ones([2, 2]))
+
+
+def _css(api):
+  return api.mod.experimental.CentralStorageStrategy(["CPU:0", "CPU:1"])
+
+
+_SPARSE_ERRORS = (ValueError, AttributeError)
+_SPARSE_PARTS = ["Reducing or gathering a tf.SparseTensor across replicas is not supported",
+                 "SparseTensor(shape=(2, 2), dtype=float32)", "tf.sparse.to_dense"]
+
+
+@pytest.mark.parametrize("snippet, theirs, ours, fragments", [
+    # TF's MirroredStrategy fails on the components' missing `.device`, its
+    # CentralStorageStrategy raises ValueError; ours is both.
+    (lambda a: a.pair.reduce("SUM", a.pair.run(_sparse), axis=None),
+     AttributeError, _SPARSE_ERRORS, _SPARSE_PARTS),
+    (lambda a: tf.function(lambda: a.pair.reduce("MEAN", a.pair.run(_sparse), axis=None))(),
+     AttributeError, _SPARSE_ERRORS, _SPARSE_PARTS),
+    (lambda a: a.pair.run(lambda: a.mod.get_replica_context().all_reduce("SUM", _sparse())),
+     AttributeError, _SPARSE_ERRORS, _SPARSE_PARTS),
+    (lambda a: _css(a).reduce("SUM", _css(a).run(_sparse), axis=None),
+     ValueError, _SPARSE_ERRORS, _SPARSE_PARTS),
+    (lambda a: a.pair.reduce("SUM", a.pair.run(_sparse), axis=0), TypeError, TypeError,
+     ["along an axis is not supported for a tf.SparseTensor", "shape (2, 2)", "axis=0"]),
+], ids=["reduce", "reduce_in_function", "all_reduce", "central_storage", "along_axis"])
+def test_sparse_values_across_replicas_raise_saying_so(snippet, theirs, ours, fragments):
+  oracle.check_misuse(snippet, theirs, ours, fragments)
+
+
+def test_one_replicas_sparse_value_reduces_to_itself_as_in_tf():
+  def snippet(api):
+    strategy = api.one_device()
+    reduced = strategy.reduce("SUM", strategy.run(_sparse), axis=None)
+    return tf.sparse.to_dense(reduced).numpy().tolist()
+  assert oracle.compare(snippet, (oracle.TF,), (oracle.TFD,)) == [[1.0, 1.0], [1.0, 1.0]]

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import tf_distribute_lite as tfd
 
+import oracle
 from oracle import TF, TFD, new_mirrored
 
 DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4))
@@ -407,6 +408,21 @@ def test_reduce_with_an_axis_out_of_range_raises(axis):
                     ValueError)
   with pytest.raises(ValueError, match=rf"`axis` = {axis}\b.*rank 2"):
     TFD.mirrored.reduce("SUM", _blocks(TFD), axis=axis)
+
+
+@pytest.mark.parametrize("axis, theirs, ours, fragment", [
+    (np.int64(1), None, None, None),
+    # TF hashes the axis: a list is a TypeError, whatever it holds.
+    ([1, -1], TypeError, ValueError, "`axis` = [1, -1] names an axis more than once"),
+    (tf.constant(0), TypeError, TypeError, "`axis` must be None, an int or a list of ints"),
+], ids=["numpy_int", "repeated", "tensor"])
+def test_reduce_axis_of_other_types(axis, theirs, ours, fragment):
+  def snippet(a):
+    return a.mirrored.reduce("SUM", _blocks(a), axis=axis)
+  if ours is None:
+    assert float(tf.reduce_sum(snippet(TF))) == float(tf.reduce_sum(snippet(TFD))) == 420.0
+  else:
+    oracle.check_misuse(snippet, theirs, ours, [fragment])
 
 
 def test_reduce_in_a_replica_context_raises(run_mode):

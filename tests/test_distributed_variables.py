@@ -1301,3 +1301,62 @@ def test_device_is_the_current_replicas_component(synchronization):
   in_run, outside, cross_replica, plain = compare(snippet)
   assert in_run == list(DEVICES)
   assert (outside, cross_replica, plain) == (DEVICES[0], DEVICES[1], DEVICES[0])
+
+
+# --- A variable used by another strategy than its own.
+
+def _other_strategy_step(api, make_optimizer, build=False, trained=False):
+  """Variable and optimizer made in one strategy's scope (the optimizer
+  built, or trained one step there), applied in a replica of another."""
+  with api.pair.scope():
+    v = tf.Variable(1.0)
+    optimizer = make_optimizer()
+    if build:
+      optimizer.build([v])
+  def step():
+    return optimizer.apply_gradients([(tf.constant(1.0), v)])
+  if trained:
+    api.pair.run(step)
+  return api.one_device("CPU:1").run(step)
+
+
+def _tf_keras():
+  import tf_keras  # pylint: disable=import-outside-toplevel
+  return tf_keras
+
+
+_NOT_ITS_STRATEGY = ["was created in the scope of", "used in a replica of another strategy",
+                     "create the model, its variables and its optimizer in the scope"]
+
+
+@pytest.mark.parametrize("snippet, theirs, ours, fragments", [
+    # The clients' own checks of the variable's strategy speak, as in TF.
+    (lambda a: _other_strategy_step(a, lambda: _tf_keras().optimizers.legacy.Adam(0.1)),
+     ValueError, ValueError, ["Trying to create optimizer slot variable under the scope"]),
+    # TF reads the other strategy's replica's component of the learning rate.
+    (lambda a: _other_strategy_step(a, lambda: _tf_keras().optimizers.legacy.Adam(0.1),
+                                    trained=True),
+     ValueError, ValueError, ["'Adam/learning_rate'"] + _NOT_ITS_STRATEGY),
+    (lambda a: _other_strategy_step(a, lambda: _tf_keras().optimizers.Adam(0.1), trained=True),
+     TypeError, RuntimeError, ["Mixing different tf.distribute.Strategy objects"]),
+    (lambda a: _other_strategy_step(a, lambda: _tf_keras().optimizers.Adam(0.1)),
+     ValueError, ValueError, ["`colocate_vars_with` must only be passed a variable created"]),
+    (lambda a: _other_strategy_step(a, lambda: keras.optimizers.Adam(0.1)),
+     RuntimeError, RuntimeError, ["Mixing different tf.distribute.Strategy objects"]),
+    # Reading the optimizer's step counter: TF fails converting it.
+    (lambda a: _other_strategy_step(a, lambda: keras.optimizers.SGD(0.1), build=True),
+     TypeError, ValueError, _NOT_ITS_STRATEGY),
+], ids=["tf_keras_legacy", "tf_keras_legacy_trained", "tf_keras_trained", "tf_keras",
+        "keras3", "keras3_built"])
+def test_optimizer_of_another_strategy_raises(snippet, theirs, ours, fragments):
+  oracle.check_misuse(snippet, theirs, ours, fragments)
+
+
+def test_reading_a_variable_in_another_strategys_replica_raises():
+  """TF reads the component of the other strategy's replica id, which
+  belongs to no replica of it."""
+  def snippet(api):
+    with api.pair.scope():
+      v = tf.Variable(1.0)
+    return api.one_device("CPU:1").run(lambda: v * 2.0)
+  oracle.check_misuse(snippet, None, ValueError, _NOT_ITS_STRATEGY)

@@ -24,6 +24,7 @@ from tf_distribute_lite import gce_metadata
 from cloud_fakes import FakeCloud
 from multi_worker import LocalCluster
 from multi_worker import run_together
+import oracle
 from preemption_scenarios import keras_plain_weights
 from preemption_scenarios import plain_weights
 
@@ -166,6 +167,18 @@ def test_a_checkpoint_without_checkpoint_dir_is_refused(mod):
   if mod is tfd:
     assert isinstance(raised.value, tf.errors.InvalidArgumentError)
     assert "checkpoint_dir must be given with a tf.train.Checkpoint" in str(raised.value)
+
+
+@pytest.mark.parametrize("resolver", ["localhost:2222", 3], ids=["string", "int"])
+def test_what_is_not_a_resolver_is_refused(resolver, tmp_path, not_on_google_cloud):
+  """TF fails on the missing `cluster_spec` with an AttributeError; its
+  MultiWorkerMirroredStrategy says ValueError for a resolver. Ours is both."""
+  oracle.check_misuse(
+      lambda mod: mod.experimental.PreemptionCheckpointHandler(
+          resolver, tf.train.Checkpoint(), str(tmp_path)),
+      AttributeError, (ValueError, AttributeError),
+      ["cluster_resolver must be an instance of tf.distribute.cluster_resolver.ClusterResolver",
+       f"got the {type(resolver).__name__} {resolver!r}"], apis=(tf.distribute, tfd))
 
 
 @MODULES

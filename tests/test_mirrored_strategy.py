@@ -288,6 +288,43 @@ def test_present_devices_give_no_warning(tf_warnings):
   assert not [m for m in tf_warnings if "not present" in m]
 
 
+# --- Bad arguments.
+
+PAIR = ["CPU:0", "CPU:1"]
+
+
+@pytest.mark.parametrize("snippet, theirs, ours, fragments", [
+    # TF keeps a string or a class and fails at the first all-reduce.
+    (lambda a: a.mod.MirroredStrategy(PAIR, cross_device_ops="nccl"), None, TypeError,
+     ["`cross_device_ops`", "instance of tf.distribute.CrossDeviceOps", "str 'nccl'"]),
+    (lambda a: a.mod.MirroredStrategy(PAIR, cross_device_ops=tf.distribute.ReductionToOneDevice),
+     None, TypeError, ["`cross_device_ops`", "not the class ReductionToOneDevice",
+                       "ReductionToOneDevice()"]),
+    (lambda a: a.v1.MirroredStrategy(PAIR, cross_device_ops=3), None, TypeError,
+     ["`cross_device_ops`", "CrossDeviceOps", "int 3"]),
+    # TF fails inside its device parser.
+    (lambda a: a.mod.MirroredStrategy(["CPU:0", 3]), AttributeError, TypeError,
+     ["`device`", "device name string", "got 3"]),
+], ids=["string_ops", "ops_class", "v1_int_ops", "int_device"])
+def test_bad_arguments_raise_a_clear_error(snippet, theirs, ours, fragments):
+  oracle.check_misuse(snippet, theirs, ours, fragments)
+
+
+@pytest.mark.parametrize("ops", [tf.distribute.ReductionToOneDevice(),
+                                 tf.distribute.NcclAllReduce(), tfd.NcclAllReduce()],
+                         ids=["tf_one_device", "tf_nccl", "tfd_nccl"])
+def test_cross_device_ops_instances_are_accepted(ops):
+  assert _cross_device_ops(tfd.MirroredStrategy(PAIR, cross_device_ops=ops)) is ops
+
+
+@pytest.mark.parametrize("devices", [
+    [tf.config.LogicalDevice(f"/device:CPU:{i}", "CPU") for i in range(2)], [None]],
+                         ids=["logical_devices", "none"])
+def test_logical_devices_and_none_are_accepted_as_in_tf(devices):
+  theirs = new_mirrored(tf.distribute, devices).extended.worker_devices
+  assert tfd.MirroredStrategy(devices).extended.worker_devices == theirs == DEVICES[:len(devices)]
+
+
 # --- Values every replica shares.
 #
 # A value that is the same object in every replica is already in sync: batch

@@ -19,6 +19,7 @@ from tf_distribute_lite.sharded_variable import ShardedVariable
 from multi_worker import LocalCluster
 from multi_worker import run_once
 from multi_worker import run_together
+import oracle
 
 MODULES = ["tf", "tfd"]
 
@@ -50,10 +51,14 @@ def _facts(runs, scenario, module, workers=1):
   return facts
 
 
+def _without(facts, key):
+  return {k: v for k, v in facts.items() if k != key}
+
+
 def test_strategy_and_coordinator_match_tensorflow(cluster_runs):
   ours, theirs = (_facts(cluster_runs, "basics", "tfd", 2),
                   _facts(cluster_runs, "basics", "tf", 2))
-  assert ours == theirs
+  assert _without(ours, "bad_input") == _without(theirs, "bad_input")
   assert ours["counter"] == 10.0 and ours["counter_after"] == 11.0
   assert ours["unbuilt_iter"] == "ValueError"
   assert ours["plain_dataset_on_workers"] == ours["distributed_dataset_on_workers"] == 0
@@ -66,6 +71,26 @@ def test_strategy_and_coordinator_match_tensorflow(cluster_runs):
   assert ours["user_error"] == {"join": "InvalidArgumentError",
                                 "fetch": "InvalidArgumentError", "works_after": True}
   assert ours["dropped_values"] == {"counter": 14.0, "failed_join": "InvalidArgumentError"}
+
+
+@pytest.mark.parametrize("name, theirs, ours, fragments", [
+    ("kwargs_list", "TypeError", "TypeError",
+     ["`kwargs` of ClusterCoordinator.schedule", "must be a dict", "got the list [1.0]"]),
+    ("args_not_a_tuple", "TypeError", "TypeError",
+     ["`args` of ClusterCoordinator.schedule", "tuple or list", "got the float 3.0"]),
+    ("dataset_not_a_function", "ValueError", "ValueError",
+     ["create_per_worker_dataset takes a function returning a dataset", "got the int 42"]),
+    # TF takes the function and fails at iter() on `element_spec`.
+    ("dataset_fn_returns_int", "AttributeError", "ValueError",
+     ["`dataset_fn` of create_per_worker_dataset must return a tf.data.Dataset",
+      "it returned the int 42"]),
+])
+def test_coordinator_bad_input_raises_a_clear_error(cluster_runs, name, theirs, ours, fragments):
+  their_error = _facts(cluster_runs, "basics", "tf", 2)["bad_input"][name]
+  our_error = _facts(cluster_runs, "basics", "tfd", 2)["bad_input"][name]
+  assert their_error[0] == theirs and our_error[0] == ours, (their_error, our_error)
+  for fragment in fragments:
+    assert fragment in our_error[1]
 
 
 def test_tf_keras_training_with_sharded_variables_matches_tensorflow(cluster_runs):
@@ -154,6 +179,28 @@ def test_a_cluster_without_ps_or_workers_is_a_value_error(mod, cluster):
   resolver = mod.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec(cluster))
   with pytest.raises(ValueError):
     mod.ParameterServerStrategy(resolver)
+
+
+@pytest.mark.parametrize("snippet, fragments", [
+    (lambda a: a.mod.ParameterServerStrategy("localhost:2222"), ["got the str 'localhost:2222'"]),
+    (lambda a: a.mod.experimental.ParameterServerStrategy(None), ["got the NoneType None"]),
+], ids=["string", "none"])
+def test_what_is_not_a_resolver_is_a_value_error(snippet, fragments):
+  """TF's ParameterServerStrategy fails on the missing `cluster_spec` with
+  an AttributeError; its MultiWorkerMirroredStrategy says ValueError. Ours
+  is both."""
+  oracle.check_misuse(snippet, AttributeError, (ValueError, AttributeError), [
+      "cluster_resolver must be an instance of tf.distribute.cluster_resolver.ClusterResolver"]
+      + fragments)
+
+
+def test_a_partitioner_that_is_no_function_is_a_type_error():
+  """Before any server is reached; TF takes it and fails at the first
+  variable with a TypeError ("'int' object is not callable")."""
+  resolver = tfd.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec({"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}))
+  with pytest.raises(TypeError, match="variable_partitioner must be .* got the int 2"):
+    tfd.ParameterServerStrategy(resolver, variable_partitioner=2)
 
 
 @pytest.mark.parametrize("mod", [tfd, tf.distribute], ids=MODULES[::-1])

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import tf_distribute_lite as tfd
 
+import oracle
 from outcomes import program_outcomes
 from outcomes import same
 
@@ -243,6 +244,17 @@ def test_each_task_sees_its_own_devices_like_tf(cluster, task_type, task_id):
 ], ids=["no_ps", "no_task", "no_task_id", "task_id_outside", "unknown_job"])
 def test_clusters_it_cannot_train_in_raise_value_error_like_tf(cluster, task_type, task_id):
   assert same(lambda mod: _strategy(mod, cluster, task_type, task_id), TF1, OURS) is ValueError
+
+
+def test_what_is_not_a_resolver_is_a_value_error():
+  """TF's strategy fails on the missing `cluster_spec` with an
+  AttributeError; its MultiWorkerMirroredStrategy says ValueError. Ours is
+  both."""
+  oracle.check_misuse(
+      lambda a: a.v1.experimental.ParameterServerStrategy("w0:1"), AttributeError,
+      (ValueError, AttributeError),
+      ["cluster_resolver must be an instance of tf.distribute.cluster_resolver.ClusterResolver",
+       "got the str 'w0:1'"])
 
 
 def test_configure_joins_a_cluster_like_tf():

@@ -20,6 +20,7 @@ from conftest import DEVICES
 from keras_models import classification_data
 from keras_models import classifier
 from keras_models import TOLERANCE
+import oracle
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -285,6 +286,52 @@ def test_tensorflows_tpu_strategy_docstring_examples_match_plain_computations(v3
   assert docstring.pop("examples") >= 15
   assert docstring == {"failures": [], "trained_like_plain": True, "model_changed": True,
                        "run_like_plain": True}
+
+
+_EMULATED = "emulated:v4-8"
+
+
+@pytest.mark.parametrize("make, fragments", [
+    (lambda mod: mod.TPUStrategy(_EMULATED),
+     ["tpu_cluster_resolver must be an instance of "
+      "tf.distribute.cluster_resolver.TPUClusterResolver", "got the str 'emulated:v4-8'"]),
+    (lambda mod: mod.experimental.TPUStrategy(
+        mod.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec({}))),
+     ["TPUClusterResolver", "got the SimpleClusterResolver"]),
+], ids=["tpu_name", "other_resolver"])
+def test_what_is_not_a_tpu_resolver_is_a_value_error(make, fragments):
+  """TF's TPUStrategy fails on the missing `get_tpu_system_metadata` with an
+  AttributeError; its MultiWorkerMirroredStrategy says ValueError for its
+  resolver. Ours is both."""
+  oracle.check_misuse(make, AttributeError, (ValueError, AttributeError), fragments,
+                      apis=(tf.distribute, tfd))
+
+
+_NOT_AN_ASSIGNMENT = (ValueError, AttributeError)
+
+
+@pytest.mark.parametrize("make, errors, fragments", [
+    (lambda r: tfd.TPUStrategy(r, experimental_device_assignment="2x2"), _NOT_AN_ASSIGNMENT,
+     ["`experimental_device_assignment`", "tf.tpu.experimental.DeviceAssignment",
+      "got the str '2x2'"]),
+    (lambda r: tfd.experimental.TPUStrategy(r, device_assignment=[[0], [1]]),
+     _NOT_AN_ASSIGNMENT,
+     ["`device_assignment`", "DeviceAssignment.build(", "got the list [[0], [1]]"]),
+    (lambda r: tfd.compat.v1.experimental.TPUStrategy(r, steps_per_run=0), (ValueError,),
+     ["`steps_per_run`", "at least 1", "steps_per_run=0"]),
+], ids=["string_assignment", "list_assignment", "no_steps_per_run"])
+def test_bad_arguments_raise_a_clear_error(make, errors, fragments):
+  """TF's TPUStrategy cannot be made without a TPU. Read from its source: on
+  a device assignment that is not a `DeviceAssignment` it fails with an
+  AttributeError (`num_replicas`), and its `DeviceAssignment` raises
+  ValueError for arguments of the wrong type ("topology must be a Topology
+  object"); ours is both. TF keeps any `steps_per_run`."""
+  resolver = tfd.cluster_resolver.TPUClusterResolver(_EMULATED)
+  with pytest.raises(errors) as raised:
+    make(resolver)
+  assert all(isinstance(raised.value, error) for error in errors)
+  for fragment in fragments:
+    assert fragment in str(raised.value)
 
 
 def test_no_tpu_cores_is_a_clear_error():

@@ -460,12 +460,35 @@ def test_regroup_components_of_a_variable_give_the_variable():
   assert compare(snippet) == (True, True, "PerReplica")
 
 
-def test_regroup_rejects_mismatched_structures():
-  """Replicas returning different structures is an error naming them."""
-  with pytest.raises(ValueError, match=r"different lengths \[2, 1\]"):
-    tfd_values.regroup([(1, 2), (1,)])
-  with pytest.raises(ValueError, match="different keys"):
-    tfd_values.regroup([{"a": 1}, {"b": 1}])
+def _by_replica(api, first, other, run=False):
+  """`first` from replica 0, `other` from replica 1, of `run` or of
+  `experimental_distribute_values_from_function`."""
+  def pick(replica_id):
+    return first() if replica_id == 0 else other()
+  if run:
+    return api.pair.run(lambda: pick(api.mod.get_replica_context().replica_id_in_sync_group))
+  return api.pair.experimental_distribute_values_from_function(
+      lambda context: pick(context.replica_id_in_sync_group))
+
+
+_X = lambda: tf.constant(1.0)  # pylint: disable=unnecessary-lambda-assignment
+_SCALAR = "Tensor(shape=(), dtype=float32)"
+
+
+@pytest.mark.parametrize("snippet, theirs, fragments", [
+    # TF's regroup asserts; or takes the values and fails at the reduction.
+    (lambda a: _by_replica(a, lambda: (_X(),), lambda: {"a": _X()}), AssertionError,
+     [f"replica 0 returned ({_SCALAR},)", f"replica 1 returned {{'a': {_SCALAR}}}"]),
+    (lambda a: _by_replica(a, _X, lambda: (_X(), _X())), None,
+     [f"replica 0 returned {_SCALAR}", f"replica 1 returned ({_SCALAR}, {_SCALAR})"]),
+    (lambda a: _by_replica(a, lambda: [_X()], lambda: [_X(), _X()], run=True), AssertionError,
+     [f"replica 0 returned [{_SCALAR}]", f"replica 1 returned [{_SCALAR}, {_SCALAR}]"]),
+    (lambda a: _by_replica(a, lambda: {"a": [1]}, lambda: {"a": [1, 2]}), AssertionError,
+     ["structures at ['a']", "replica 0 returned [int]", "replica 1 returned [int, int]"]),
+], ids=["tuple_and_dict", "tensor_and_tuple", "run_lists", "nested"])
+def test_replicas_returning_different_structures_raise_value_error(snippet, theirs, fragments):
+  oracle.check_misuse(snippet, theirs, ValueError,
+                      ["Replicas returned different structures"] + fragments)
 
 
 @pytest.mark.parametrize("replica_id", [0, 1, NUM_DEVICES - 1])

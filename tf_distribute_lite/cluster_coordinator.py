@@ -17,6 +17,7 @@ idle workers run functions in parallel. Failures, as in TensorFlow:
 """
 
 import collections
+import collections.abc
 import contextlib
 import logging
 import threading
@@ -109,6 +110,15 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
       raise TypeError(
           "`tf.distribute.experimental.coordinator.ClusterCoordinator.schedule` "
           "only accepts a `tf.function` or a concrete function.")
+    if args is not None and not isinstance(args, (list, tuple)):
+      raise TypeError(
+          f"`args` of ClusterCoordinator.schedule must be a tuple or list of "
+          f"the positional arguments of `fn`; got the {type(args).__name__} "
+          f"{args!r}. For one argument x pass args=(x,).")
+    if kwargs is not None and not isinstance(kwargs, collections.abc.Mapping):
+      raise TypeError(
+          f"`kwargs` of ClusterCoordinator.schedule must be a dict of keyword "
+          f"arguments for `fn`; got the {type(kwargs).__name__} {kwargs!r}.")
     args, kwargs = tuple(args or ()), dict(kwargs or {})
     if any(isinstance(x, coordinator_values.RemoteValue)
            for x in tf.nest.flatten((args, kwargs))):
@@ -175,8 +185,9 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
       try:
         with self._cluster_lock.reading():
           resource.rebuild()
-      except tf.errors.OpError as e:
-        if not worker.failed(e):
+      except Exception as e:  # pylint: disable=broad-except
+        if not (isinstance(e, tf.errors.OpError) and worker.failed(e)):
+          self._resources[index].remove(resource)  # never made again
           raise
     return resource
 

@@ -37,6 +37,7 @@ from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
+from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 from tf_distribute_lite.collective_util import CommunicationImplementation
 from tf_distribute_lite.collective_util import CommunicationOptions
 from tf_distribute_lite.reduce_util import ReduceOp
@@ -173,6 +174,7 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
           f"tf.distribute.experimental.CommunicationOptions; got "
           f"{communication_options!r}.")
     self._cluster_resolver = cluster_resolver or TFConfigClusterResolver()
+    cluster_resolver_lib.check_resolver(self._cluster_resolver)
     self._communication_options = communication_options
     cluster_spec = self._cluster_resolver.cluster_spec()
     task_type = self._cluster_resolver.task_type

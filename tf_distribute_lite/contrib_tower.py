@@ -16,7 +16,9 @@ aggregation is.
 import tensorflow as tf
 
 from tf_distribute_lite import contexts
+from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import default_strategy
+from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import one_device_strategy
@@ -122,6 +124,10 @@ class DistributionStrategy:
 
   def batch_reduce(self, aggregation, value_destination_pairs):
     """`reduce` for several `(value, destinations)` pairs at once."""
+    if getattr(aggregation, "value", None) not in _TOWER_AGGREGATIONS:
+      raise ValueError(
+          f"`aggregation` must be tf.VariableAggregation.SUM, MEAN or "
+          f"ONLY_FIRST_REPLICA (ONLY_FIRST_TOWER); got {aggregation!r}.")
     extended = self._strategy.extended
     pairs = [(v, self.worker_devices if d is None else d)
              for v, d in value_destination_pairs]
@@ -231,9 +237,19 @@ class MirroredStrategy(DistributionStrategy):
                cross_tower_ops=None, prefetch_on_device=None,
                auto_shard_dataset=False):
     del prefetch_on_device, auto_shard_dataset
-    gpus = num_gpus if num_gpus is not None else num_gpus_per_worker
-    if devices is None and gpus:
-      devices = [f"/device:GPU:{i}" for i in range(gpus)]
+    if num_gpus is not None and num_gpus_per_worker is not None:
+      raise ValueError(f"Pass `num_gpus` or `num_gpus_per_worker`, not both; got "
+                       f"num_gpus={num_gpus!r}, num_gpus_per_worker={num_gpus_per_worker!r}.")
+    gpus, argument = ((num_gpus, "num_gpus") if num_gpus is not None
+                      else (num_gpus_per_worker, "num_gpus_per_worker"))
+    if gpus is not None:
+      distribute_lib.check_count(gpus, argument, 0)
+      if devices is not None:
+        raise ValueError(f"Pass `devices` or `{argument}`, not both; got "
+                         f"devices={devices!r}, {argument}={gpus!r}.")
+      if gpus:
+        devices = [f"/device:GPU:{i}" for i in range(gpus)]
+    cross_device_ops_lib.check_cross_device_ops(cross_tower_ops, "cross_tower_ops")
     super().__init__(mirrored_strategy.MirroredStrategyV1(devices, cross_tower_ops))
 
 
@@ -263,6 +279,7 @@ class TPUStrategy(OneDeviceStrategy):  # pylint: disable=super-init-not-called
   def __init__(self, tpu_cluster_resolver, steps_per_run, num_cores=None):
     device_assignment = None
     if num_cores is not None:
+      distribute_lib.check_count(num_cores, "num_cores", 1)
       topology = (tpu_system.initialized_topology(tpu_cluster_resolver) or
                   tpu_system.initialize_tpu_system(tpu_cluster_resolver))
       device_assignment = tf.tpu.experimental.DeviceAssignment.build(
@@ -398,6 +415,11 @@ def _facade(strategy):
   """The contrib strategy over core `strategy` (made for the default)."""
   facade = getattr(strategy, _FACADE, None)
   return facade if facade is not None else DistributionStrategy(strategy)
+
+
+_TOWER_AGGREGATIONS = frozenset(a.value for a in (
+    tf.VariableAggregation.SUM, tf.VariableAggregation.MEAN,
+    tf.VariableAggregation.ONLY_FIRST_REPLICA))
 
 
 def _is_only_first(aggregation):

@@ -202,16 +202,22 @@ class _WorkerResource:
 
 class PerWorkerDataset:
   """A dataset on every worker, from `create_per_worker_dataset`;
-  `iter()` of it gives each worker an iterator (a `PerWorkerIterator`)."""
+  `iter()` of it gives each worker an iterator (a `PerWorkerIterator`).
+
+  Anything else than a function or a distributed dataset raises
+  `ValueError`, as in TensorFlow; so does a function that returns no
+  dataset, when it runs on the workers here (TensorFlow 2.21 takes it, and
+  fails at `iter()` with an `AttributeError`).
+  """
 
   def __init__(self, coordinator, dataset_fn):
     self._coordinator = coordinator
     build = getattr(dataset_fn, "build", None)  # distribute_datasets_from_function's
     if build is None and not callable(dataset_fn):
-      raise TypeError(
+      raise ValueError(
           f"create_per_worker_dataset takes a function returning a dataset, or "
           f"what `strategy.distribute_datasets_from_function` returns; got "
-          f"{dataset_fn!r}.")
+          f"the {type(dataset_fn).__name__} {dataset_fn!r}.")
     if build is None:
       # A tf.function (as in TensorFlow's tutorial) is traced here again,
       # with what it returns made a dataset.
@@ -243,7 +249,13 @@ class PerWorkerDataset:
 def _as_dataset(made):
   """What a `dataset_fn` returned, as a `tf.data.Dataset`."""
   build = getattr(made, "build", None)
-  return build() if build is not None else made
+  dataset = build() if build is not None else made
+  if not isinstance(dataset, tf.data.Dataset):
+    raise ValueError(
+        f"The `dataset_fn` of create_per_worker_dataset must return a "
+        f"tf.data.Dataset (or what `strategy.distribute_datasets_from_function` "
+        f"returns); it returned the {type(made).__name__} {made!r}.")
+  return dataset
 
 
 class PerWorkerIterator(PerWorkerValues):

@@ -63,11 +63,63 @@ def devices_of(destinations):
 
 def as_per_replica(value):
   """`value` as a distributed value: a plain tensor becomes one component."""
-  if isinstance(value, values_lib.DistributedValues):
-    return value
-  if isinstance(value, tf.distribute.DistributedValues):
-    return values_lib.PerReplica(value.values)
-  return values_lib.PerReplica((value,))
+  if not isinstance(value, values_lib.DistributedValues):
+    value = values_lib.PerReplica(
+        value.values if isinstance(value, tf.distribute.DistributedValues) else (value,))
+  check_not_sparse(value.values)
+  return value
+
+
+class SparseAcrossReplicasError(ValueError, AttributeError):
+  """A `tf.SparseTensor` reduced or gathered across replicas: a
+  `ValueError`, as TensorFlow's CentralStorageStrategy raises, and an
+  `AttributeError`, as its MirroredStrategy fails (on `.device`)."""
+
+
+def check_not_sparse(components):
+  """Raises `SparseAcrossReplicasError` if several replicas' `components`
+  include a `tf.SparseTensor`: sparse values cannot be reduced or gathered
+  across replicas (one replica's value passes through, as in TensorFlow).
+
+  >>> check_not_sparse([tf.sparse.eye(2), tf.sparse.eye(2)])
+  Traceback (most recent call last):
+  ...
+  tf_distribute_lite.cross_device_ops.SparseAcrossReplicasError: Reducing or gathering a tf.SparseTensor across replicas is not supported; got the per-replica components [SparseTensor(shape=(2, 2), dtype=float32), SparseTensor(shape=(2, 2), dtype=float32)]. Convert them with tf.sparse.to_dense first, or pass a tf.IndexedSlices.
+  """
+  if len(components) > 1 and any(isinstance(c, tf.SparseTensor) for c in components):
+    described = ", ".join(
+        f"SparseTensor(shape={tuple(c.shape)}, dtype={c.dtype.name})"
+        if isinstance(c, tf.SparseTensor) else type(c).__name__ for c in components)
+    raise SparseAcrossReplicasError(
+        f"Reducing or gathering a tf.SparseTensor across replicas is not "
+        f"supported; got the per-replica components [{described}]. Convert "
+        f"them with tf.sparse.to_dense first, or pass a tf.IndexedSlices.")
+
+
+def check_cross_device_ops(ops, argument="cross_device_ops"):
+  """Raises `TypeError` unless `ops` is None or a cross-device ops object
+  (an instance of ours or of TensorFlow's `tf.distribute.CrossDeviceOps`,
+  or any object with their `reduce`, `batch_reduce` and `broadcast`).
+
+  TensorFlow 2.21 keeps a string or a class there and fails at the first
+  reduction; this fails at construction.
+
+  >>> check_cross_device_ops("nccl")
+  Traceback (most recent call last):
+  ...
+  TypeError: `cross_device_ops` must be an instance of tf.distribute.CrossDeviceOps, such as tf.distribute.NcclAllReduce(), or None; got the str 'nccl'.
+  """
+  if ops is None:
+    return
+  if isinstance(ops, type):
+    raise TypeError(
+        f"`{argument}` must be an instance of tf.distribute.CrossDeviceOps, "
+        f"not the class {ops.__name__}: pass {ops.__name__}() instead.")
+  if not all(callable(getattr(ops, m, None)) for m in ("reduce", "batch_reduce", "broadcast")):
+    raise TypeError(
+        f"`{argument}` must be an instance of tf.distribute.CrossDeviceOps, "
+        f"such as tf.distribute.NcclAllReduce(), or None; got the "
+        f"{type(ops).__name__} {ops!r}.")
 
 
 def copy_to_device(value, device):
@@ -123,6 +175,7 @@ def _dense_as_slices(tensor):
 
 def reduce_on_device(reduce_op, value, device, accumulation_fn=tf.math.add_n):
   """Reduces the components of `value` on `device`."""
+  check_not_sparse(value.values)
   with tf.device(device):
     reduced = _aggregate(value.values, accumulation_fn)
     if reduce_op == ReduceOp.MEAN:

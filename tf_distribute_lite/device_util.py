@@ -20,8 +20,9 @@ _GRAPH_TASK = "/replica:0/task:0"
 
 
 def canonicalize(device, default=None):
-  """The fully qualified name of `device`, filling gaps from `default`, then
-  from this process's task (by default CPU:0 of replica 0, task 0).
+  """The fully qualified name of `device` (a string, `tf.DeviceSpec` or
+  `tf.config.LogicalDevice`), filling gaps from `default`, then from this
+  process's task (by default CPU:0 of replica 0, task 0).
 
   As in TensorFlow, names carry a job only where eager execution is on
   outside functions (eagerly and in a `tf.function`): in a TF1 graph they
@@ -67,8 +68,14 @@ def device_type(device):
 
 
 def _parse(device, argument):
+  """`device` (a name, a `tf.DeviceSpec`, a `tf.config.LogicalDevice`, or
+  None for no field, as in TensorFlow) as a `tf.DeviceSpec`."""
   if isinstance(device, tf.DeviceSpec):
     return device
+  if device is None:
+    return tf.DeviceSpec()
+  if isinstance(device, tf.config.LogicalDevice):
+    device = device.name
   if not isinstance(device, str):
     raise TypeError(f"`{argument}` must be a device name string such as "
                     f"'CPU:0' or '/gpu:1'; got {device!r}.")

@@ -13,6 +13,7 @@ too are added by `strategy_v1`, which this module never imports.
 import collections
 import collections.abc
 import contextlib
+import numbers
 import weakref
 
 import tensorflow as tf
@@ -211,6 +212,12 @@ class StrategyBase(StandsFor):
       components = value.values
     else:
       components = (value,) * local_replicas
+    sparse = [c for c in components if isinstance(c, tf.SparseTensor)]
+    if sparse:  # TensorFlow 2.21 fails converting it, with a TypeError.
+      raise TypeError(
+          f"`strategy.reduce` along an axis is not supported for a "
+          f"tf.SparseTensor; got one of shape {sparse[0].shape} with "
+          f"axis={axis!r}. Convert it with tf.sparse.to_dense first.")
     if len(components) == self.num_replicas_in_sync == local_replicas:
       return _reduce_local_along(reduce_op, components, axis)
     # Other processes hold the other replicas' components: sums and element
@@ -374,6 +381,23 @@ def _check_run_arguments(args, kwargs):
         f"`fn`, got {type(kwargs)}.")
 
 
+def check_count(value, argument, minimum):
+  """Raises `TypeError` unless `value` is an int, `ValueError` if it is
+  below `minimum`: for counts such as `num_gpus` or `steps_per_run`.
+
+  >>> check_count(-1, "num_gpus", 0)
+  Traceback (most recent call last):
+  ...
+  ValueError: Argument `num_gpus` must be an integer of at least 0. Received: num_gpus=-1
+  """
+  if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+    raise TypeError(f"Argument `{argument}` must be an integer. Received: "
+                    f"{argument}={value!r} of type {type(value).__name__}")
+  if value < minimum:
+    raise ValueError(f"Argument `{argument}` must be an integer of at least "
+                     f"{minimum}. Received: {argument}={value!r}")
+
+
 def _check_replica_counts(strategy, structure, argument):
   expected = strategy.extended._num_local_replicas  # pylint: disable=protected-access
   for leaf in tf.nest.flatten(structure):
@@ -436,16 +460,19 @@ def _joined(tensors, axes):
 
 
 def _checked_axes(axis, tensor):
-  """`axis` validated against `tensor`'s rank."""
+  """`axis` validated against `tensor`'s rank, its ints as Python ints."""
   axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
   rank = tensor.shape.rank
   for a in axes:
-    if not isinstance(a, int):
+    if not isinstance(a, numbers.Integral) or isinstance(a, bool):
       raise TypeError(f"`axis` must be None, an int or a list of ints; got {axis!r}.")
     if rank is not None and not -rank <= a < rank:
       raise ValueError(f"`axis` = {axis!r} out of range for `value` with "
                        f"rank {rank} (shape {tensor.shape}).")
-  return axes if isinstance(axis, (list, tuple)) else axis
+  axes = [int(a) for a in axes]
+  if rank is not None and len({a % rank for a in axes}) < len(axes):
+    raise ValueError(f"`axis` = {axis!r} names an axis more than once.")
+  return axes if isinstance(axis, (list, tuple)) else axes[0]
 
 
 def _element_count(tensor, axes):

@@ -27,7 +27,10 @@ from tf_distribute_lite.reduce_util import ReduceOp
 
 VARIABLE_VALUE = "VARIABLE_VALUE"  # the checkpoint key plain variables use
 _OWN_ATTRIBUTES = frozenset(
-    ["_values", "_distribute_strategy", "_aggregation", "_common_name"])
+    ["_values", "_distribute_strategy", "_aggregation", "_common_name",
+     # Not taken from a component, as in TensorFlow: Keras tells a
+     # distributed variable by `_distributed_container` on its handle.
+     "_distributed_container", "_use_resource_variables", "_attribute_sentinel"])
 
 
 class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
@@ -55,9 +58,9 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   def __getattr__(self, name):
     # What this class does not define comes from the component a read here
     # would use, as in TensorFlow (e.g. `_save_slice_info`, `sparse_read`).
-    if name.startswith("__") or name in _OWN_ATTRIBUTES:
+    if name.startswith(("__", "_self_")) or name in _OWN_ATTRIBUTES:
       raise AttributeError(name)
-    return getattr(self._get_on_device_or_primary(), name)
+    return getattr(self._component_for_attributes(), name)
 
   def __deepcopy__(self, memo):
     components = []
@@ -128,7 +131,7 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
     if _tf_bridge.saving_without_distribution():
       return self._primary.handle
     local = self._distribute_strategy.extended._replica_local_variable(self)  # pylint: disable=protected-access
-    return (self._get_on_device_or_primary() if local is None else local).handle
+    return (self._component_for_attributes() if local is None else local).handle
 
   def is_initialized(self, name=None):
     """A boolean tensor: whether every component is initialized; `name`
@@ -141,15 +144,41 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   # --- Reading.
 
   def _current_replica_id(self):
-    """The replica whose component a read or write here means, or None."""
+    """The replica whose component a read or write here means, or None.
+
+    In a replica of another strategy it raises `ValueError`, where
+    TensorFlow 2.21 reads the component of that strategy's replica id,
+    which is no replica of this variable's strategy.
+    """
     entry = contexts.current()
     if entry.replica_context is None:
       return contexts.update_replica_id()
     if entry.strategy is self._distribute_strategy:
       return entry.replica_context._replica_id  # pylint: disable=protected-access
-    if contexts.has_strategy():
-      contexts.raise_wrong_strategy(self._distribute_strategy)
+    if self._in_foreign_replica():
+      raise ValueError(
+          f"{type(self).__name__} {self._common_name!r} was created in the "
+          f"scope of {self._distribute_strategy} and is used in a replica of "
+          f"another strategy, {entry.strategy}. A variable belongs to the "
+          f"strategy whose scope created it: create the model, its variables "
+          f"and its optimizer in the scope of the strategy that runs them.")
     return None  # no strategy in effect: the variable reads as one value
+
+  def _in_foreign_replica(self):
+    """Whether this runs in a replica of a strategy other than this
+    variable's."""
+    entry = contexts.current()
+    return (entry.replica_context is not None and contexts.has_strategy() and
+            entry.strategy is not self._distribute_strategy)
+
+  def _component_for_attributes(self):
+    """The component whose attributes (and handle) this variable shows: the
+    current replica's; in a replica of another strategy, as in TensorFlow,
+    one of them, so that clients probing attributes (Keras keying its
+    optimizer's slots) reach their own checks of the variable's strategy."""
+    if self._in_foreign_replica():
+      return self._on_current_device()
+    return self._get_on_device_or_primary()
 
   def _get(self):
     if _tf_bridge.saving_without_distribution():

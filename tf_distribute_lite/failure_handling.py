@@ -32,6 +32,7 @@ from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import gce_metadata
 from tf_distribute_lite import termination_config as termination_config_lib
+from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 from tf_distribute_lite.cluster_resolver import tpu_cluster_resolver
 from tf_distribute_lite.tf_classes import StandsFor
 
@@ -92,6 +93,8 @@ class PreemptionCheckpointHandler(
         termination_config, termination_config_lib.TerminationConfig):
       raise TypeError("termination_config must be a tf.distribute.experimental."
                       f"TerminationConfig or None; received: {termination_config!r}.")
+    if cluster_resolver is not None:
+      cluster_resolver_lib.check_resolver(cluster_resolver)
     self._cluster_resolver = cluster_resolver
     self._task = _Task.of(cluster_resolver)
     self._platform = gce_metadata.detect_platform()

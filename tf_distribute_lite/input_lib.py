@@ -75,6 +75,16 @@ class WorkerSync:
     return WorkerSync._by_key[key]
 
 
+def check_dataset(dataset):
+  """Raises `TypeError` unless `dataset` is a `tf.data.Dataset` (TensorFlow
+  2.21 fails on its missing `_variant_tensor`)."""
+  if not isinstance(dataset, tf.data.Dataset):
+    raise TypeError(
+        f"`dataset` must be a tf.data.Dataset; got {dataset!r} of type "
+        f"{type(dataset).__name__}. To distribute values that are not a "
+        f"dataset, use `experimental_distribute_values_from_function`.")
+
+
 def distribute_dataset(dataset, devices, host, options=None,
                        input_context=None, workers=None):
   """A `DistributedDataset` cutting each global batch of `dataset` across
@@ -94,11 +104,7 @@ def distribute_dataset(dataset, devices, host, options=None,
   >>> [part.numpy().tolist() for part in next(iter(dist)).values]
   [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
   """
-  if not isinstance(dataset, tf.data.Dataset):
-    raise TypeError(
-        f"`dataset` must be a tf.data.Dataset; got {dataset!r} of type "
-        f"{type(dataset).__name__}. To distribute values that are not a "
-        f"dataset, use `experimental_distribute_values_from_function`.")
+  check_dataset(dataset)
   devices = tuple(devices)
   if input_context is not None and input_context.num_input_pipelines > 1:
     _check_batched(dataset.element_spec, input_context.num_replicas_in_sync)

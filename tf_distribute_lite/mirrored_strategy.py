@@ -58,6 +58,7 @@ class MirroredExtended(strategy_v1.StrategyExtendedV1):
     super().__init__(container_strategy)
     self._devices = _resolve_devices(devices)
     self._retrace_functions_for_each_device = len(self._devices) > 1
+    cross_device_ops_lib.check_cross_device_ops(cross_device_ops)
     self._cross_device_ops = cross_device_ops or _default_cross_device_ops(self._devices)
     self._host_ops = cross_device_ops_lib.ReductionToOneDevice()
     self._function_cache = weakref.WeakKeyDictionary()
@@ -164,6 +165,7 @@ class MirroredExtended(strategy_v1.StrategyExtendedV1):
   def _cross_device_ops_for(self, value):
     """The algorithm for `value`: int32 goes through one device, as in TF."""
     components = values_lib.local_results(value, 1)
+    cross_device_ops_lib.check_not_sparse(components)
     if any(getattr(c, "dtype", None) == tf.int32 for c in components):
       return self._host_ops
     return self._cross_device_ops

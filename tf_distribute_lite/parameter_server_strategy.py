@@ -20,9 +20,11 @@ import tensorflow as tf
 from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import input_context as input_context_lib
+from tf_distribute_lite import input_lib
 from tf_distribute_lite import replica_context
 from tf_distribute_lite import sharded_variable
 from tf_distribute_lite import strategy_v1
+from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 
 # `cluster_coordinator` registers its `ClusterCoordinator` here when imported
 # (the package's `__init__` imports it): the coordinator schedules on the
@@ -68,6 +70,13 @@ class ParameterServerStrategyV2(strategy_v1.TF1Methods, distribute_lib.Strategy,
   """
 
   def __init__(self, cluster_resolver, variable_partitioner=None):
+    cluster_resolver_lib.check_resolver(cluster_resolver)
+    if variable_partitioner is not None and not callable(variable_partitioner):
+      # TensorFlow 2.21 takes it and fails at the first variable.
+      raise TypeError(
+          f"variable_partitioner must be a tf.distribute.experimental.partitioners."
+          f"Partitioner (or a function of a variable's shape and dtype) or None; "
+          f"got the {type(variable_partitioner).__name__} {variable_partitioner!r}.")
     cluster_spec = _checked_cluster(cluster_resolver)
     _wait_for_servers(cluster_spec)
     _connect(cluster_spec, cluster_resolver.rpc_layer or "grpc")
@@ -252,6 +261,7 @@ class ParameterServerStrategyV2Extended(strategy_v1.StrategyExtendedV1):
 
   def _experimental_distribute_dataset(self, dataset, options):
     del options
+    input_lib.check_dataset(dataset)
     remade = dataset_remaker(dataset)
     return DatasetFromFunction(
         lambda _: remade(), self._input_context(),

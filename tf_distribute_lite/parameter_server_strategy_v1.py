@@ -22,6 +22,7 @@ from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
+from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 
 
 class ParameterServerStrategyV1(
@@ -60,6 +61,7 @@ class ParameterServerStrategyV1(
   def __init__(self, cluster_resolver=None):
     if cluster_resolver is None:
       cluster_resolver = TFConfigClusterResolver()
+    cluster_resolver_lib.check_resolver(cluster_resolver)
     super().__init__(ParameterServerStrategyExtended(self, cluster_resolver))
 
   def scope(self):

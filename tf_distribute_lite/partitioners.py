@@ -24,6 +24,7 @@ import operator
 
 import tensorflow as tf
 
+from tf_distribute_lite import distribute_lib
 from tf_distribute_lite.tf_classes import StandsFor
 
 
@@ -217,11 +218,5 @@ def _positive_number(name, value):
 
 
 def _positive_count(name, value):
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise TypeError(
-        f"Argument `{name}` must be a positive integer. "
-        f"Received: {name}={value!r} of type {type(value).__name__}")
-  if value < 1:
-    raise ValueError(
-        f"Argument `{name}` must be positive. Received: {name}={value!r}")
+  distribute_lib.check_count(value, name, 1)
   return int(value)

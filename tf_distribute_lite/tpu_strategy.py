@@ -31,6 +31,7 @@ from tf_distribute_lite import tpu_compilation
 from tf_distribute_lite import tpu_replication
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.cluster_resolver import TPUClusterResolver
+from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 
 
 class _TPUStrategyMethods:
@@ -228,6 +229,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
   def __init__(self, container_strategy, tpu_cluster_resolver, steps_per_run,
                device_assignment, use_spmd_for_xla_partitioning):
     resolver = tpu_cluster_resolver or TPUClusterResolver("")
+    _check_arguments(resolver, device_assignment, steps_per_run)
     self._tpu_cluster_resolver = resolver
     self._tpu_metadata = resolver.get_tpu_system_metadata()
     self._device_assignment = device_assignment
@@ -411,6 +413,32 @@ def _check_fetchable(element_spec, options):
           f"distributed datasets with device prefetch when using sparse or "
           f"ragged tensors: pass tf_distribute_lite.InputOptions("
           f"experimental_fetch_to_device=False) to the dataset's distribution.")
+
+
+class NotADeviceAssignmentError(ValueError, AttributeError):
+  """A device assignment that is none: a `ValueError`, as TensorFlow's
+  `DeviceAssignment` raises for arguments of the wrong type, and an
+  `AttributeError`, as its TPUStrategy fails (on `num_replicas`)."""
+
+
+def _check_arguments(resolver, device_assignment, steps_per_run):
+  """Raises for a resolver that is not a TPU's (`NotAResolverError`), a
+  device assignment that is not a `tf.tpu.experimental.DeviceAssignment`
+  (`NotADeviceAssignmentError`), and as `check_count` for `steps_per_run`
+  below 1."""
+  cluster_resolver_lib.check_resolver(
+      resolver, "tpu_cluster_resolver",
+      (TPUClusterResolver, tf.distribute.cluster_resolver.TPUClusterResolver),
+      "tf.distribute.cluster_resolver.TPUClusterResolver")
+  if device_assignment is not None and not isinstance(
+      device_assignment, tf.tpu.experimental.DeviceAssignment):
+    raise NotADeviceAssignmentError(
+        f"`experimental_device_assignment` (`device_assignment` in TF 1.x) "
+        f"must be a tf.tpu.experimental.DeviceAssignment, such as "
+        f"DeviceAssignment.build(topology, num_replicas=2), or None; got the "
+        f"{type(device_assignment).__name__} {device_assignment!r}.")
+  if steps_per_run is not None:
+    distribute_lib.check_count(steps_per_run, "steps_per_run", 1)
 
 
 def _replica_cores(resolver, metadata, device_assignment):

@@ -306,26 +306,35 @@ def regroup(per_replica_results, wrap_class=PerReplica, always_wrap=False):
 
   Lists, tuples, namedtuples and dicts are regrouped element by element.
   Where every replica returned the very same object, that object is kept;
-  components of one distributed variable become that variable.
+  components of one distributed variable become that variable. Replicas
+  whose nests differ raise `ValueError` naming them and their nests.
 
   >>> regroup([(1, "a"), (2, "a")])
   (PerReplica:{
     0: 1,
     1: 2
   }, 'a')
+  >>> regroup([[1], [2, 3]])
+  Traceback (most recent call last):
+  ...
+  ValueError: Replicas returned different structures: replica 0 returned [int], replica 1 returned [int, int]; every replica must return the same nest (of lists, tuples and dicts).
   """
+  return _regroup(per_replica_results, wrap_class, always_wrap, "")
+
+
+def _regroup(per_replica_results, wrap_class, always_wrap, path):
+  _check_same_structure(per_replica_results, path)
   first = per_replica_results[0]
   if isinstance(first, (list, tuple)):
-    _check_same_length(per_replica_results)
-    items = [regroup([r[i] for r in per_replica_results], wrap_class, always_wrap)
+    items = [_regroup([r[i] for r in per_replica_results], wrap_class, always_wrap,
+                      f"{path}[{i}]")
              for i in range(len(first))]
     if hasattr(first, "_fields"):
       return type(first)(*items)
     return type(first)(items)
   if isinstance(first, dict):
-    _check_same_keys(per_replica_results)
-    return type(first)((key, regroup([r[key] for r in per_replica_results],
-                                     wrap_class, always_wrap))
+    return type(first)((key, _regroup([r[key] for r in per_replica_results],
+                                      wrap_class, always_wrap, f"{path}[{key!r}]"))
                        for key in first)
   if all(r is first for r in per_replica_results[1:]) and (
       is_distributed_variable(first) if always_wrap
@@ -336,6 +345,43 @@ def regroup(per_replica_results, wrap_class=PerReplica, always_wrap=False):
       distributed_container(r) is container for r in per_replica_results[1:]):
     return container
   return wrap_class(per_replica_results)
+
+
+def _check_same_structure(results, path):
+  """Raises `ValueError` where the replicas' `results` differ at this level
+  of their nests (TensorFlow 2.21 fails with an `AssertionError`, or later
+  with an unrelated error)."""
+  shape = _level(results[0])
+  for i, r in enumerate(results[1:], 1):
+    if _level(r) != shape:
+      where = f" at {path}" if path else ""
+      raise ValueError(
+          f"Replicas returned different structures{where}: replica 0 returned "
+          f"{_outline(results[0])}, replica {i} returned {_outline(r)}; every "
+          f"replica must return the same nest (of lists, tuples and dicts).")
+
+
+def _level(value):
+  """What must match between replicas at one level of a nest."""
+  if isinstance(value, (list, tuple)):
+    return len(value)
+  if isinstance(value, dict):
+    return frozenset(value)
+  return None
+
+
+def _outline(value):
+  """A nest's structure, each leaf named by its type (and a tensor's shape
+  and dtype)."""
+  if isinstance(value, dict):
+    return "{" + ", ".join(f"{k!r}: {_outline(v)}" for k, v in value.items()) + "}"
+  if isinstance(value, (list, tuple)):
+    inner = ", ".join(_outline(v) for v in value)
+    return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' * (len(value) == 1)})"
+  if isinstance(value, (tf.Tensor, tf.Variable)):
+    kind = "Variable" if isinstance(value, tf.Variable) else "Tensor"
+    return f"{kind}(shape={value.shape}, dtype={value.dtype.name})"
+  return type(value).__name__
 
 
 def container_holder(component):
@@ -358,23 +404,6 @@ def distributed_container(value):
   if container is None or not any(c is value for c in container._values):  # pylint: disable=protected-access
     return None  # e.g. the result of an assign: same handle, not a component
   return container
-
-
-def _check_same_length(results):
-  lengths = {len(r) for r in results}
-  if len(lengths) > 1:
-    raise ValueError(f"Replicas returned sequences of different lengths "
-                     f"{[len(r) for r in results]}; every replica must "
-                     f"return the same structure.")
-
-
-def _check_same_keys(results):
-  keys = set(results[0])
-  for i, r in enumerate(results[1:], 1):
-    if set(r) != keys:
-      raise ValueError(f"Replicas returned dicts with different keys: replica "
-                       f"0 returned {sorted(map(str, keys))}, replica {i} "
-                       f"returned {sorted(map(str, r))}.")
 
 
 def local_results(value, num_replicas):

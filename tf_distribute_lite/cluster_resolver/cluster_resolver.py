@@ -176,6 +176,26 @@ class ClusterResolver(abc.ABC, StandsFor, stands_for=tf.distribute.cluster_resol
     self._rpc_layer = rpc_layer
 
 
+class NotAResolverError(ValueError, AttributeError):
+  """What was given as a cluster resolver is none: a `ValueError`, as
+  TensorFlow's MultiWorkerMirroredStrategy raises, and an `AttributeError`,
+  as its other strategies and `PreemptionCheckpointHandler` fail."""
+
+
+def check_resolver(resolver, argument="cluster_resolver", kind=ClusterResolver,
+                   kind_name="tf.distribute.cluster_resolver.ClusterResolver"):
+  """Raises `NotAResolverError` unless `resolver` is a `kind` (ours or
+  TensorFlow's ClusterResolver by default).
+
+  >>> check_resolver("localhost:2222")
+  Traceback (most recent call last):
+  ...
+  tf_distribute_lite.cluster_resolver.cluster_resolver.NotAResolverError: cluster_resolver must be an instance of tf.distribute.cluster_resolver.ClusterResolver; got the str 'localhost:2222'.
+  """
+  if not isinstance(resolver, kind):
+    raise NotAResolverError(f"{argument} must be an instance of {kind_name}; "
+                            f"got the {type(resolver).__name__} {resolver!r}.")
+
 
 class SimpleClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resolver.SimpleClusterResolver):
   """A resolver that returns what it is given.
