@@ -130,6 +130,11 @@ def test_saved_model_serves_lookups_as_tensorflows(cluster_runs):
   np.testing.assert_allclose(served[0], whole[[9, 0, 5, 4]], rtol=1e-6)
 
 
+def test_done_is_true_once_the_only_function_is_fetched(cluster_runs):
+  for module in MODULES:
+    assert _facts(cluster_runs, "basics", module, 2)["done_after_fetch"] == 30, module
+
+
 def test_lost_worker_reruns_its_function_restarted_worker_is_used_lost_ps_fails(tmp_path):
   facts = LocalCluster(2, tmp_path, num_ps=1).run(
       "ps_scenarios.faults", "tfd", timeout=150)[("chief", 0)]

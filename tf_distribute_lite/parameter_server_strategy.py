@@ -37,6 +37,7 @@ def register_coordinator_class(coordinator_class):
 
 _ALLOWED_JOBS = ("chief", "worker", "ps", "evaluator")
 _COORDINATOR_JOB = "chief"
+COORDINATOR_CPU = f"/job:{_COORDINATOR_JOB}/replica:0/task:0/device:CPU:0"
 # `DatasetToGraphV2`'s policy for stateful ops (random seeds, ...) in a
 # dataset copied to workers: copy them with a warning, as TensorFlow does.
 _WARN_ON_EXTERNAL_STATE = 0
