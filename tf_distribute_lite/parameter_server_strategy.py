@@ -43,7 +43,8 @@ COORDINATOR_CPU = f"/job:{_COORDINATOR_JOB}/replica:0/task:0/device:CPU:0"
 _WARN_ON_EXTERNAL_STATE = 0
 
 
-class ParameterServerStrategyV2(strategy_v1.TF1Methods, distribute_lib.Strategy):
+class ParameterServerStrategyV2(strategy_v1.TF1Methods, distribute_lib.Strategy,
+                                stands_for=tf.distribute.ParameterServerStrategy):
   """Training by a coordinator that sends steps to workers, with variables on
   parameter servers.
 
