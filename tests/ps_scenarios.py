@@ -237,7 +237,44 @@ def training(context):
                               input_signature=[tf.TensorSpec([None], tf.int32)])
   facts["saved_model"] = os.path.join(context.directory, "saved_model")
   tf.saved_model.save(module, facts["saved_model"])
+  facts["legacy_slots"] = _legacy_optimizer_slots(
+      context, strategy, coordinator, model,
+      lambda: tf.reduce_mean(tf.square(model(ids) - targets)))
   return facts
+
+
+def _legacy_optimizer_slots(context, strategy, coordinator, model, loss_fn):
+  """A legacy tf_keras optimizer's slots of the model's ShardedVariable: one
+  added by hand under the scope, and those a training step makes, read back
+  and saved in a checkpoint (as TensorFlow's tutorial does with RMSprop)."""
+  embeddings = model.layers[1].embeddings
+  with strategy.scope():
+    added = tf_keras.optimizers.legacy.RMSprop(0.1).add_slot(embeddings, "rms")
+    optimizer = tf_keras.optimizers.legacy.RMSprop(0.1)
+
+  @tf.function
+  def train():
+    def step():
+      with tf.GradientTape() as tape:
+        loss = loss_fn()
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return loss
+    return strategy.reduce("SUM", strategy.run(step), axis=None)
+
+  coordinator.fetch(coordinator.schedule(train))
+  slot = optimizer.get_slot(embeddings, "rms")
+  path = tf.train.Checkpoint(model=model, optimizer=optimizer).save(
+      os.path.join(context.directory, "legacy", "ckpt"))
+  key = "model/layer_with_weights-0/embeddings/.OPTIMIZER_SLOT/optimizer/rms/.ATTRIBUTES/VARIABLE_VALUE"
+  return {
+      "add_slot": [added.name, added.shape.as_list(), added.device, added.numpy().tolist()],
+      "slot": [type(slot).__name__, [s.device for s in slot.variables],
+               tf.convert_to_tensor(slot).numpy().tolist()],
+      "checkpoint_keys": [list(k) for k in tf.train.list_variables(path)
+                          if k[0] != "_CHECKPOINTABLE_OBJECT_GRAPH"],
+      "checkpoint_slot": tf.train.load_checkpoint(path).get_tensor(key).tolist(),
+  }
 
 
 def faults(context):
