@@ -30,7 +30,8 @@ def _cluster(context):
   return cluster
 
 
-def _strategy(context, partitioner=None):
+def parameter_server_strategy(context, partitioner=None):
+  """The module's ParameterServerStrategy over the cluster of TF_CONFIG."""
   mod = context.mod
   cluster = _cluster(context)
   if context.args.get("resolver") == "tf_config":
@@ -61,13 +62,16 @@ def basics(context):
   """Strategy, variables, scheduling, datasets, misuse and errors."""
   mod = context.mod
   partitioner = mod.experimental.partitioners.FixedShardsPartitioner(2)
-  strategy = _strategy(context, partitioner)
+  strategy = parameter_server_strategy(context, partitioner)
   facts = {"types": [type(strategy).__name__, type(strategy.extended).__name__],
            "replicas": strategy.num_replicas_in_sync,
            "worker_devices": list(strategy.extended.worker_devices),
            # Read by tf_keras (docs/client_private_names.md).
            "should_use_with_coordinator": strategy._should_use_with_coordinator,  # pylint: disable=protected-access
-           "num_workers": strategy._num_workers}  # pylint: disable=protected-access
+           "num_workers": strategy._num_workers,  # pylint: disable=protected-access
+           # Read by tf_keras's BackupAndRestore and ModelCheckpoint (where to write).
+           "in_multi_worker_mode": strategy.extended._in_multi_worker_mode(),  # pylint: disable=protected-access
+           "should_checkpoint": strategy.extended.should_checkpoint}
   with strategy.scope():
     counter = tf.Variable(0.0)
     scalar_b = tf.Variable(1, dtype=tf.int64)
@@ -91,6 +95,19 @@ def basics(context):
   facts["done"] = coordinator.done()
   facts["indices"] = sorted({int(r.fetch()) for r in results} | {0, 1})
   facts["get"] = type(results[0].get()).__name__
+
+  # Once the value of the only function scheduled is fetched, the
+  # coordinator is done (a race in the queue's bookkeeping made this False
+  # about half the time).
+  @tf.function
+  def tiny():
+    return tf.constant(1.0)
+
+  done_after_fetch = []
+  for _ in range(30):
+    coordinator.fetch(coordinator.schedule(tiny))
+    done_after_fetch.append(coordinator.done())
+  facts["done_after_fetch"] = done_after_fetch.count(True)
 
   @tf.function
   def replicated(x):
@@ -199,7 +216,7 @@ def training(context):
   """A tf_keras model with sharded variables trained by one scheduled
   function (one worker: exact), then saved."""
   mod = context.mod
-  strategy = _strategy(context, mod.experimental.partitioners.FixedShardsPartitioner(2))
+  strategy = parameter_server_strategy(context, mod.experimental.partitioners.FixedShardsPartitioner(2))
   coordinator = mod.coordinator.ClusterCoordinator(strategy)
   tf.random.set_seed(1)
   with strategy.scope():
@@ -241,14 +258,51 @@ def training(context):
                               input_signature=[tf.TensorSpec([None], tf.int32)])
   facts["saved_model"] = os.path.join(context.directory, "saved_model")
   tf.saved_model.save(module, facts["saved_model"])
+  facts["legacy_slots"] = _legacy_optimizer_slots(
+      context, strategy, coordinator, model,
+      lambda: tf.reduce_mean(tf.square(model(ids) - targets)))
   return facts
+
+
+def _legacy_optimizer_slots(context, strategy, coordinator, model, loss_fn):
+  """A legacy tf_keras optimizer's slots of the model's ShardedVariable: one
+  added by hand under the scope, and those a training step makes, read back
+  and saved in a checkpoint (as TensorFlow's tutorial does with RMSprop)."""
+  embeddings = model.layers[1].embeddings
+  with strategy.scope():
+    added = tf_keras.optimizers.legacy.RMSprop(0.1).add_slot(embeddings, "rms")
+    optimizer = tf_keras.optimizers.legacy.RMSprop(0.1)
+
+  @tf.function
+  def train():
+    def step():
+      with tf.GradientTape() as tape:
+        loss = loss_fn()
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return loss
+    return strategy.reduce("SUM", strategy.run(step), axis=None)
+
+  coordinator.fetch(coordinator.schedule(train))
+  slot = optimizer.get_slot(embeddings, "rms")
+  path = tf.train.Checkpoint(model=model, optimizer=optimizer).save(
+      os.path.join(context.directory, "legacy", "ckpt"))
+  key = "model/layer_with_weights-0/embeddings/.OPTIMIZER_SLOT/optimizer/rms/.ATTRIBUTES/VARIABLE_VALUE"
+  return {
+      "add_slot": [added.name, added.shape.as_list(), added.device, added.numpy().tolist()],
+      "slot": [type(slot).__name__, [s.device for s in slot.variables],
+               tf.convert_to_tensor(slot).numpy().tolist()],
+      "checkpoint_keys": [list(k) for k in tf.train.list_variables(path)
+                          if k[0] != "_CHECKPOINTABLE_OBJECT_GRAPH"],
+      "checkpoint_slot": tf.train.load_checkpoint(path).get_tensor(key).tolist(),
+  }
 
 
 def faults(context):
   """A worker killed in the middle of functions, then restarted; then a
   user error; then a ps killed."""
   mod = context.mod
-  strategy = _strategy(context)
+  strategy = parameter_server_strategy(context)
   coordinator = mod.coordinator.ClusterCoordinator(strategy)
   with strategy.scope():
     counter = tf.Variable(0.0)
@@ -312,7 +366,7 @@ def keras_fit(context):
   sharded over the workers, with args evaluation_shards="auto") and
   `predict`."""
   mod = context.mod
-  strategy = _strategy(context, mod.experimental.partitioners.MinSizePartitioner(
+  strategy = parameter_server_strategy(context, mod.experimental.partitioners.MinSizePartitioner(
       min_shard_bytes=16, max_shards=2))
   with strategy.scope():
     model = tf_keras.Sequential([tf_keras.layers.Dense(4, kernel_initializer="ones"),

@@ -12,6 +12,7 @@ process as in TensorFlow's tutorial.
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 import tf_distribute_lite as tfd
 from tf_distribute_lite.sharded_variable import ShardedVariable
@@ -155,6 +156,30 @@ def test_saved_model_serves_lookups_as_tensorflows(cluster_runs):
   np.testing.assert_allclose(served[0], whole[[9, 0, 5, 4]], rtol=1e-6)
 
 
+def test_done_is_true_once_the_only_function_is_fetched(cluster_runs):
+  for module in MODULES:
+    assert _facts(cluster_runs, "basics", module, 2)["done_after_fetch"] == 30, module
+
+
+def test_add_slot_of_a_sharded_variable_is_tensorflows(cluster_runs):
+  """A legacy tf_keras optimizer's `add_slot` of a ShardedVariable: one
+  whole variable on the coordinator, as in TensorFlow."""
+  ours, theirs = (_facts(cluster_runs, "training", m)["legacy_slots"]["add_slot"] for m in ("tfd", "tf"))
+  assert ours == theirs
+  assert ours[:3] == ["ShardedVariable/rms:0", [10, 3], "/job:chief/replica:0/task:0/device:CPU:0"]
+
+
+def test_legacy_optimizer_slots_of_a_sharded_variable_are_saved_as_tensorflows(cluster_runs):
+  ours, theirs = (_facts(cluster_runs, "training", m)["legacy_slots"] for m in ("tfd", "tf"))
+  assert ours["checkpoint_keys"] == theirs["checkpoint_keys"]
+  assert ours["slot"][:2] == theirs["slot"][:2] == [
+      "ShardedVariable", ["/job:ps/replica:0/task:0/device:CPU:0",
+                          "/job:ps/replica:0/task:1/device:CPU:0"]]
+  np.testing.assert_allclose(ours["slot"][2], theirs["slot"][2], rtol=1e-6)
+  np.testing.assert_allclose(ours["checkpoint_slot"], ours["slot"][2], rtol=1e-6)
+  assert np.min(ours["checkpoint_slot"]) > 0  # trained
+
+
 def test_lost_worker_reruns_its_function_restarted_worker_is_used_lost_ps_fails(tmp_path):
   facts = LocalCluster(2, tmp_path, num_ps=1).run(
       "ps_scenarios.faults", "tfd", timeout=150)[("chief", 0)]
@@ -168,6 +193,83 @@ def test_lost_worker_reruns_its_function_restarted_worker_is_used_lost_ps_fails(
   assert facts["ps_lost"]["fetch"] in ("UnavailableError", "CancelledError")
   assert facts["ps_lost"]["again"] == "UnavailableError"
   assert facts["ps_lost"]["seconds"] < 30
+
+
+# --- TensorFlow's parameter-server tutorial (`ps_tutorial.py`).
+
+@pytest.fixture(scope="module")
+def tutorial_runs(tmp_path_factory):
+  """The tutorial under both modules on 2 workers and 2 ps processes, and on
+  1 worker with in-process servers (where every number is deterministic),
+  at the same time."""
+  def run(directory):
+    runs = [(LocalCluster(workers, directory / f"tutorial_{m}_{workers}", num_ps=2),
+             "ps_tutorial.tutorial", m, {"args": args})
+            for workers, args in ((2, {}), (1, {"servers": "in_process"})) for m in MODULES]
+    results = run_together(runs, timeout=300)
+    return {(m, cluster.num_workers): result[("chief", 0)]
+            for (cluster, _, m, _), result in zip(runs, results)}
+  return run_once(tmp_path_factory, "ps_tutorial_runs", run)
+
+
+def _tutorial(runs, module, workers):
+  facts = runs[(module, workers)]
+  assert "error" not in facts, facts.get("traceback", facts)
+  return facts
+
+
+def _assert_close(ours, theirs, path="facts"):
+  """Equal structures, with floats equal to TensorFlow's within 1e-5."""
+  if isinstance(theirs, dict):
+    assert sorted(ours) == sorted(theirs), path
+    for key in theirs:
+      _assert_close(ours[key], theirs[key], f"{path}[{key!r}]")
+  elif isinstance(theirs, list) and any(isinstance(x, (list, dict, str)) for x in theirs):
+    assert len(ours) == len(theirs), path
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+      _assert_close(a, b, f"{path}[{i}]")
+  elif isinstance(theirs, (float, list)):
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-7, err_msg=path)
+  else:
+    assert ours == theirs, path
+
+
+def test_tutorial_on_one_worker_gives_tensorflows_numbers(tutorial_runs):
+  """Model.fit with its callbacks, the custom loop, the checkpoints, and the
+  evaluations inline and side-car: every number is TensorFlow's."""
+  ours, theirs = _tutorial(tutorial_runs, "tfd", 1), _tutorial(tutorial_runs, "tf", 1)
+  _assert_close(ours, theirs)
+  assert ours["epoch_accuracy"][-1] == 1.0
+  assert ours["fit"]["history"]["loss"][1] < ours["fit"]["history"]["loss"][0]
+
+
+def test_tutorial_on_two_workers_matches_tensorflow(tutorial_runs):
+  """Asynchronous training: what does not depend on the order in which the
+  workers update the variables is TensorFlow's; each checkpoint holds what
+  the model and its optimizer held, and evaluations from it agree."""
+  ours, theirs = _tutorial(tutorial_runs, "tfd", 2), _tutorial(tutorial_runs, "tf", 2)
+  same = ("embedding_devices", "rms", "done_after_fetch", "restored_iterations",
+          "restored_rms_matches", "side_car_embeddings_match", "checkpoint")
+  assert {k: ours[k] for k in same} == {k: theirs[k] for k in same}
+  assert ({k: v for k, v in ours["fit"].items() if k not in ("history", "weights")} ==
+          {k: v for k, v in theirs["fit"].items() if k not in ("history", "weights")})
+  assert len(ours["fit"]["history"]["loss"]) == len(theirs["fit"]["history"]["loss"]) == 2
+  assert ours["checkpoint"]["embeddings_match"] and ours["checkpoint"]["rms_match"]
+  assert ours["checkpoint"]["iterations"] == ours["restored_iterations"] == 12
+  assert ours["done_after_fetch"] and ours["restored_rms_matches"]
+  for facts in (ours, theirs):
+    assert [name for name, _ in facts["side_car"]] == ["ckpt-3"]
+    assert facts["side_car"][0][1]["binary_accuracy"] == facts["direct_eval_accuracy"]
+
+
+def test_backup_and_restore_trains_and_removes_its_backup_as_tensorflow(tutorial_runs):
+  """tf_keras's BackupAndRestore under ParameterServerStrategy: the chief
+  backs up at each epoch and removes the backup when `fit` ends."""
+  for workers in (1, 2):
+    ours, theirs = _tutorial(tutorial_runs, "tfd", workers), _tutorial(tutorial_runs, "tf", workers)
+    assert ours["fit"]["backup"] == theirs["fit"]["backup"] == []
+    assert ours["fit"]["working_dir"] == ["backup", "ckpt", "log"]
+    assert ours["fit"]["iterations"] == theirs["fit"]["iterations"] == 20
 
 
 # --- Without a cluster.
@@ -273,6 +375,29 @@ def test_checkpoint_of_ours_and_tensorflows_sharded_variables_are_interchangeabl
     target = ShardedVariable([tf.Variable(tf.zeros([1, 2])) for _ in range(3)])
     tf.train.Checkpoint(v=target).read(path).expect_partial()
     np.testing.assert_equal(target.numpy(), np.arange(6.0).reshape(3, 2))
+
+
+def test_legacy_optimizer_slots_of_ours_and_tensorflows_sharded_variables_are_saved_alike(tmp_path):
+  """tf_keras's legacy optimizers give the slot of a ShardedVariable as one
+  of TensorFlow's ShardedVariables over its shards' slots (recognised with
+  `isinstance`), which a checkpoint saves next to the variable."""
+  saved = []
+  for cls in (ShardedVariable, tf.__internal__.distribute.ShardedVariable):
+    # Named as ParameterServerStrategy names shards: tf_keras keys a
+    # ShardedVariable's slots by its first shard's id with "part_0" replaced.
+    sharded = cls([tf.Variable([[1.0, 2.0], [3.0, 4.0]], name="v/part_0"),
+                   tf.Variable([[5.0, 6.0]], name="v/part_1")])
+    assert isinstance(sharded, tf.__internal__.distribute.ShardedVariable)
+    optimizer = tf_keras.optimizers.legacy.RMSprop(0.1)
+    optimizer.apply_gradients(zip([tf.ones([2, 2]), tf.fill([1, 2], 2.0)], sharded.variables))
+    slot = optimizer.get_slot(sharded, "rms")
+    path = tf.train.Checkpoint(v=sharded, optimizer=optimizer).save(
+        str(tmp_path / cls.__module__ / "ckpt"))
+    saved.append([type(slot).__name__, slot.numpy(), tf.train.list_variables(path),
+                  tf.train.load_checkpoint(path).get_tensor(
+                      "v/.OPTIMIZER_SLOT/optimizer/rms/.ATTRIBUTES/VARIABLE_VALUE")])
+  np.testing.assert_equal(saved[0], saved[1])
+  np.testing.assert_allclose(saved[0][3], [[0.1, 0.1], [0.1, 0.1], [0.4, 0.4]], rtol=1e-6)
 
 
 def test_sharded_variable_rejects_what_tensorflows_rejects():

@@ -5,6 +5,7 @@ import inspect
 import os
 import tempfile
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -421,6 +422,21 @@ def test_parameter_server_contacts(tmp_path):
   assert [int(g()), int(g())] == [3, 5]
   with _tf_bridge.worker_executor()():
     assert float(tf.reduce_sum(module.v)) == 3.0
+
+
+def test_tensorflow_sharded_variable_is_the_class_tf_keras_legacy_optimizers_ask_for():
+  """tf_keras's legacy optimizers give the slot of an instance of this class
+  as a sharded variable over its shards' slots (else the variable itself)."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  sharded_class = _tf_bridge.TENSORFLOW_SHARDED_VARIABLE
+  assert sharded_class is tf.__internal__.distribute.ShardedVariable
+  sharded = sharded_class([tf.Variable([[1.0]], name="w/part_0"),
+                           tf.Variable([[2.0]], name="w/part_1")])
+  optimizer = tf_keras.optimizers.legacy.SGD(0.1, momentum=0.5)
+  optimizer.apply_gradients(zip([tf.ones([1, 1])] * 2, sharded.variables))
+  slot = optimizer.get_slot(sharded, "momentum")
+  assert isinstance(slot, sharded_class) and slot is not sharded
+  np.testing.assert_allclose(slot.numpy(), [[-0.1], [-0.1]])
 
 
 def test_coordination_service_contacts_reach_tensorflows_context():

@@ -34,6 +34,8 @@ Parameter-server training stores a sharded variable in a SavedModel as one
 variable with no value of its own (`uninitialized_variable`,
 `write_variable_proto`), and a scheduled function reads the index of the
 worker it runs on as a value captured at each call (`call_time_value`).
+tfd's sharded variable stands for TensorFlow's, whose class only
+`tf.__internal__` exports (`TENSORFLOW_SHARDED_VARIABLE`).
 
 Four contacts answer Keras rather than TensorFlow: Keras 3 recognises a
 distributed dataset by the name and module of a base class
@@ -94,6 +96,8 @@ def _check_tensorflow():
              if not hasattr(graph, a)]
   missing += [f"{module}.{path}" for module, path in _INTERNALS
               if not _has_internal(module, path)]
+  if not hasattr(getattr(tf.__internal__, "distribute", None), "ShardedVariable"):
+    missing.append("tf.__internal__.distribute.ShardedVariable")
   if missing or not tf.__version__.startswith("2."):
     raise ImportError(
         f"tf_distribute_lite does not recognise the internals of TensorFlow "
@@ -620,6 +624,13 @@ def tf1_saveable(variable, name, device, read, restore):
 
 
 # --- Parameter-server training.
+
+# TensorFlow's sharded variable class, which tfd's `ShardedVariable` stands
+# for (`tf_classes`): tf_keras's legacy optimizers give the slot of a
+# sharded variable, in `get_slot` and when restoring it, only for instances
+# of this class.
+TENSORFLOW_SHARDED_VARIABLE = tf.__internal__.distribute.ShardedVariable
+
 
 def in_save_context():
   """Whether a `tf.saved_model.save` is in progress (a sharded variable is

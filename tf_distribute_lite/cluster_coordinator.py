@@ -37,7 +37,6 @@ from tf_distribute_lite.tf_classes import StandsFor
 # fail with `tf.errors.UnavailableError`.
 WORKER_RECOVERY_SECONDS = 600.0
 _POLL_SECONDS = 0.25
-_COORDINATOR_CPU = "/job:chief/replica:0/task:0/device:CPU:0"
 _PS_ERROR_MARK = "/job:ps"
 _WORKER_ERROR_TYPES = (tf.errors.UnavailableError, tf.errors.AbortedError,
                        tf.errors.CancelledError, tf.errors.InvalidArgumentError,
@@ -227,18 +226,22 @@ class _Closure:
     with tf.device(worker.device), coordinator_values.running_on(worker.index):
       return self.function(*args, **kwargs)
 
-  def deliver(self, outputs):
-    """Copies `outputs` to the coordinator, where they outlive a later loss
-    of their worker, and sets the `RemoteValue`, if it is still held."""
-    remote_value = self._remote_value()
-    if remote_value is None:
-      return
-    with tf.device(_COORDINATOR_CPU):
-      copies = tf.nest.map_structure(
+  def copy_outputs(self, outputs):
+    """`outputs` copied to the coordinator, where they outlive a later loss
+    of their worker; None if the `RemoteValue` is no longer held."""
+    if self._remote_value() is None:
+      return None
+    with tf.device(parameter_server_strategy.COORDINATOR_CPU):
+      return tf.nest.map_structure(
           lambda x: tf.identity(x) if isinstance(x, tf.Tensor) else x, outputs)
-    # Releasing the worker's outputs now would cost an RPC on this worker's
-    # dispatch loop; they go when the value does.
-    remote_value._set(copies, keep_alive=outputs)  # pylint: disable=protected-access
+
+  def set_value(self, copies, outputs):
+    """Sets the `RemoteValue` to `copies`, if it is still held. Releasing
+    the worker's `outputs` now would cost an RPC on the worker's dispatch
+    loop; they go when the value does."""
+    remote_value = self._remote_value()
+    if remote_value is not None:
+      remote_value._set(copies, keep_alive=outputs)  # pylint: disable=protected-access
 
   def set_error(self, error):
     remote_value = self._remote_value()
@@ -273,10 +276,7 @@ class _Worker:
         with self.coordinator._cluster_lock.reading():  # pylint: disable=protected-access
           with self.executor_scope():
             outputs = closure.run_on(self)
-            closure.deliver(outputs)
-          # Released after the scope: leaving it waits for the default
-          # executor's pending work, which the release of remote tensors adds.
-          del outputs
+            copies = closure.copy_outputs(outputs)
       except Exception as e:  # pylint: disable=broad-except
         if not self.failed(e):
           queue.fail(closure, e)
@@ -286,7 +286,11 @@ class _Worker:
           queue.worker_lost(self.index, self.address)
           return
       else:
-        queue.finish(closure)
+        queue.finish(closure, copies, outputs)
+        # Released after the executor scope: leaving it waits for the
+        # default executor's pending work, which the release of remote
+        # tensors adds.
+        del outputs, copies
 
   def failed(self, error):
     """Whether `error` means this worker is lost (not the function, not a
@@ -364,10 +368,12 @@ class _ClosureQueue:
         self._pending.appendleft(closure)
       self._condition.notify_all()
 
-  def finish(self, closure):
-    del closure
+  def finish(self, closure, copies, outputs):
+    """`closure` has run: it no longer counts as running when its value is
+    set, so that `done()` after `fetch()` of the last function is True."""
     with self._condition:
       self._running -= 1
+      closure.set_value(copies, outputs)
       self._condition.notify_all()
 
   def fail(self, closure, error):

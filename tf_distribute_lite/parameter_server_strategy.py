@@ -39,6 +39,7 @@ def register_coordinator_class(coordinator_class):
 
 _ALLOWED_JOBS = ("chief", "worker", "ps", "evaluator")
 _COORDINATOR_JOB = "chief"
+COORDINATOR_CPU = f"/job:{_COORDINATOR_JOB}/replica:0/task:0/device:CPU:0"
 # `DatasetToGraphV2`'s policy for stateful ops (random seeds, ...) in a
 # dataset copied to workers: copy them with a warning, as TensorFlow does.
 _WARN_ON_EXTERNAL_STATE = 0
@@ -188,9 +189,6 @@ class ParameterServerStrategyV2Extended(strategy_v1.StrategyExtendedV1):
   def _num_replicas_in_sync(self):
     return 1
 
-  def _in_multi_worker_mode(self):
-    return True
-
   def non_slot_devices(self, var_list):
     return min(var_list, key=lambda v: v.name)
 
@@ -199,7 +197,11 @@ class ParameterServerStrategyV2Extended(strategy_v1.StrategyExtendedV1):
   def _create_variable(self, next_creator, **kwargs):
     colocate_with = kwargs.pop("colocate_with", None)
     if colocate_with is not None:  # an optimizer's slot: never split
-      with tf.device(colocate_with.device):
+      # A ShardedVariable is on no one device: as in TensorFlow, a variable
+      # placed with it goes where its whole value is read, the coordinator.
+      device = (COORDINATOR_CPU if isinstance(colocate_with, sharded_variable.ShardedVariable)
+                else colocate_with.device)
+      with tf.device(device):
         return next_creator(**kwargs)
     if self._variable_partitioner is None:
       return self._on_next_ps(next_creator, **kwargs)

@@ -7,7 +7,8 @@ operators, `numpy()`); `tf.nn.embedding_lookup` gathers from the shards
 without concatenating them; a checkpoint stores the whole value under the
 name of one variable, so it restores into any number of shards, or into a
 plain variable, and the other way round. Keras layers and optimizers
-recognise it by its class name and iterate over its shards.
+recognise it by its class name or as an instance of TensorFlow's class, and
+iterate over its shards.
 
 Shard sizes follow TensorFlow: `shard_sizes(13, 5)` gives the first axis's
 13 rows to 5 shards as `[3, 3, 3, 2, 2]`.
@@ -19,6 +20,7 @@ import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import distributed_variables
+from tf_distribute_lite.tf_classes import StandsFor
 
 
 def shard_sizes(length, num_shards):
@@ -34,8 +36,12 @@ def shard_sizes(length, num_shards):
   return [base + (1 if i < extra else 0) for i in range(num_shards)]
 
 
-class ShardedVariable(tf.__internal__.tracking.Trackable, tf.__internal__.CompositeTensor):
+class ShardedVariable(tf.__internal__.tracking.Trackable, tf.__internal__.CompositeTensor,
+                      StandsFor, stands_for=_tf_bridge.TENSORFLOW_SHARDED_VARIABLE):
   """A variable stored as `variables`, shards along its first axis.
+
+  It is an instance of TensorFlow's `ShardedVariable` to `isinstance`, as
+  tf_keras's legacy optimizers ask to give its slots (see `tf_classes`).
 
   >>> v = ShardedVariable([tf.Variable([[1.0], [2.0]]), tf.Variable([[3.0]])])
   >>> v.shape, [s.shape.as_list() for s in v.variables]
