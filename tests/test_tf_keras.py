@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.distribute import values as tf_values
 
 import tf_distribute_lite as tfd
 
@@ -162,6 +163,80 @@ def test_losses_reduce_by_default_in_the_default_strategys_run():
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     return float(module.get_strategy().run(lambda: loss([0, 1], [[2.0, 0.0], [0.0, 1.0]])))
   oracle.compare(loss_in_run, (tf.distribute,), (tfd,))
+
+
+class _TensorFlowsPerReplica(tf_values.DistributedValues):
+  """Gradients of TensorFlow's own per-replica kind, as tf_keras's
+  custom-aggregation tests make them."""
+
+  @property
+  def values(self):
+    return self._values
+
+
+@pytest.mark.parametrize("optimizer, kwargs, expected", [
+    ("legacy", dict(experimental_aggregate_gradients=True), [[-0.3, -0.3]] * 2),
+    ("legacy", dict(experimental_aggregate_gradients=False), [[-0.1, -0.1], [-0.2, -0.2]]),
+    ("new", dict(experimental_aggregate_gradients=False), [[-0.1, -0.1], [-0.2, -0.2]]),
+    ("new", dict(skip_gradients_aggregation=True), [[-0.1, -0.1], [-0.2, -0.2]]),
+], ids=["legacy-aggregated", "legacy-not-aggregated", "new-not-aggregated", "new-skipped"])
+def test_apply_gradients_with_or_without_aggregation_matches_tf(optimizer, kwargs, expected):
+  """Each replica's own gradient updates its own copy when the optimizer
+  does not aggregate: per-replica arguments of `extended.update` in
+  `merge_call` reach each device as that device's component."""
+  import tf_keras as keras  # pylint: disable=g-import-not-at-top
+
+  def snippet(module):
+    strategy = oracle.new_mirrored(module, PAIR)
+    with strategy.scope():
+      v = tf.Variable([0.0, 0.0])
+      sgd = keras.optimizers.legacy.SGD(0.1) if optimizer == "legacy" else (
+          keras.optimizers.SGD(0.1))
+
+    @tf.function
+    def optimize():
+      gradients = []
+      for i, device in enumerate(strategy.extended.worker_devices):
+        with tf.device(device):
+          gradients.append(tf.fill([2], i + 1.0))
+
+      def step_fn(g):
+        sgd.apply_gradients([(g, v)], **kwargs)
+        return v.read_value()
+      return strategy.experimental_local_results(
+          strategy.run(step_fn, args=(_TensorFlowsPerReplica(gradients),)))
+    return np.asarray(optimize()).tolist()
+  np.testing.assert_allclose(oracle.compare(snippet, (tf.distribute,), (tfd,)), expected)
+
+
+def _mean_in_a_tf1_graph(make_strategy):
+  """tf_keras's Mean in a TF1 graph, updated by each replica on its batch of
+  an input-function iterator, as tf_keras's metric tests do: its result
+  after each step, until 4 batches are read."""
+  import tf_keras as keras  # pylint: disable=g-import-not-at-top
+  results = []
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    strategy = make_strategy()
+    with strategy.scope():
+      metric = keras.metrics.Mean()
+      iterator = strategy.make_input_fn_iterator(
+          lambda _: tf.data.Dataset.range(16).map(tf.compat.v1.to_float).batch(4))
+      updates = strategy.experimental_local_results(
+          strategy.run(metric, args=(iterator.get_next(),)))
+      session.run(iterator.initializer)
+      session.run([v.initializer for v in metric.variables])
+      for _ in range(4 // strategy.num_replicas_in_sync):
+        session.run(updates)
+        results.append(float(session.run(metric.result())))
+  return results
+
+
+@pytest.mark.parametrize("strategy, expected", [
+    ("default", [1.5, 3.5, 5.5, 7.5]), ("one_device", [1.5, 3.5, 5.5, 7.5]),
+    ("mirrored", [3.5, 7.5])])
+def test_metric_in_a_tf1_graph_matches_tf(strategy, expected):
+  make_theirs, make_ours = _NAMED_STRATEGIES[strategy]
+  assert oracle.compare(_mean_in_a_tf1_graph, (make_theirs,), (make_ours,)) == expected
 
 
 # --- The private names tf_keras reads (docs/client_private_names.md).
