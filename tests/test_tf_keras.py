@@ -1,9 +1,9 @@
 """tf_keras (Keras 2) under every tfd strategy gives what it gives under
 `tf.distribute`: the cases of tests/tf_keras_cases.py (fit, evaluate and
 predict on each kind of input, callbacks, metrics, custom loops with both
-kinds of optimizers, saving, mixed precision) run under a TF strategy and
-the same tfd strategy, and their histories, weights, predictions, files and
-exceptions are compared. TF has no TPUStrategy without a TPU: ours runs on
+kinds of optimizers, saving, mixed precision, sharpness-aware minimization)
+run under a TF strategy and the same tfd strategy, and their histories,
+weights, predictions, files and exceptions are compared. TF has no TPUStrategy without a TPU: ours runs on
 an emulated v4-8 (the 4 CPUs) and, in a process of its own, on an emulated
 v3-8 (8 CPUs), against TF's MirroredStrategy on the same devices. Then the
 private strategy names tf_keras reads (docs/client_private_names.md)."""
@@ -72,10 +72,11 @@ def _outcome(case, strategy, workdir):
 MATRIX = {
     "mirrored_2": ["fit_dataset", "fit_distributed_dataset", "fit_dataset_creator",
                    "input_batch_size", "metrics_and_losses", "model_checkpoint",
-                   "backup_and_restore", "custom_loop", "saving", "mixed_float16"],
+                   "backup_and_restore", "custom_loop", "saving", "mixed_float16",
+                   "sharpness_aware"],
     "mirrored_4": ["fit_arrays", "fit_datasets_from_function", "steps_per_execution",
                    "early_stopping", "tensorboard", "custom_loop_legacy"],
-    "one_device": ["fit_arrays", "custom_loop_legacy", "mixed_float16"],
+    "one_device": ["fit_arrays", "custom_loop_legacy", "mixed_float16", "sharpness_aware"],
     "central_storage": ["fit_arrays", "custom_loop", "custom_loop_legacy", "saving",
                         "backup_and_restore", "mixed_float16"],
     "tpu": ["fit_arrays", "fit_distributed_dataset", "steps_per_execution", "custom_loop",
