@@ -155,6 +155,43 @@ def test_tpu_strategy_on_8_cores_matches_mirrored_strategy(v3_8_results, case):
   assert_same(v3_8_results[case]["tpu"], v3_8_results[case]["mirrored"], TPU_TOLERANCE)
 
 
+def test_model_calls_run_under_the_default_strategy_it_was_built_in():
+  """A model built in the default strategy's scope finds that same strategy
+  current in its `call` during `fit` and `evaluate`, as tf_keras's own
+  strategy test checks; and `get_strategy()` is that object inside and
+  outside `run` and `scope()`, eagerly and in a `tf.function`."""
+  import tf_keras as keras  # pylint: disable=g-import-not-at-top
+
+  def snippet(module):
+    class CheckingModel(keras.Model):
+      def __init__(self, strategy):
+        super().__init__()
+        self.strategy = strategy
+        self.x = None
+
+      def build(self, input_shape):
+        self.x = tf.Variable(1.0)
+
+      def call(self, inputs, training=None, mask=None):
+        if module.get_strategy() is not self.strategy:
+          raise ValueError("Model must execute call w/ the original strategy")
+        return self.x * inputs
+
+    strategy = module.get_strategy()
+    with strategy.scope():
+      in_scope = module.get_strategy() is strategy
+      model = CheckingModel(strategy)
+      model.compile(keras.optimizers.Adam(1e-4), keras.losses.MeanSquaredError(),
+                    metrics=["binary_accuracy"])
+      dataset = tf.data.Dataset.from_tensor_slices((tf.ones([64]), tf.ones([64]))).batch(8)
+      model.fit(dataset, epochs=2, verbose=0)
+    in_run = strategy.run(lambda: module.get_strategy() is strategy)
+    in_function = tf.function(
+        lambda: strategy.run(lambda: tf.constant(module.get_strategy() is strategy)))()
+    return [in_scope, in_run, bool(in_function)] + model.evaluate(dataset, verbose=0)
+  assert oracle.compare(snippet, (tf.distribute,), (tfd,)) == [True, True, True, 0.0, 1.0]
+
+
 def test_losses_reduce_by_default_in_the_default_strategys_run():
   """tf_keras losses refuse their default reduction inside the `run` of a
   strategy, but not of the default strategy."""
