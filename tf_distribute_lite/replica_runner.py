@@ -95,7 +95,7 @@ class _ReplicaThread(threading.Thread):
   def wait_for_merge(self, request):
     """From this replica's thread: park at `merge_call` until resumed."""
     self.merge_request = request
-    self.merge_control_inputs = _control_inputs_here(self.state.eager)
+    self.merge_control_inputs = _control_inputs_here()
     self._paused.set()
     self._go.wait()
     self._go.clear()
@@ -104,10 +104,10 @@ class _ReplicaThread(threading.Thread):
     return self.merge_result
 
 
-def _control_inputs_here(eager):
+def _control_inputs_here():
   """The ops the current `tf.control_dependencies` blocks of this thread make
   new ops wait for (read off a no-op made here); none eagerly."""
-  if eager:
+  if tf.executing_eagerly():
     return ()
   return tuple(tf.no_op(name="merge_call_control_inputs").control_inputs)
 
