@@ -78,7 +78,7 @@ MATRIX = {
                    "early_stopping", "tensorboard", "custom_loop_legacy"],
     "one_device": ["fit_arrays", "custom_loop_legacy", "mixed_float16", "sharpness_aware"],
     "central_storage": ["fit_arrays", "custom_loop", "custom_loop_legacy", "saving",
-                        "backup_and_restore", "mixed_float16"],
+                        "backup_and_restore", "mixed_float16", "sharpness_aware"],
     "tpu": ["fit_arrays", "fit_distributed_dataset", "steps_per_execution", "custom_loop",
             "saving", "backup_and_restore"],
     "default": ["custom_loop", "custom_loop_legacy"],
@@ -245,6 +245,39 @@ def test_apply_gradients_with_or_without_aggregation_matches_tf(optimizer, kwarg
           strategy.run(step_fn, args=(_TensorFlowsPerReplica(gradients),)))
     return np.asarray(optimize()).tolist()
   np.testing.assert_allclose(oracle.compare(snippet, (tf.distribute,), (tfd,)), expected)
+
+
+_CENTRAL_STORAGE = {
+    "v2": (lambda: tf.distribute.experimental.CentralStorageStrategy(PAIR),
+           lambda: tfd.experimental.CentralStorageStrategy(PAIR)),
+    "v1": (lambda: tf.compat.v1.distribute.experimental.CentralStorageStrategy(PAIR),
+           lambda: tfd.compat.v1.experimental.CentralStorageStrategy(PAIR)),
+}
+
+
+@pytest.mark.parametrize("api", sorted(_CENTRAL_STORAGE))
+@pytest.mark.parametrize("optimizer_kwargs, apply_kwargs", [
+    pytest.param(dict(clipnorm=1.0), {}, id="clipnorm"),
+    pytest.param(dict(clipvalue=1.0), {}, id="clipvalue"),
+    pytest.param(dict(global_clipnorm=1.0), {}, id="global_clipnorm"),
+    pytest.param({}, dict(experimental_aggregate_gradients=False), id="not_aggregated"),
+])
+def test_central_storage_refuses_what_tf_keras_refuses_under_tf(
+    api, optimizer_kwargs, apply_kwargs):
+  """tf_keras's legacy optimizers refuse gradient clipping (ValueError) and
+  `experimental_aggregate_gradients=False` (NotImplementedError) under
+  CentralStorageStrategy, as under TF's."""
+  import tf_keras as keras  # pylint: disable=g-import-not-at-top
+
+  def snippet(make_strategy):
+    strategy = make_strategy()
+    with strategy.scope():
+      v = tf.Variable([1.0, 2.0])
+      sgd = keras.optimizers.legacy.SGD(0.1, **optimizer_kwargs)
+    strategy.run(lambda: sgd.apply_gradients([(tf.constant([3.0, 4.0]), v)], **apply_kwargs))
+    return v.numpy().tolist()
+  outcome = oracle.compare(snippet, *[(make,) for make in _CENTRAL_STORAGE[api]])
+  assert outcome.type is (NotImplementedError if apply_kwargs else ValueError)
 
 
 def _mean_in_a_tf1_graph(make_strategy):
