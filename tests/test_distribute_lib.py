@@ -629,6 +629,28 @@ def test_merge_call_on_a_branch_of_each_replica_raises_like_tf():
   assert "`merge_call` called while defining a new graph" in str(error)
 
 
+def test_merge_fn_waits_for_every_replicas_control_dependencies_in_a_tf1_graph():
+  """A merge made under each replica's `tf.control_dependencies` runs after
+  every replica's dependencies, not only the first's, as in TF: a tf_keras
+  metric's result after each replica's update."""
+  def snippet(a):
+    with tf.Graph().as_default():
+      strategy = new_mirrored(a.mod, ["CPU:0", "CPU:1"])
+      with strategy.scope():
+        total = tf.Variable(0.0, synchronization=tf.VariableSynchronization.ON_READ,
+                            aggregation=tf.VariableAggregation.SUM)
+
+      def replica_fn():
+        with tf.control_dependencies([total.assign_add(a.replica_id() + 1.0)]):
+          return a.mod.get_replica_context().merge_call(
+              lambda merged: tf.identity(merged.extended.read_var(total)))
+      result = strategy.experimental_local_results(strategy.run(replica_fn))[0]
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        return float(session.run(result))
+  assert both(snippet) == 3.0
+
+
 @pytest.mark.parametrize("sync", ["all_reduce", "merge_call"])
 def test_sync_point_in_a_nested_function_raises_like_tf(sync, run_mode):
   """A `tf.function` called by the replica function holds the sync point:

@@ -1198,6 +1198,77 @@ def test_saved_model_loads_inside_scope(tmp_path):
   assert per_replica == tuple([5.0, 7.0] for _ in range(NUM_DEVICES))
 
 
+_TRACED_ACROSS_REPLICAS = {
+    "assign_mirrored": (SYNC.ON_WRITE, AGG.NONE, lambda v, x: v.assign(x)),
+    "assign_on_read": (SYNC.ON_READ, AGG.SUM, lambda v, x: v.assign(x)),
+    "read_on_read_sum": (SYNC.ON_READ, AGG.SUM, lambda v, x: v.read_value() + x),
+}
+
+
+@pytest.mark.parametrize("concrete", [True, False], ids=["concrete", "function"])
+@pytest.mark.parametrize("use", sorted(_TRACED_ACROSS_REPLICAS))
+def test_saving_a_function_traced_across_replicas(use, concrete, tmp_path):
+  """A signature traced under the strategy before `tf.saved_model.save` that
+  updates a distributed variable, or reads the sum of an on-read one, across
+  replicas: saving it refuses with TF's ValueError. The `tf.function` itself
+  saves: saving traces it again with single variables."""
+  synchronization, aggregation, use_variable = _TRACED_ACROSS_REPLICAS[use]
+  messages = {}
+
+  def snippet(dist, strategy):
+    directory = str(tmp_path / dist.__name__.split(".")[0])
+    with strategy.scope():
+      module = tf.Module()
+      module.v = tf.Variable(2.0, synchronization=synchronization, aggregation=aggregation,
+                             name="across")
+      module.f = tf.function(lambda x: use_variable(module.v, x),
+                             input_signature=[tf.TensorSpec([], tf.float32)])
+      module.f(tf.constant(1.0))
+    signature = module.f.get_concrete_function() if concrete else module.f
+    try:
+      tf.saved_model.save(module, directory, signatures=signature)
+    except ValueError as e:
+      messages[dist] = str(e)
+      return "ValueError"
+    loaded = tf.saved_model.load(directory)
+    return _numpy(loaded.signatures["serving_default"](tf.constant(3.0)))
+
+  if concrete:
+    assert compare(snippet) == "ValueError"
+    assert all("Unable to save function" in m for m in messages.values())
+    assert "distributed variable 'across:0'" in messages[tfd]
+  else:
+    # An on-read SUM variable saves its sum: 2.0 on each replica.
+    saved = 2.0 * NUM_DEVICES if use == "read_on_read_sum" else 0.0
+    assert list(compare(snippet).values()) == [saved + 3.0]
+
+
+def test_initializer_of_a_variable_loaded_in_a_tf1_graph(tmp_path):
+  """In a TF1 graph, the variables a SavedModel loads in a scope are
+  initialized by restoring their saved values, as in TF."""
+  module = tf.Module()
+  module.v = tf.Variable([1.0, 2.0])
+  module.total = tf.Variable(3.0, synchronization=SYNC.ON_READ, aggregation=AGG.SUM)
+  tf.saved_model.save(module, str(tmp_path))
+
+  def snippet(dist, make_strategy):
+    with tf.Graph().as_default():
+      strategy = make_strategy()
+      with strategy.scope():
+        loaded = tf.saved_model.load(str(tmp_path))
+      initializers = [loaded.v.initializer, loaded.total.initializer]
+      with tf.compat.v1.Session() as session:
+        session.run(initializers)
+        return (type(loaded.v).__name__,
+                _numpy(session.run(strategy.experimental_local_results(loaded.v))),
+                float(session.run(loaded.total)))
+
+  expected = oracle.compare(
+      snippet, (tf.distribute, lambda: oracle.new_tf_mirrored(DEVICES[:2])),
+      (tfd, lambda: tfd.MirroredStrategy(DEVICES[:2])))
+  assert expected == ("MirroredVariable", ([1.0, 2.0], [1.0, 2.0]), 3.0)
+
+
 # --- Bad input.
 
 

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.distribute import values as tf_values
 
 import tf_distribute_lite as tfd
 
@@ -151,3 +152,33 @@ def test_gradient_accumulation_matches_tf():
                    tfd.MirroredStrategy(["CPU:0", "CPU:1"])]:
     with pytest.raises(RuntimeError, match="`merge_call` called while defining"):
       _train_accumulating(strategy, True)
+
+
+class _TensorFlowsPerReplica(tf_values.DistributedValues):
+  """Gradients of TensorFlow's own per-replica kind."""
+
+  @property
+  def values(self):
+    return self._values
+
+
+def test_per_replica_gradients_of_tensorflows_kind_match_tf():
+  """Keras 3 sums the replicas' own gradients (1 and 2) into each copy, as
+  under TF: `run` hands each replica its component."""
+  def snippet(module):
+    strategy = oracle.new_mirrored(module, ["CPU:0", "CPU:1"])
+    with strategy.scope():
+      v = keras.Variable([0.0, 0.0])
+      optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def optimize():
+      gradients = _TensorFlowsPerReplica([tf.fill([2], 1.0), tf.fill([2], 2.0)])
+
+      def step_fn(g):
+        optimizer.apply_gradients([(g, v)])
+        return tf.identity(v.value)
+      return strategy.experimental_local_results(strategy.run(step_fn, args=(gradients,)))
+    return np.asarray(optimize()).tolist()
+  np.testing.assert_allclose(oracle.compare(snippet, (tf.distribute,), (tfd,)),
+                             [[-0.3, -0.3]] * 2, rtol=1e-6)

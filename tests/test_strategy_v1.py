@@ -203,6 +203,29 @@ def test_graph_initialize_returns_an_op_like_tf():
   assert same(run, TF1, OURS) == ("Operation", 6.0)
 
 
+@pytest.mark.parametrize("make", ["make_dataset_iterator", "make_input_fn_iterator"])
+def test_default_strategy_graph_iterators_like_tf(make):
+  """The default strategy's TF 1.x iterators in a graph iterate the dataset
+  itself; their `initializer` is a list of one op, as in TF."""
+  def run(mod):
+    with tf.Graph().as_default():
+      strategy = mod.get_strategy()
+      iterator = getattr(strategy, make)(
+          _dataset() if make == "make_dataset_iterator" else lambda ctx: _dataset())
+      initializer = iterator.initializer
+      element = iterator.get_next()
+      optional = iterator.get_next_as_optional()
+      with tf.compat.v1.Session() as session:
+        session.run(initializer)
+        first = session.run(element).tolist()
+        session.run(iterator.initialize())
+        again = session.run(element).tolist()
+        second = session.run(optional.get_value()).tolist()
+        return type(initializer).__name__, len(initializer), first, again, second
+  assert same(run, tf.distribute, tfd) == (
+      "list", 1, [0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0])
+
+
 @pytest.mark.parametrize("mod", [TF1, OURS], ids=["tf", "tfd"])
 def test_graph_iterators_need_their_initializer(mod):
   with tf.Graph().as_default():

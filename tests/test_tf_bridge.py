@@ -52,6 +52,26 @@ def test_saving_context_is_seen(tmp_path):
   assert tf.saved_model.load(str(tmp_path)).f().numpy() == 4.0
 
 
+def test_functions_marked_unsaveable_are_refused_by_saving(tmp_path):
+  """A function traced before saving and marked is refused with TF's
+  ValueError giving the reason; the mark is ignored eagerly and while
+  saving traces."""
+  _tf_bridge.mark_function_unsaveable("eagerly: ignored")
+  module = tf.Module()
+  module.marked = tf.function(
+      lambda: _tf_bridge.mark_function_unsaveable("the reason") or tf.constant(1.0),
+      input_signature=[])
+  module.traced_by_saving = tf.function(
+      lambda: _tf_bridge.mark_function_unsaveable("ignored") or tf.constant(2.0),
+      input_signature=[])
+  tf.saved_model.save(module, str(tmp_path / "saved"),
+                      signatures=module.traced_by_saving)
+  assert tf.saved_model.load(str(tmp_path / "saved")).traced_by_saving().numpy() == 2.0
+  with pytest.raises(ValueError, match="Unable to save function .*\n.*the reason"):
+    tf.saved_model.save(module, str(tmp_path / "refused"),
+                        signatures=module.marked.get_concrete_function())
+
+
 def test_plain_variable_ignores_variable_creators():
   strategy = tfd.MirroredStrategy(["CPU:0", "CPU:1"])
   with strategy.scope():

@@ -517,6 +517,40 @@ def test_select_replica_keeps_distributed_variables_whole():
   assert compare(snippet) == (True, 1.0)
 
 
+class _TensorFlowsPerReplica(tf_values.DistributedValues):
+  """A per-replica value of TensorFlow's own kind, as tf_keras's optimizer
+  tests make one."""
+
+  @property
+  def values(self):
+    return self._values
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_distributed_values_of_tensorflows_kind_are_split(in_function):
+  """`run`, `extended.update` and `update_non_slot` give each replica and
+  device its own component of a DistributedValues that is TensorFlow's,
+  not ours, as TF does with its own."""
+  def snippet(impl, strategy):
+    with strategy.scope():
+      v = tf.Variable(0.0)
+    extended = strategy.extended
+
+    def step():
+      parts = _TensorFlowsPerReplica([tf.constant(i + 1.0) for i in range(NUM_DEVICES)])
+      ran = strategy.run(lambda x: x * 2.0, args=(parts,))
+      with tf.control_dependencies(strategy.experimental_local_results(ran)):
+        extended.update(v, lambda c, x: c.assign_add(x), args=(parts,))
+      non_slot = extended.update_non_slot(
+          extended.non_slot_devices([v]), tf.identity, args=(parts,), group=False)
+      return strategy.experimental_local_results(ran), non_slot
+    ran, non_slot = tf.function(step)() if in_function else step()
+    return _numpy(ran), _numpy(non_slot), _numpy(strategy.experimental_local_results(v))
+
+  ones_up = tuple(i + 1.0 for i in range(NUM_DEVICES))
+  assert compare(snippet) == (tuple(2.0 * x for x in ones_up), ones_up, ones_up)
+
+
 def test_run_regroups_nested_results():
   """`strategy.run` regroups a nest of per-replica results."""
   def snippet(impl, strategy):

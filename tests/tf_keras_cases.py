@@ -407,6 +407,22 @@ def mixed_float16(strategy, workdir):
     keras.mixed_precision.set_global_policy("float32")
 
 
+# --- Sharpness-aware minimization.
+
+def sharpness_aware(strategy, workdir):
+  """fit of tf_keras's SharpnessAwareMinimization around the classifier: each
+  step moves the weights along the gradient and back before applying it."""
+  del workdir
+  keras = _keras()
+  x, y = _data()
+  with strategy.scope():
+    model = keras.models.experimental.SharpnessAwareMinimization(classifier(keras), rho=0.05)
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+  return _trained(model, history)
+
+
 # --- The private strategy names tf_keras reads (docs/client_private_names.md).
 
 CLIENT_PRIVATE_NAMES = (
@@ -443,7 +459,7 @@ CASES = {case.__name__: case for case in [
     fit_arrays, fit_dataset, fit_distributed_dataset, fit_datasets_from_function,
     fit_dataset_creator, steps_per_execution, input_batch_size, metrics_and_losses,
     model_checkpoint, early_stopping, tensorboard, backup_and_restore, custom_loop,
-    custom_loop_legacy, saving, mixed_float16]}
+    custom_loop_legacy, saving, mixed_float16, sharpness_aware]}
 
 
 def outcome(case, strategy, workdir):

@@ -12,7 +12,8 @@ replica records summaries, and what replica threads inherit), the classes
 of control-flow graphs (a `merge_call` may sit in a `tf.cond`, not in a
 nested `tf.function`), the saving
 context (a `tf.saved_model.save` in progress maps distributed variables onto
-single ones), the per-thread variable-creator stack that replica threads
+single ones; a function traced before it that updates them across replicas
+is marked unsaveable, `mark_function_unsaveable`), the per-thread variable-creator stack that replica threads
 inherit, and AutoGraph's list of
 libraries it leaves alone: like TensorFlow's own `tf.distribute` (and Keras),
 this package is library code that AutoGraph must not rewrite when a user's
@@ -75,6 +76,7 @@ _INTERNALS = (
     ("ops.resource_variable_ops", "UninitializedVariable"),
     ("ops.resource_variable_ops", "write_object_proto_for_resource_variable"),
     ("framework.func_graph", "FuncGraph.capture_call_time_value"),
+    ("framework.func_graph", "FuncGraph.mark_as_unsaveable"),
     ("eager.executor", "new_executor"),
     ("eager.context", "executor_scope"),
 )
@@ -142,6 +144,15 @@ def tensorflow_default_strategy():
     return tf.distribute.get_strategy()
   finally:
     stack[:] = entries
+
+
+def mark_function_unsaveable(reason):
+  """Makes `tf.saved_model.save` refuse the `tf.function` being traced here
+  (and any function calling it) with TensorFlow's ValueError, which gives
+  `reason`; nothing eagerly or while `tf.saved_model.save` traces, which
+  maps distributed variables onto single ones."""
+  if tf.inside_function() and not _save_context.in_save_context():
+    tf.compat.v1.get_default_graph().mark_as_unsaveable(reason)
 
 
 def saving_without_distribution():

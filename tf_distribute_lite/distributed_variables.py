@@ -117,8 +117,15 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   def get_shape(self):
     return self.shape
 
+  # In a TF1 graph, TensorFlow's SavedModel loader sets this to the op that
+  # restores the loaded value, the variable's initializer from then on
+  # (docs/client_private_names.md).
+  _initializer_op = None
+
   @property
   def initializer(self):
+    if self._initializer_op is not None:
+      return self._initializer_op
     return tf.group([v.initializer for v in self._values])
 
   @property
@@ -396,6 +403,24 @@ class DistributedVariable(ComponentsVariable, values_lib.DistributedValues):
   __repr__ = values_lib.DistributedValues.__repr__
   __str__ = values_lib.DistributedValues.__str__
 
+  def _update_cross_replica(self, update_fn, value, method):
+    _unsaveable_when_traced(self, f"updates ({method})")
+    return super()._update_cross_replica(update_fn, value, method)
+
+
+def _unsaveable_when_traced(variable, action):
+  """Marks the `tf.function` being traced (not by `tf.saved_model.save`) as
+  one a SavedModel cannot hold, as TensorFlow does: it `action`s
+  distributed `variable` across its replicas."""
+  _tf_bridge.mark_function_unsaveable(
+      f"It {action} the distributed variable '{variable.name}' across its "
+      f"replicas, which a SavedModel cannot hold: the function was traced "
+      f"under the strategy before `tf.saved_model.save`. Give "
+      f"`tf.saved_model.save` the `tf.function` itself (with an "
+      f"`input_signature`) as the signature, not a concrete function from "
+      f"`get_concrete_function()`: saving traces it again with each "
+      f"distributed variable as one variable.")
+
 
 class _NullContext:
 
@@ -518,6 +543,8 @@ class SyncOnReadVariable(DistributedVariable):
       raise ValueError(
           f"SyncOnReadVariable '{self.name}' has aggregation NONE and cannot "
           f"be read in a cross-replica context; read it inside strategy.run.")
+    if self._aggregation == tf.VariableAggregation.SUM:
+      _unsaveable_when_traced(self, "reads the sum of")
     reads = []
     for component in self._values:
       with tf.device(component.device):
@@ -549,6 +576,7 @@ class SyncOnReadVariable(DistributedVariable):
     if method.startswith("scatter"):
       raise NotImplementedError(
           f"`{method}` is not supported for SyncOnReadVariable '{self.name}'.")
+    _unsaveable_when_traced(self, f"updates ({method})")
     if method != "assign" and self._aggregation == tf.VariableAggregation.SUM:
       raise ValueError(
           f"SyncOnReadVariable does not support `{method}` in cross-replica "

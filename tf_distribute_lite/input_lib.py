@@ -750,7 +750,43 @@ def initializable_iterator(distributed_dataset):
   `initializer` op (re)starts it; eagerly one that `initialize()` restarts."""
   if tf.executing_eagerly():
     return _EagerIterator(distributed_dataset)
+  if isinstance(distributed_dataset, tf.data.Dataset):  # the default strategy's
+    return _GraphDatasetIterator(distributed_dataset)
   return distributed_dataset.make_initializable_iterator()
+
+
+class _GraphDatasetIterator:
+  """The TF 1.x iterator of the default strategy in a TF1 graph, over the
+  dataset itself; as in TensorFlow its `initializer` is a list of one op.
+
+  >>> with tf.Graph().as_default():
+  ...   iterator = initializable_iterator(tf.data.Dataset.range(3))
+  ...   element = iterator.get_next()
+  ...   with tf.compat.v1.Session() as session:
+  ...     _ = session.run(iterator.initializer)
+  ...     print(session.run(element), session.run(element))
+  0 1
+  """
+
+  def __init__(self, dataset):
+    self._iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+
+  @property
+  def initializer(self):
+    """`[op]`, where the op (re)starts the iterator."""
+    return [self._iterator.initializer]
+
+  def initialize(self):
+    """Deprecated: the `initializer` ops."""
+    deprecation.warn_once("DistributedIterator.initialize",
+                          "Use the iterator's `initializer` property instead.")
+    return self.initializer
+
+  def get_next(self):
+    return self._iterator.get_next()
+
+  def get_next_as_optional(self):
+    return self._iterator.get_next_as_optional()
 
 
 class _EagerIterator:

@@ -61,6 +61,7 @@ class _ReplicaThread(threading.Thread):
     self._go = threading.Event()
     self._paused = threading.Event()
     self.merge_request = None
+    self.merge_control_inputs = ()
     self.merge_result = None
     self.result = None
     self.error = None
@@ -94,12 +95,21 @@ class _ReplicaThread(threading.Thread):
   def wait_for_merge(self, request):
     """From this replica's thread: park at `merge_call` until resumed."""
     self.merge_request = request
+    self.merge_control_inputs = _control_inputs_here()
     self._paused.set()
     self._go.wait()
     self._go.clear()
     if self.runner.aborting:
       raise _Abort()
     return self.merge_result
+
+
+def _control_inputs_here():
+  """The ops the current `tf.control_dependencies` blocks of this thread make
+  new ops wait for (read off a no-op made here); none eagerly."""
+  if tf.executing_eagerly():
+    return ()
+  return tuple(tf.no_op(name="merge_call_control_inputs").control_inputs)
 
 
 def conversion_guard():
@@ -246,6 +256,7 @@ class ReplicaRunner:
       for thread in self._threads:
         thread.start()
     requests = [(args, kwargs)]
+    control_inputs = []
     for thread in self._threads:
       self._advance(thread)
       if thread.done:
@@ -255,12 +266,16 @@ class ReplicaRunner:
             f"replica {thread.replica_id} returned without calling it: every "
             f"replica must call merge_call the same number of times.")
       requests.append(thread.merge_request)
+      control_inputs.extend(thread.merge_control_inputs)
     self._check_readable(requests)
     merged_args = values_lib.regroup([r[0] for r in requests])
     merged_kwargs = values_lib.regroup([r[1] for r in requests])
     try:
+      # `merge_fn` runs after what every replica's `tf.control_dependencies`
+      # blocks wait for, not only replica 0's (this thread's), as in
+      # TensorFlow: a tf_keras metric's result after each replica's update.
       with contexts.Entered(contexts.ContextEntry.cross_replica(self._strategy)), \
-          tf.device(None):
+          tf.device(None), tf.control_dependencies(self._in_this_graph(control_inputs)):
         result = merge_fn(self._strategy, *merged_args, **merged_kwargs)
     except BaseException:
       self._abort()
@@ -268,6 +283,14 @@ class ReplicaRunner:
     for thread in self._threads:
       thread.merge_result = values_lib.select_replica(thread.replica_id, result)
     return values_lib.select_replica(0, result)
+
+  @staticmethod
+  def _in_this_graph(ops):
+    """`ops` without repeats, less those of other graphs (another replica's
+    control-flow branch, whose ops this graph cannot wait for)."""
+    graph = tf.compat.v1.get_default_graph()
+    unique = {id(op): op for op in ops if op.graph is graph}
+    return list(unique.values())
 
   def _check_not_in_a_nested_function(self):
     """Raises TensorFlow's RuntimeError for a `merge_call` (an all-reduce, an

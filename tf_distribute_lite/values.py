@@ -295,10 +295,18 @@ def is_split(value):
   """Whether each replica sees its own component of `value`: a `PerReplica`
   or `Mirrored`, not a distributed variable nor any other value.
 
+  A `tf.distribute.DistributedValues` of another implementation (one of
+  TensorFlow's own, a user's subclass) splits too unless it is a variable,
+  as in TensorFlow.
+
   >>> is_split(PerReplica([1, 2])), is_split(1)
   (True, False)
   """
-  return getattr(type(value), "_splits_per_replica", False)
+  split = getattr(type(value), "_splits_per_replica", None)
+  if split is None:
+    return (isinstance(value, tf.distribute.DistributedValues) and
+            not isinstance(value, tf.Variable))
+  return split
 
 
 def regroup(per_replica_results, wrap_class=PerReplica, always_wrap=False):
