@@ -7,6 +7,10 @@ onto that same stack is what makes `tf.distribute.get_strategy()`, Keras,
 behind a private attribute, so every private access sits here, behind a
 check that refuses a TensorFlow whose internals look different.
 
+TensorFlow keeps "which replica's components an `extended.update` is
+updating" in a per-thread state of its own too, which its moving-average
+helper reads; our updates set that same state (`update_context`).
+
 The other private contacts are `tf.summary`'s per-thread state (which
 replica records summaries, and what replica threads inherit), the classes
 of control-flow graphs (a `merge_call` may sit in a `tf.cond`, not in a
@@ -76,6 +80,8 @@ _INTERNALS = (
     ("framework.func_graph", "FuncGraph.capture_call_time_value"),
     ("eager.executor", "new_executor"),
     ("eager.context", "executor_scope"),
+    ("distribute.distribute_lib", "UpdateContext"),
+    ("distribute.distribute_lib", "get_update_replica_id"),
 )
 
 
@@ -139,6 +145,28 @@ def tensorflow_default_strategy():
     return tf.distribute.get_strategy()
   finally:
     stack[:] = entries
+
+
+def update_context(replica_id):
+  """A context manager: code inside it updates replica `replica_id`'s
+  components of distributed variables (`extended.update` applies its
+  function to one component at a time).
+
+  TensorFlow's own helpers ask TensorFlow's per-thread state for this
+  (`tf.__internal__.train.assign_moving_average`, under
+  `tf.train.ExponentialMovingAverage` and Keras' batch-norm statistics,
+  updates the variable it is given directly there, and through
+  `extended.update` elsewhere), so this state is TensorFlow's, and
+  `update_replica_id` reads it back.
+  """
+  from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
+  return distribute_lib.UpdateContext(replica_id)
+
+
+def update_replica_id():
+  """The replica an enclosing `update_context` updates, or None."""
+  from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
+  return distribute_lib.get_update_replica_id()
 
 
 def saving_without_distribution():
