@@ -82,6 +82,7 @@ _INTERNALS = (
     ("eager.context", "executor_scope"),
     ("distribute.distribute_lib", "UpdateContext"),
     ("distribute.distribute_lib", "get_update_replica_id"),
+    ("framework.ops", "Graph._get_control_flow_context"),
 )
 
 
@@ -214,6 +215,13 @@ class VariableCreatorScope:
     if variable_creator_stack(self._graph) is not self._stack:
       raise RuntimeError("Exiting variable_creator_scope without proper nesting.")
     set_variable_creator_stack(self._graph, self._outer)
+
+
+def control_flow_context():
+  """The TF 1.x control flow (a `tf.while_loop` or `tf.cond` context of
+  control flow v1) ops made now go into, or None; an opaque object with
+  `Enter()` and `Exit()`, which TensorFlow's TF 1.x metrics call."""
+  return tf.compat.v1.get_default_graph()._get_control_flow_context()  # pylint: disable=protected-access
 
 
 def is_control_flow_graph(graph):

@@ -120,6 +120,11 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
 
   @property
   def op(self):
+    """The op of the current replica's component; in a cross-replica
+    context (an `extended.update` included) the first component's, as in
+    TensorFlow, whose TF 1.x helpers find variables by `op.name`."""
+    if contexts.in_cross_replica_context():
+      return self._primary.op
     return self._get_on_device_or_primary().op
 
   @property
