@@ -1340,3 +1340,11 @@ def test_aggregation_set_by_hand_governs_updates_in_replicas():
     tf.function(lambda: strategy.run(step))()
     return [str(kernel.aggregation), _components(kernel)]
   assert compare(snippet, 2) == ["VariableAggregationV2.MEAN", [[1.5, 3.0], [1.5, 3.0]]]
+
+
+def test_eval_is_for_tf1_graphs():
+  def snippet(dist, strategy):
+    with strategy.scope():
+      v = tf.Variable(1.0)
+    return v.eval()
+  assert isinstance(compare(snippet, 2), Raised)

@@ -519,6 +519,12 @@ def test_tf1_metric_value_made_outside_the_step_loop_like_tf(tf1_client_programs
   assert ours["metric_in_a_step_loop"] == theirs["metric_in_a_step_loop"] == {"mean": 2.5}
 
 
+def test_tf1_keras_session_initializes_and_reads_variables_like_tf(tf1_client_programs):
+  theirs, ours = tf1_client_programs
+  assert ours["keras_session"] == theirs["keras_session"] == {
+      "value": 3.0, "marked": True, "batch": [3.0], "eval": 6.0}
+
+
 def test_outer_control_flow_context_only_while_a_step_loop_is_built():
   strategy = _mirrored(OURS)
   iterator = strategy.make_dataset_iterator(_dataset())

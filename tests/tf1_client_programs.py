@@ -100,7 +100,24 @@ def metric_in_a_step_loop(mod):
         return {"raised": type(e).__name__}
 
 
+def keras_session(mod):
+  """tf_keras's TF 1.x session initializes the variables made under the
+  strategy that it has not initialized yet (marking each
+  `_keras_initialized`) and reads them with `eval`."""
+  from tf_keras.src import backend  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    strategy = _strategies(mod)["mirrored"]()
+    with strategy.scope():
+      v = backend.variable(3.0)
+      value = float(backend.get_value(v))
+      v.assign(5.0)  # an op, not run
+      return {"value": value, "marked": v._keras_initialized,  # pylint: disable=protected-access
+              "batch": [float(x) for x in backend.batch_get_value([v])],
+              "eval": float(backend.eval(v * 2.0))}
+
+
 if __name__ == "__main__":
   for module in (tf.compat.v1.distribute, tfd.compat.v1):
     print(json.dumps({"moving_averages": moving_averages(module),
-                      "metric_in_a_step_loop": metric_in_a_step_loop(module)}))
+                      "metric_in_a_step_loop": metric_in_a_step_loop(module),
+                      "keras_session": keras_session(module)}))

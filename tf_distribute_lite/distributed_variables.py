@@ -169,6 +169,14 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   def read_value(self):
     return tf.identity(self.value())
 
+  def eval(self, session=None):
+    """In a TF 1.x graph: the value, computed in `session` (by default the
+    default session), as tf_keras's `backend.get_value` asks."""
+    if tf.executing_eagerly():
+      raise RuntimeError("DistributedVariable.eval() is not supported when eager "
+                         "execution is enabled; use .numpy().")
+    return self.read_value().eval(session=session)
+
   def numpy(self):
     if not tf.executing_eagerly():
       raise NotImplementedError(
