@@ -110,6 +110,7 @@ def _check_tensorflow():
 
 
 _check_tensorflow()
+from tensorflow.python.distribute import distribute_lib as _tf_distribute_lib  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from tensorflow.python.saved_model import save_context as _save_context  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 
@@ -154,19 +155,18 @@ def update_context(replica_id):
 
   TensorFlow's own helpers ask TensorFlow's per-thread state for this
   (`tf.__internal__.train.assign_moving_average`, under
-  `tf.train.ExponentialMovingAverage` and Keras' batch-norm statistics,
-  updates the variable it is given directly there, and through
-  `extended.update` elsewhere), so this state is TensorFlow's, and
-  `update_replica_id` reads it back.
+  `tf.train.ExponentialMovingAverage` and tf_keras's
+  `backend.moving_average_update`, updates the variable it is given
+  directly there, and through `extended.update` elsewhere), so this state
+  is TensorFlow's, and `update_replica_id` reads it back.
   """
-  from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
-  return distribute_lib.UpdateContext(replica_id)
+  return _tf_distribute_lib.UpdateContext(replica_id)
 
 
 def update_replica_id():
-  """The replica an enclosing `update_context` updates, or None."""
-  from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
-  return distribute_lib.get_update_replica_id()
+  """The replica an enclosing `update_context` updates, or None (read on
+  every access to a distributed variable)."""
+  return _tf_distribute_lib.get_update_replica_id()
 
 
 def saving_without_distribution():
