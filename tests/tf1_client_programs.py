@@ -26,6 +26,13 @@ def _strategies(mod):
       "mirrored": lambda: mod.MirroredStrategy(PAIR, cross_device_ops=mod.ReductionToOneDevice()),
       "one_device": lambda: mod.OneDeviceStrategy("/cpu:1"),
       "central_storage": lambda: mod.experimental.CentralStorageStrategy(PAIR),
+      "multi_worker_mirrored": mod.experimental.MultiWorkerMirroredStrategy,
+      # TensorFlow has no TPUStrategy without a TPU: its MirroredStrategy on
+      # the 4 CPUs the emulated v4-8 is made of.
+      "tpu": (lambda: mod.MirroredStrategy(cross_device_ops=mod.ReductionToOneDevice()))
+             if mod is tf.compat.v1.distribute else
+             lambda: mod.experimental.TPUStrategy(tfd.cluster_resolver.TPUClusterResolver(
+                 "emulated:v4-8")),
   }
 
 
