@@ -111,6 +111,10 @@ def basics(ctx):
     v = tf.Variable(10.0 + ctx.index)
     counter = tf.Variable(0.0, aggregation=tf.VariableAggregation.SUM)
   out["initial_value"] = float(v.numpy())
+  # TF's own ReplicaContext, made for this worker's replica, asks the
+  # strategy which local replica it is (docs/client_private_names.md).
+  with tf.distribute.ReplicaContext(strategy, replica_id_in_sync_group=ctx.index):
+    out["read_in_replica_context_by_hand"] = float(v.read_value())
   strategy.run(tf.function(lambda: counter.assign_add(1.0)))
   out["counter"] = float(counter.numpy())
   out["input"] = _input(ctx, strategy)

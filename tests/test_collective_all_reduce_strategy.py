@@ -267,7 +267,7 @@ def _assert_strategy_api_matches_tensorflow(results):
     names = ours["client_private_names"]
     assert (names["extended._in_multi_worker_mode"], names["extended._task_type"],
             names["extended._task_id"]) == (True, "worker", index)
-    assert ours["initial_value"] == 10.0  # the chief's
+    assert ours["initial_value"] == ours["read_in_replica_context_by_hand"] == 10.0  # the chief's
     assert ours["counter"] == num_workers
     # Every field of CommunicationOptions reaches the collective ops; with
     # none the timeout is finite. Two strategies in one program do not collide.

@@ -1066,3 +1066,71 @@ def test_tf1_methods_of_a_tf2_strategy():
 
   result = both(snippet)
   assert result[:2] == ([[0], [2], [4], [6]], 1)
+
+
+# --- Private names TensorFlow's and clients' code call (docs/client_private_names.md).
+
+@pytest.mark.parametrize("strategy, expected", [
+    ("pair", [[0.4, 0.8]] * 2), ("one_device", [[0.8, 1.6]]), ("default", [[0.8, 1.6]])])
+def test_model_garden_explicit_all_reduce_trains_like_tf(strategy, expected, run_mode):
+  """The Model Garden's `grad_utils` all-reduces gradients itself through
+  `extended._replica_ctx_all_reduce` before `apply_gradients`."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  from official.modeling import grad_utils  # pylint: disable=g-import-not-at-top
+
+  def snippet(a):
+    s = a.mod.get_strategy() if strategy == "default" else getattr(a, strategy)
+    if callable(s):
+      s = s()
+    with s.scope():
+      w = tf.Variable([1.0, 2.0])
+      optimizer = tf_keras.optimizers.legacy.SGD(0.1)
+
+    def replica_fn():
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * w) * (a.replica_id() + 1.0)
+      grad_utils.minimize_using_explicit_allreduce(tape, optimizer, loss, [w])
+    run_mode(lambda: s.run(replica_fn))
+    return local(s, w)
+  np.testing.assert_allclose(both(snippet), expected, rtol=1e-6)
+
+
+def test_replica_ctx_all_reduce_like_tf(run_mode):
+  def snippet(a):
+    s = a.pair
+    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=4)
+    result = run_mode(lambda: s.run(lambda: s.extended._replica_ctx_all_reduce(  # pylint: disable=protected-access
+        "SUM", {"a": a.replica_id(), "b": [tf.constant(1.0)]}, options)))
+    return tf.nest.map_structure(lambda v: local(s, v), result)
+  assert both(snippet) == {"a": [1.0, 1.0], "b": [[2.0, 2.0]]}
+
+
+@pytest.mark.parametrize("where, expected", [
+    ("cross_replica", AssertionError), ("outside", RuntimeError), ("default", float)])
+def test_replica_ctx_all_reduce_outside_its_replicas_like_tf(where, expected):
+  def snippet(a):
+    s = a.pair
+    call = lambda: s.extended._replica_ctx_all_reduce("SUM", tf.constant(3.0))  # pylint: disable=protected-access
+    if where == "cross_replica":
+      with s.scope():
+        return call()
+    if where == "default":
+      s = a.mod.get_strategy()
+    return float(call())
+  assert isinstance(both(snippet), expected)
+
+
+def test_replica_context_made_by_hand_reads_its_replica():
+  """`tf.distribute.ReplicaContext(strategy, i)` asks the strategy for
+  replica i's local index (`extended._get_local_replica_id`)."""
+  def snippet(a):
+    s = a.pair
+    with s.scope():
+      v = tf.Variable(0.0, synchronization=tf.VariableSynchronization.ON_READ,
+                      aggregation=tf.VariableAggregation.SUM)
+    s.run(lambda: v.assign(a.replica_id() + 1.0))
+    context = tf.distribute.ReplicaContext(s, replica_id_in_sync_group=1)
+    with context:
+      return [float(v.read_value()), a.mod.get_replica_context() is context,
+              int(context.replica_id_in_sync_group), context.num_replicas_in_sync]
+  assert both(snippet) == [2.0, True, 1, 2]

@@ -1431,3 +1431,50 @@ def test_reading_a_variable_in_another_strategys_replica_raises():
       v = tf.Variable(1.0)
     return api.one_device("CPU:1").run(lambda: v * 2.0)
   oracle.check_misuse(snippet, None, ValueError, _NOT_ITS_STRATEGY)
+
+
+# --- Private names clients read or write on distributed variables
+# (docs/client_private_names.md).
+
+def test_tf1_optimizer_slot_of_a_component_is_that_replicas():
+  """TensorFlow's TF 1.x `Optimizer.get_slot` of a component variable (what
+  its updates see) finds the distributed slot through the component's
+  `_distributed_container` and gives its `_get_on_device_or_primary()`."""
+  def snippet(dist, strategy):
+    with strategy.scope():
+      v = tf.Variable(1.0)
+      optimizer = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)
+    strategy.run(lambda: optimizer.minimize(lambda: v * v))
+    seen = []
+
+    def fn(component):
+      slot = optimizer.get_slot(component, "momentum")
+      seen.append([type(slot).__name__, slot.device, float(slot.read_value())])
+    strategy.extended.update(v, fn)
+    return seen
+  assert compare(snippet, 2) == [
+      ["ResourceVariable", DEVICES[i], 4.0] for i in range(2)]
+
+
+def test_aggregation_set_by_hand_governs_updates_in_replicas():
+  """The Model Garden's spectral normalization sets a layer kernel's
+  `_aggregation` after building it, then assigns to the kernel in the
+  replicas."""
+  def snippet(dist, strategy):
+    with strategy.scope():
+      kernel = tf.Variable([1.0, 2.0])
+    kernel._aggregation = AGG.MEAN  # pylint: disable=protected-access
+
+    def step():
+      kernel.assign(kernel * (_replica_id(dist) + 1.0))
+    tf.function(lambda: strategy.run(step))()
+    return [str(kernel.aggregation), _components(kernel)]
+  assert compare(snippet, 2) == ["VariableAggregationV2.MEAN", [[1.5, 3.0], [1.5, 3.0]]]
+
+
+def test_eval_is_for_tf1_graphs():
+  def snippet(dist, strategy):
+    with strategy.scope():
+      v = tf.Variable(1.0)
+    return v.eval()
+  assert isinstance(compare(snippet, 2), Raised)

@@ -1,9 +1,13 @@
 """TensorFlow features that meet distributed variables: random generators,
 moving averages, control flow and loops over steps, compared with TF."""
 
+import itertools
+
 import numpy as np
 import pytest
 import tensorflow as tf
+
+import tf_distribute_lite as tfd
 
 from oracle import TF, TFD
 
@@ -74,3 +78,160 @@ def test_all_reduce_inside_a_tf_range_loop(api):
     return result
   # Each step: 4 replicas all-reduce i (4i), then reduce sums 4 copies: 16i.
   assert float(total()) == 16.0 * (0 + 1 + 2)
+
+
+# --- TensorFlow's moving-average helper under every strategy.
+# `tf.__internal__.train.assign_moving_average` (under
+# `tf.train.ExponentialMovingAverage` and `tf_keras.backend.
+# moving_average_update`) reads TensorFlow's update context: inside
+# `extended.update` it updates the component being updated, else it calls
+# `extended.update` itself.
+
+_PAIR = ("CPU:0", "CPU:1")
+# TF's and tfd's strategy of each kind, made once. TF's MultiWorkerMirrored
+# Strategy would share TF's collective keys with the other TF strategies of
+# this process (tests/oracle.py); on one worker it is one replica on CPU:0,
+# as TF's OneDeviceStrategy there. TF has no TPUStrategy without a TPU:
+# tfd's on an emulated v4-8 is compared with TF's MirroredStrategy on the
+# same 4 CPUs.
+_UPDATE_STRATEGIES = {
+    "mirrored": (lambda: TF.pair, lambda: TFD.pair),
+    "one_device": (TF.one_device, TFD.one_device),
+    "central_storage": (lambda: tf.distribute.experimental.CentralStorageStrategy(_PAIR),
+                        lambda: tfd.experimental.CentralStorageStrategy(_PAIR)),
+    "multi_worker_mirrored": (lambda: TF.one_device("CPU:0"), tfd.MultiWorkerMirroredStrategy),
+    "tpu": (lambda: TF.mirrored, lambda: tfd.TPUStrategy(
+        tfd.cluster_resolver.TPUClusterResolver("emulated:v4-8"))),
+}
+_made = {}
+_names = itertools.count()
+
+
+def _update_strategy(kind, api):
+  key = (kind, api.name)
+  if key not in _made:
+    _made[key] = _UPDATE_STRATEGIES[kind][api is TFD]()
+  return _made[key]
+
+
+def _variable(strategy):
+  # Zero-debiasing makes variables named after this one in TF's variable
+  # store, which outlives the test: every variable gets its own name.
+  with strategy.scope():
+    return tf.Variable([1.0, 2.0], name=f"average_{next(_names)}")
+
+
+def _average_in_update(api, strategy, run, zero_debias):
+  v = _variable(strategy)
+
+  def fn(unused_component, value):
+    return tf.__internal__.train.assign_moving_average(v, value, 0.5, zero_debias=zero_debias)
+  run(lambda: strategy.extended.update(v, fn, args=(tf.constant([2.0, 4.0]),)))
+  return _local(strategy, v)
+
+
+def _average_in_update_non_slot(api, strategy, run, zero_debias):
+  v = _variable(strategy)
+
+  def fn():
+    return tf.__internal__.train.assign_moving_average(
+        v, tf.constant([2.0, 4.0]), 0.5, zero_debias=zero_debias)
+  run(lambda: strategy.extended.update_non_slot(strategy.extended.non_slot_devices([v]), fn))
+  return _local(strategy, v)
+
+
+def _average_in_replicas(api, strategy, run, zero_debias):
+  v = _variable(strategy)
+
+  def step():
+    i = api.replica_id()
+    tf.__internal__.train.assign_moving_average(v, tf.stack([i, 2.0 * i]), 0.5,
+                                                zero_debias=zero_debias)
+  run(lambda: strategy.run(step))
+  return _local(strategy, v)
+
+
+def _exponential_moving_average(api, strategy, run, zero_debias):
+  v = _variable(strategy)
+  with strategy.scope():
+    ema = tf.train.ExponentialMovingAverage(0.5, zero_debias=zero_debias)
+    ema.apply([v])
+
+  def step():
+    v.assign([3.0, 6.0])
+    ema.apply([v])
+  with strategy.scope():
+    run(step)
+  return _local(strategy, ema.average(v))
+
+
+def _exponential_moving_average_in_replicas(api, strategy, run, zero_debias):
+  v = _variable(strategy)
+  with strategy.scope():
+    ema = tf.train.ExponentialMovingAverage(0.5, zero_debias=zero_debias)
+    ema.apply([v])
+    v.assign([3.0, 6.0])
+
+  def step():
+    ema.apply([v])
+  run(lambda: strategy.run(step))
+  return _local(strategy, ema.average(v))
+
+
+def _tf_keras_moving_average_update(api, strategy, run, zero_debias):
+  del zero_debias  # tf_keras always debiases
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  v = _variable(strategy)
+
+  def step():
+    tf_keras.backend.moving_average_update(v, tf.constant([2.0, 4.0]), 0.5)
+  if isinstance(strategy, (tf.distribute.experimental.CentralStorageStrategy,
+                           tfd.experimental.CentralStorageStrategy)):
+    # In a replica both refuse to update a variable without aggregation.
+    with strategy.scope():
+      run(step)
+  else:
+    run(lambda: strategy.run(step))
+  return _local(strategy, v)
+
+
+@pytest.mark.parametrize("zero_debias", [False, True], ids=["biased", "zero_debias"])
+@pytest.mark.parametrize("snippet", [
+    _average_in_update, _average_in_update_non_slot, _average_in_replicas,
+    _exponential_moving_average, _exponential_moving_average_in_replicas,
+    _tf_keras_moving_average_update], ids=lambda f: f.__name__.lstrip("_"))
+@pytest.mark.parametrize("kind", _UPDATE_STRATEGIES)
+def test_moving_averages_like_tensorflow(kind, snippet, zero_debias, run_mode):
+  """TF updates each component once; before tfd shared TF's update context,
+  an average inside `extended.update` was updated once per device, and
+  zero-debiasing in a graph failed with "Duplicate node name"."""
+  if snippet is _tf_keras_moving_average_update and zero_debias:
+    pytest.skip("tf_keras always debiases")
+  # Zero-debiasing makes its variables with `get_variable`; a `tf.function`
+  # traces twice on its first call and gets them again only where the
+  # variable scope reuses variables, as every scope entered eagerly does
+  # (TensorFlow's root scope does not if a function made it first).
+  with tf.compat.v1.variable_scope("moving_averages"):
+    expected, actual = [snippet(api, _update_strategy(kind, api), run_mode, zero_debias)
+                        for api in (TF, TFD)]
+  if kind == "tpu":  # 4 replicas, each with TF's value
+    expected = expected[:1] * 4
+  np.testing.assert_allclose(actual, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", _UPDATE_STRATEGIES)
+def test_tf_keras_batch_normalization_statistics_like_tensorflow(kind, run_mode):
+  import tf_keras  # pylint: disable=g-import-not-at-top
+
+  def statistics(api):
+    strategy = _update_strategy(kind, api)
+    with strategy.scope():
+      layer = tf_keras.layers.BatchNormalization(momentum=0.5)
+      layer.build([None, 2])
+
+    def step():
+      i = api.replica_id()
+      layer(tf.stack([[i, 1.0], [2.0 * i, 3.0]]), training=True)
+    run_mode(lambda: strategy.run(step))
+    return [_local(strategy, w) for w in (layer.moving_mean, layer.moving_variance)]
+  np.testing.assert_allclose(statistics(TFD), statistics(TF), rtol=1e-6)

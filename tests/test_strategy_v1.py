@@ -520,6 +520,51 @@ def test_tf1_device_names_like_tf(tf1_programs):
       "/replica:0/task:0/device:CPU:1"]
 
 
+@pytest.fixture(scope="module")
+def tf1_client_programs():
+  return program_outcomes(HERE / "tf1_client_programs.py")
+
+
+def test_tf1_moving_averages_like_tf(tf1_client_programs):
+  """TensorFlow's moving-average helper inside `extended.update` updates
+  each component once and finds its debiasing variables by the variable's
+  `op.name` (docs/client_private_names.md): Mirrored, OneDevice,
+  CentralStorage, MultiWorkerMirrored on one worker and the emulated TPU
+  (against TF's Mirrored on its 4 CPUs)."""
+  theirs, ours = tf1_client_programs
+  assert ours["moving_averages"] == theirs["moving_averages"]
+  assert len(ours["moving_averages"]) == 10
+  assert ours["moving_averages"]["mirrored/False"][0] == [[1.5, 3.0], [1.5, 3.0]]
+
+
+def test_tf1_metric_value_made_outside_the_step_loop_like_tf(tf1_client_programs):
+  """`tf.compat.v1.metrics.mean` in `experimental_run_steps_on_iterator`
+  makes its value outside the loop (`extended._outer_control_flow_context`):
+  without it the value is made inside and cannot be fetched."""
+  theirs, ours = tf1_client_programs
+  assert ours["metric_in_a_step_loop"] == theirs["metric_in_a_step_loop"] == {"mean": 2.5}
+
+
+def test_tf1_keras_session_initializes_and_reads_variables_like_tf(tf1_client_programs):
+  theirs, ours = tf1_client_programs
+  assert ours["keras_session"] == theirs["keras_session"] == {
+      "value": 3.0, "marked": True, "batch": [3.0], "eval": 6.0}
+
+
+def test_outer_control_flow_context_only_while_a_step_loop_is_built():
+  strategy = _mirrored(OURS)
+  iterator = strategy.make_dataset_iterator(_dataset())
+  seen = []
+
+  def step(ctx, inputs):
+    del ctx, inputs
+    seen.append(hasattr(strategy.extended, "_outer_control_flow_context"))
+  strategy.extended.experimental_run_steps_on_iterator(step, iterator, iterations=1)
+  assert seen == [True]
+  assert not hasattr(strategy.extended, "_outer_control_flow_context")
+  assert not hasattr(_mirrored(TF1).extended, "_outer_control_flow_context")
+
+
 # --- The spec page's examples (tf.compat.v1.distribute.MirroredStrategy).
 
 def test_spec_variables_and_function_creation():

@@ -12,6 +12,7 @@ import tensorflow as tf
 import tf_distribute_lite as tfd
 from tf_distribute_lite import _tf_bridge
 
+import oracle
 from multi_worker import free_ports
 
 
@@ -415,6 +416,51 @@ def test_tensorflow_default_strategy_is_the_one_outside_every_scope():
     assert _tf_bridge.tensorflow_default_strategy() is default
     assert _tf_bridge.strategy_stack()[-1].strategy is strategy
   assert not isinstance(default, tfd.Strategy)
+
+
+def test_update_context_is_tensorflows():
+  """TensorFlow's own distributed variables read the state: inside
+  `update_context(1)` TF's MirroredVariable updates only its component 1."""
+  strategy = oracle.TF.pair
+  with strategy.scope():
+    v = tf.Variable(1.0)
+  assert _tf_bridge.update_replica_id() is None
+  with strategy.scope(), _tf_bridge.update_context(1):
+    with _tf_bridge.update_context(0):
+      assert _tf_bridge.update_replica_id() == 0
+    assert _tf_bridge.update_replica_id() == 1
+    v.assign_add(1.0)
+  assert _tf_bridge.update_replica_id() is None
+  assert [float(c) for c in strategy.experimental_local_results(v)] == [1.0, 2.0]
+
+
+@pytest.fixture
+def control_flow_v1():
+  """TF 1.x control flow (as with TF 2.x behaviour disabled) for a test."""
+  was_v2 = tf.compat.v1.control_flow_v2_enabled()
+  tf.compat.v1.disable_control_flow_v2()
+  yield
+  if was_v2:
+    tf.compat.v1.enable_control_flow_v2()
+
+
+def test_control_flow_context_is_the_tf1_loop_being_built(control_flow_v1):
+  with tf.Graph().as_default():
+    assert _tf_bridge.control_flow_context() is None
+    seen = []
+
+    def body(i):
+      seen.append(_tf_bridge.control_flow_context())
+      return i + 1
+    tf.compat.v1.while_loop(lambda i: i < 2, body, [0])
+    (loop,) = seen
+    assert type(loop).__name__ == "WhileContext"
+    loop.Enter()
+    try:
+      assert _tf_bridge.control_flow_context() is loop
+    finally:
+      loop.Exit()
+    assert _tf_bridge.control_flow_context() is None
 
 
 def test_parameter_server_contacts(tmp_path):

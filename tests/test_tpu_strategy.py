@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 import tf_distribute_lite as tfd
+from tf_distribute_lite import tpu_system
 
 from conftest import DEVICES
 from keras_models import classification_data
@@ -130,6 +131,33 @@ def test_device_assignment_gives_replicas_and_cores(two_core_strategy):
   assert extended.num_logical_devices_per_replica == 2
   assert extended.num_replicas_per_host == 2
   assert len(set(extended.worker_devices)) == 2
+
+
+def test_tpu_devices_are_tensorflows_array(strategy, two_core_strategy):
+  """TensorFlow's TPU embedding reads `extended._tpu_devices`: a 2-D NumPy
+  array of device names indexed [replica][logical core]
+  (docs/client_private_names.md)."""
+  cores = strategy.extended._tpu_devices  # pylint: disable=protected-access
+  assert isinstance(cores, np.ndarray) and cores.dtype == object
+  assert cores.tolist() == [[device] for device in DEVICES]
+  two_cores = two_core_strategy.extended._tpu_devices  # pylint: disable=protected-access
+  assert two_cores.shape == (2, 2) and two_cores.size == 4
+  assert two_cores[:, 0].tolist() == list(two_core_strategy.extended.worker_devices)
+  assert len(set(two_cores.flatten())) == 4
+
+
+def test_tf1_session_manager_initializes_the_tpu_system(resolver, strategy):
+  """TensorFlow's `SessionManager` initializes the TPU system through the
+  strategy (`extended._experimental_initialize_system`) before its session
+  restores variables onto the TPU."""
+  tfd.tpu.experimental.shutdown_tpu_system(resolver)
+  assert tpu_system.initialized_topology(resolver) is None
+  with tf.Graph().as_default(), strategy.scope():
+    v = tf.compat.v1.get_variable("v", initializer=2.0)
+    session = tf.compat.v1.train.SessionManager().prepare_session(
+        "", init_op=tf.compat.v1.global_variables_initializer())
+    assert session.run(v) == 2.0
+  assert tpu_system.initialized_topology(resolver).mesh_shape.tolist() == [2, 2, 1, 1]
 
 
 def test_annotations_keep_values(two_core_strategy):

@@ -7,6 +7,10 @@ onto that same stack is what makes `tf.distribute.get_strategy()`, Keras,
 behind a private attribute, so every private access sits here, behind a
 check that refuses a TensorFlow whose internals look different.
 
+TensorFlow keeps "which replica's components an `extended.update` is
+updating" in a per-thread state of its own too, which its moving-average
+helper reads; our updates set that same state (`update_context`).
+
 The other private contacts are `tf.summary`'s per-thread state (which
 replica records summaries, and what replica threads inherit), the classes
 of control-flow graphs (a `merge_call` may sit in a `tf.cond`, not in a
@@ -79,6 +83,9 @@ _INTERNALS = (
     ("framework.func_graph", "FuncGraph.mark_as_unsaveable"),
     ("eager.executor", "new_executor"),
     ("eager.context", "executor_scope"),
+    ("distribute.distribute_lib", "UpdateContext"),
+    ("distribute.distribute_lib", "get_update_replica_id"),
+    ("framework.ops", "Graph._get_control_flow_context"),
 )
 
 
@@ -109,6 +116,7 @@ def _check_tensorflow():
 
 
 _check_tensorflow()
+from tensorflow.python.distribute import distribute_lib as _tf_distribute_lib  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from tensorflow.python.saved_model import save_context as _save_context  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 
@@ -153,6 +161,27 @@ def mark_function_unsaveable(reason):
   maps distributed variables onto single ones."""
   if tf.inside_function() and not _save_context.in_save_context():
     tf.compat.v1.get_default_graph().mark_as_unsaveable(reason)
+
+
+def update_context(replica_id):
+  """A context manager: code inside it updates replica `replica_id`'s
+  components of distributed variables (`extended.update` applies its
+  function to one component at a time).
+
+  TensorFlow's own helpers ask TensorFlow's per-thread state for this
+  (`tf.__internal__.train.assign_moving_average`, under
+  `tf.train.ExponentialMovingAverage` and tf_keras's
+  `backend.moving_average_update`, updates the variable it is given
+  directly there, and through `extended.update` elsewhere), so this state
+  is TensorFlow's, and `update_replica_id` reads it back.
+  """
+  return _tf_distribute_lib.UpdateContext(replica_id)
+
+
+def update_replica_id():
+  """The replica an enclosing `update_context` updates, or None (read on
+  every access to a distributed variable)."""
+  return _tf_distribute_lib.get_update_replica_id()
 
 
 def saving_without_distribution():
@@ -200,6 +229,13 @@ class VariableCreatorScope:
     if variable_creator_stack(self._graph) is not self._stack:
       raise RuntimeError("Exiting variable_creator_scope without proper nesting.")
     set_variable_creator_stack(self._graph, self._outer)
+
+
+def control_flow_context():
+  """The TF 1.x control flow (a `tf.while_loop` or `tf.cond` context of
+  control flow v1) ops made now go into, or None; an opaque object with
+  `Enter()` and `Exit()`, which TensorFlow's TF 1.x metrics call."""
+  return tf.compat.v1.get_default_graph()._get_control_flow_context()  # pylint: disable=protected-access
 
 
 def is_control_flow_graph(graph):

@@ -190,6 +190,9 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
         self._id_in_cluster = cluster_runtime.id_in_cluster(cluster_spec, task_type, task_id)
         self._task = cluster_runtime.join(cluster_spec, task_type, task_id,
                                           self._cluster_resolver.rpc_layer)
+        # Read by tf_keras's TF 1.x distribute coordinator, which otherwise
+        # starts a second server for this task (docs/client_private_names.md).
+        self._std_server_started = True
         self._num_workers = cluster_runtime.worker_count(cluster_spec)
         self._is_chief = cluster_runtime.is_chief(cluster_spec, task_type, task_id)
     devices = cluster_runtime.replica_devices(
@@ -229,6 +232,9 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
   def _first_replica(self):
     """The global id of this worker's first replica."""
     return self._id_in_cluster * len(self._devices)
+
+  def _get_local_replica_id(self, replica_id_in_sync_group):
+    return replica_id_in_sync_group - self._first_replica
 
   def _update_config_proto(self, config_proto):
     updated = copy.deepcopy(config_proto)

@@ -7,8 +7,6 @@ context (inside `strategy.scope()`) or in a replica context (inside
 default replica context; `default_strategy` defines it and registers it here.
 """
 
-import threading
-
 from tf_distribute_lite import _tf_bridge
 
 
@@ -146,29 +144,9 @@ def raise_wrong_strategy(strategy):
 
 # `strategy.extended.update` applies a function to one component at a time;
 # while it does, reads and writes of distributed variables go to that replica.
-_update_state = threading.local()
-
-
-class UpdateContext:
-  """Marks the replica whose variable components an update is touching."""
-
-  __slots__ = ("_replica_id", "_outer")
-
-  def __init__(self, replica_id):
-    self._replica_id = replica_id
-    self._outer = None
-
-  def __enter__(self):
-    self._outer = update_replica_id()
-    _update_state.replica_id = self._replica_id
-
-  def __exit__(self, *exc_info):
-    _update_state.replica_id = self._outer
-
-
-def update_replica_id():
-  """The replica an enclosing `extended.update` is updating, or None."""
-  return getattr(_update_state, "replica_id", None)
+# The state is TensorFlow's own, which its moving-average helper reads too.
+UpdateContext = _tf_bridge.update_context
+update_replica_id = _tf_bridge.update_replica_id
 
 
 def current_replica_id():

@@ -611,6 +611,31 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
   def _distribute_values_from_function(self, value_fn):
     return value_fn(ValueContext())
 
+  def _replica_ctx_all_reduce(self, reduce_op, value, options=None):
+    """Read by the Model Garden's `grad_utils` (explicit gradient
+    all-reduce) and TensorFlow's bundled Keras: `value` (a nest of tensors)
+    reduced across the replicas, from a replica context, as
+    `get_replica_context().all_reduce` does.
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> strategy.run(lambda: strategy.extended._replica_ctx_all_reduce(
+    ...     "SUM", tf.constant(2.0))).values[1]
+    <tf.Tensor: shape=(), dtype=float32, numpy=4.0>
+    """
+    replica = contexts.get_replica_context()
+    if replica is None:  # TensorFlow asserts
+      raise AssertionError("`StrategyExtended._replica_ctx_all_reduce` must be "
+                           "called in a replica context")
+    if replica.strategy is not self._container_strategy():
+      contexts.raise_wrong_strategy(self._container_strategy())
+    return replica.all_reduce(reduce_op, value, options)
+
+  def _get_local_replica_id(self, replica_id_in_sync_group):
+    """Read by `tf.distribute.ReplicaContext(strategy, replica_id)`: the
+    index among this worker's replicas of replica `replica_id_in_sync_group`
+    (the same on one worker)."""
+    return replica_id_in_sync_group
+
   @property
   def _num_replicas_in_sync(self):
     return 1

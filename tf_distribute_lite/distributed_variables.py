@@ -130,6 +130,11 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
 
   @property
   def op(self):
+    """The op of the current replica's component; in a cross-replica
+    context (an `extended.update` included) the first component's, as in
+    TensorFlow, whose TF 1.x helpers find variables by `op.name`."""
+    if contexts.in_cross_replica_context():
+      return self._primary.op
     return self._get_on_device_or_primary().op
 
   @property
@@ -199,6 +204,14 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
 
   def read_value(self):
     return tf.identity(self.value())
+
+  def eval(self, session=None):
+    """In a TF 1.x graph: the value, computed in `session` (by default the
+    default session), as tf_keras's `backend.get_value` asks."""
+    if tf.executing_eagerly():
+      raise RuntimeError("DistributedVariable.eval() is not supported when eager "
+                         "execution is enabled; use .numpy().")
+    return self.read_value().eval(session=session)
 
   def numpy(self):
     if not tf.executing_eagerly():

@@ -5,6 +5,7 @@ Every variable is mirrored on all devices; each step runs once per device
 are all-reduced so the copies stay equal.
 """
 
+import contextlib
 import weakref
 
 import numpy as np
@@ -285,9 +286,14 @@ class MirroredExtended(strategy_v1.StrategyExtendedV1):
     return self._update_each(devices, fn, [()] * len(devices), args, kwargs, group)
 
   def _update_each(self, devices, fn, leading_args, args, kwargs, group):
+    """Each device's update, in TensorFlow's update context of its replica
+    and, in a graph, in name scope `update_<i>` as in TensorFlow (helpers
+    such as `assign_moving_average` name their ops after the scope)."""
     results = []
+    in_graph = not tf.executing_eagerly()
     for i, device in enumerate(devices):
-      with tf.device(device), contexts.UpdateContext(i):
+      with tf.device(device), contexts.UpdateContext(i), (
+          tf.name_scope(f"update_{i}") if in_graph else contextlib.nullcontext()):
         results.append(fn(*leading_args[i], *values_lib.select_replica(i, args),
                           **values_lib.select_replica(i, kwargs)))
     return _regroup_updates(results, group, self._local_results)

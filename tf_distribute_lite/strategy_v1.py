@@ -21,6 +21,7 @@ import copy
 
 import tensorflow as tf
 
+from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import contexts
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import input_context as input_context_lib
@@ -169,8 +170,15 @@ class StrategyExtendedV1(distribute_lib.StrategyExtended,
     """
     strategy = self._container_strategy()
     contexts.require_cross_replica_or_default(strategy)
-    with strategy.scope():
-      return _run_steps(strategy, fn, iterator, iterations, initial_loop_values)
+    # Read by TensorFlow's TF 1.x metrics (docs/client_private_names.md):
+    # the control flow the loop is in, where they make their value ops, once
+    # outside the loop. Set only while the loop is built, as in TensorFlow.
+    self._outer_control_flow_context = _tf_bridge.control_flow_context()
+    try:
+      with strategy.scope():
+        return _run_steps(strategy, fn, iterator, iterations, initial_loop_values)
+    finally:
+      del self._outer_control_flow_context
 
 
 class StrategyV1(TF1Methods, distribute_lib.StrategyBase,

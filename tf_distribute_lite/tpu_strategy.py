@@ -29,6 +29,7 @@ from tf_distribute_lite import replica_context
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import tpu_compilation
 from tf_distribute_lite import tpu_replication
+from tf_distribute_lite import tpu_system
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.cluster_resolver import TPUClusterResolver
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
@@ -233,7 +234,10 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     self._tpu_cluster_resolver = resolver
     self._tpu_metadata = resolver.get_tpu_system_metadata()
     self._device_assignment = device_assignment
-    self._tpu_devices = _replica_cores(resolver, self._tpu_metadata, device_assignment)
+    # Read by TensorFlow's TPU embedding (docs/client_private_names.md):
+    # each replica's cores, indexed [replica][logical core], as TF's array.
+    self._tpu_devices = np.array(
+        _replica_cores(resolver, self._tpu_metadata, device_assignment), dtype=object)
     self._use_spmd_for_xla_partitioning = use_spmd_for_xla_partitioning
     self._emulated = getattr(resolver, "emulated_slice", None) is not None
     self.steps_per_run = 1 if steps_per_run is None else steps_per_run
@@ -298,6 +302,17 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
   def num_logical_devices_per_replica(self):
     """Cores per replica (the device assignment's `num_cores_per_replica`)."""
     return len(self._tpu_devices[0])
+
+  @property
+  def tpu_hardware_feature(self):
+    """The TPU's hardware features (`tf.tpu.experimental.HardwareFeature`),
+    from its cluster resolver."""
+    return self._tpu_cluster_resolver.tpu_hardware_feature
+
+  def _experimental_initialize_system(self):
+    """Read by TensorFlow's TF 1.x `SessionManager`, which initializes the
+    TPU system before its session restores variables onto the TPU."""
+    tpu_system.initialize_tpu_system(self._tpu_cluster_resolver)
 
   @property
   def num_hosts(self):
