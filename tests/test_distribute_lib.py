@@ -13,7 +13,7 @@ import tensorflow as tf
 import tf_distribute_lite as tfd
 
 import oracle
-from oracle import TF, TFD, new_mirrored
+from oracle import TF, TFD, new_mirrored, new_tf_mirrored
 
 DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4))
 
@@ -942,6 +942,30 @@ def test_v1_reduce_along_an_axis():
     strategy = a.v1_mirrored
     return strategy.reduce("MEAN", strategy.run(lambda: tf.constant([1.0, 3.0])), axis=0)
   assert float(both(snippet)) == 2.0
+
+
+def test_v1_reduce_along_an_unknown_dimension_with_tf1_shapes():
+  """TF 1.x shapes (`disable_v2_behavior` turns them on) give a Dimension
+  for an unknown size, not None; a MEAN of ints along it still counts the
+  elements at run time."""
+  def snippet(a):
+    tf.compat.v1.disable_v2_tensorshape()
+    try:
+      with tf.Graph().as_default():
+        strategy = (new_tf_mirrored(DEVICES[:2], module=a.v1) if a is TF
+                    else a.v1.MirroredStrategy(DEVICES[:2]))
+
+        def replica_fn():
+          n = a.v1.get_replica_context().replica_id_in_sync_group + 1
+          return tf.compat.v1.placeholder_with_default(tf.fill([n], n), shape=[None])
+
+        per_replica = strategy.extended.call_for_each_replica(replica_fn)
+        reduced = [strategy.reduce(op, per_replica, axis=0) for op in ("MEAN", "SUM")]
+        with tf.compat.v1.Session() as session:
+          return [round(np.asarray(x).item(), 6) for x in session.run(reduced)]
+    finally:
+      tf.compat.v1.enable_v2_tensorshape()
+  assert both(snippet) == pytest.approx([5 / 3, 5])
 
 
 def test_v1_update_config_proto():

@@ -480,7 +480,7 @@ def _element_count(tensor, axes):
   axes = axes if isinstance(axes, list) else [axes]
   count = 1
   for a in axes:
-    dim = tensor.shape[a] if tensor.shape.rank is not None else None
+    dim = tf.compat.dimension_value(tensor.shape[a]) if tensor.shape.rank is not None else None
     if dim is None:
       return tf.reduce_prod([tf.shape(tensor, out_type=tf.int64)[a] for a in axes])
     count *= dim

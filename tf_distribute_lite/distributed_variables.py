@@ -124,6 +124,8 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
 
   @property
   def initializer(self):
+    if _tf_bridge.saving_without_distribution():
+      return self._primary.initializer
     if self._initializer_op is not None:
       return self._initializer_op
     return tf.group([v.initializer for v in self._values])
@@ -206,12 +208,10 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
     return tf.identity(self.value())
 
   def eval(self, session=None):
-    """In a TF 1.x graph: the value, computed in `session` (by default the
-    default session), as tf_keras's `backend.get_value` asks."""
-    if tf.executing_eagerly():
-      raise RuntimeError("DistributedVariable.eval() is not supported when eager "
-                         "execution is enabled; use .numpy().")
-    return self.read_value().eval(session=session)
+    """In a TF 1.x graph: the value of the component on this device (or the
+    primary) in `session`, as in TensorFlow (not aggregated, even when
+    on-read); tf_keras's `backend.get_value` asks for it."""
+    return self._get_on_device_or_primary().eval(session)
 
   def numpy(self):
     if not tf.executing_eagerly():
@@ -432,7 +432,9 @@ def _unsaveable_when_traced(variable, action):
       f"`tf.saved_model.save` the `tf.function` itself (with an "
       f"`input_signature`) as the signature, not a concrete function from "
       f"`get_concrete_function()`: saving traces it again with each "
-      f"distributed variable as one variable.")
+      f"distributed variable as one variable, e.g.\n\n"
+      f"@tf.function(input_signature=...)\ndef f_with_input_signature():\n  ...\n\n"
+      f"tf.saved_model.save(..., signatures=f_with_input_signature)")
 
 
 class _NullContext:

@@ -22,6 +22,16 @@ class ReduceOp(enum.Enum):
   SUM = "SUM"
   MEAN = "MEAN"
 
+  def __eq__(self, other):
+    # Equal to TensorFlow's member of the same name, from either side (Python
+    # asks us when TensorFlow's enum declines), so that TensorFlow code
+    # checking `reduce_op == tf.distribute.ReduceOp.SUM` accepts ours.
+    if isinstance(other, enum.Enum) and type(other).__name__ == "ReduceOp":
+      return self.value == other.value
+    return NotImplemented
+
+  __hash__ = enum.Enum.__hash__  # the name's hash, as TensorFlow's members
+
   @staticmethod
   def from_variable_aggregation(aggregation):
     """The reduce op matching a `tf.VariableAggregation` (SUM or MEAN)."""
