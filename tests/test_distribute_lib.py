@@ -657,6 +657,47 @@ def test_gradient_of_all_reduce_is_all_reduce_of_gradients(run_mode, op, value, 
   assert local(TFD.mirrored, dy_dx) == gradient
 
 
+_COLLECTIVES = {
+    "all_gather": lambda context, x: context.all_gather(x, axis=1),
+    "all_reduce_sum": lambda context, x: context.all_reduce("SUM", x),
+    "all_reduce_mean": lambda context, x: context.all_reduce("MEAN", x),
+}
+
+
+def differentiate_collective(strategy, api, collective, path):
+  """Each of `strategy`'s replicas, holding `c` = its id + 1, takes the
+  gradient of `collective(context, x) * c` with respect to its own `x`, by
+  `path`: `tf.gradients` in a replica function that is a `tf.function`, in a
+  plain replica function run inside a `tf.function`, or a `GradientTape`."""
+  c = strategy.experimental_distribute_values_from_function(
+      lambda ctx: tf.constant(ctx.replica_id_in_sync_group + 1.0))
+
+  def replica_fn(c):
+    x = tf.constant([[3.0], [5.0]])
+    context = api.mod.get_replica_context()
+    if path == "tape":
+      with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = _COLLECTIVES[collective](context, x) * c
+      return tape.gradient(y, x)
+    return tf.gradients(_COLLECTIVES[collective](context, x) * c, [x])[0]
+  if path == "replica_function":
+    return strategy.run(tf.function(replica_fn), args=(c,))
+  if path == "outer_function":
+    return tf.function(lambda c: strategy.run(replica_fn, args=(c,)))(c)
+  return strategy.run(replica_fn, args=(c,))
+
+
+@pytest.mark.parametrize("path", ["replica_function", "outer_function", "tape"])
+@pytest.mark.parametrize("collective, gradient", [
+    ("all_gather", 3.0), ("all_reduce_sum", 3.0), ("all_reduce_mean", 1.5)])
+def test_tf_gradients_of_collectives_flow_through_every_replica(collective, gradient, path):
+  """`tf.gradients` (no tape) takes the collectives' gradients too: summed
+  over the replicas, not only this replica's own term."""
+  result = both(lambda a: differentiate_collective(a.pair, a, collective, path))
+  assert local(TFD.pair, result) == [[[gradient], [gradient]]] * 2
+
+
 # --- StrategyExtended.
 
 def test_worker_and_parameter_devices():
@@ -993,22 +1034,6 @@ def test_reduce_to_the_devices_of_a_distributed_value(reduce_op, expected):
   assert [float(v) for v in reduce()] == [expected, expected]
   assert [float(v) for v in tf.function(reduce)()] == [expected, expected]
   assert traced_devices == [list(DEVICES[:2])] * 2
-
-
-def test_all_reduce_outside_a_tape_builds_no_gradient_ops():
-  strategy = TFD.pair
-  ids = TFD.replica_ids(strategy)
-
-  def step(with_tape):
-    def replica_fn(x):
-      if with_tape:
-        with tf.GradientTape():
-          return tfd.get_replica_context().all_reduce("SUM", x)
-      return tfd.get_replica_context().all_reduce("SUM", x)
-    return strategy.run(replica_fn, args=(ids,))
-  for with_tape, identity_ns in [(False, 0), (True, 2)]:
-    graph = tf.function(lambda: step(with_tape)).get_concrete_function().graph  # pylint: disable=cell-var-from-loop
-    assert [op.type for op in graph.get_operations()].count("IdentityN") == identity_ns
 
 
 # --- TF 1.x methods of TF 2.x strategies.

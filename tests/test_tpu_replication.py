@@ -203,6 +203,19 @@ def test_all_gather_is_a_tpu_collective(dtype, collective):
   assert _ops(graph, "OneHot" if collective == "CrossReplicaSum" else "Tile")
 
 
+@pytest.mark.parametrize("collect", [
+    lambda context, x: context.all_reduce("SUM", x),
+    lambda context, x: context.all_gather(x, axis=1)], ids=["all_reduce", "all_gather"])
+def test_tf_gradients_of_collectives_sum_over_the_replicas(collect):
+  """`tf.gradients` through a collective: the backward pass sums over the
+  replicas with a `CrossReplicaSum` of its own, as in TensorFlow."""
+  def step_fn(x):
+    return tf.gradients(collect(tfd.get_replica_context(), x) * 2.0, [x])[0]
+  graph, results = _traced_run(step_fn, [2, 3])
+  assert [r.shape.as_list() for r in results] == [[2, 3]] * 8
+  assert len(_ops(graph, "CrossReplicaSum")) == 2
+
+
 def test_all_gather_refuses_what_it_cannot_gather():
   with pytest.raises(NotImplementedError, match="IndexedSlices"):
     _traced_run(lambda x: tfd.get_replica_context().all_gather(

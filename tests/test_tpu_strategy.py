@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import tf_distribute_lite as tfd
 
+import oracle
 from conftest import DEVICES
 from keras_models import classification_data
 from keras_models import classifier
@@ -516,3 +517,36 @@ def test_all_gather_gives_every_replica_the_whole(strategy):
                   strategy.experimental_local_results(ids)):
     assert r.numpy().tolist() == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
     assert i.numpy().tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("path", ["replica_function", "outer_function", "tape"])
+@pytest.mark.parametrize("collective", ["all_gather", "all_reduce_sum", "all_reduce_mean"])
+def test_gradients_of_collectives_match_mirrored_strategy(strategy, collective, path):
+  """`tf.gradients` in the step (no tape) takes the collectives' gradients,
+  summed over the replicas, as TF's MirroredStrategy on the same devices
+  does; so does a tape."""
+  def differentiate(strategy, module):
+    c = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(ctx.replica_id_in_sync_group + 1.0))
+
+    def replica_fn(c):
+      x = tf.constant([[3.0], [5.0]])
+      context = module.get_replica_context()
+      collect = {"all_gather": lambda: context.all_gather(x, axis=1),
+                 "all_reduce_sum": lambda: context.all_reduce("SUM", x),
+                 "all_reduce_mean": lambda: context.all_reduce("MEAN", x)}[collective]
+      if path != "tape":
+        return tf.gradients(collect() * c, [x])[0]
+      with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = collect() * c
+      return tape.gradient(y, x)
+    if path == "replica_function":
+      result = strategy.run(tf.function(replica_fn), args=(c,))
+    else:
+      result = tf.function(lambda c: strategy.run(replica_fn, args=(c,)))(c)
+    return [r.numpy().tolist() for r in strategy.experimental_local_results(result)]
+  expected = differentiate(oracle.tf_mirrored(), tf.distribute)
+  assert differentiate(strategy, tfd) == expected
+  gradient = 2.5 if collective == "all_reduce_mean" else 10.0  # c summed: 10
+  assert expected == [[[gradient], [gradient]]] * 4

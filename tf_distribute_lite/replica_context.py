@@ -32,6 +32,13 @@ def _with_gradient(xs, ys, gradient):
   return with_gradient(*xs, *ys)
 
 
+def _gradient_wanted():
+  """Whether a collective's result needs its gradient attached: in a graph
+  always (`tf.gradients` may differentiate it later, and a function traced
+  now may run under a tape later), eagerly only while a tape records."""
+  return not tf.executing_eagerly() or _tf_bridge.gradient_tape_active()
+
+
 class ReplicaContextBase:
   """What code inside `strategy.run` sees: its replica and the collectives.
 
@@ -149,7 +156,7 @@ class ReplicaContextBase:
           value, self.merge_call(batch_all_reduce, args=flat))
 
     reduced = _own_copies(flat, self.merge_call(batch_all_reduce, args=flat))
-    if _tf_bridge.gradient_tape_active():
+    if _gradient_wanted():
       reduced = _with_gradient(
           flat, reduced, lambda dys: self.all_reduce(reduce_op, dys, options))
     return tf.nest.pack_sequence_as(value, reduced)
@@ -213,7 +220,7 @@ class ReplicaContext(ReplicaContextBase):
               for v in per_replica]
     merged = self.merge_call(gather, args=flat)
     gathered = _own_copies(flat, merged)
-    if _tf_bridge.gradient_tape_active():
+    if _gradient_wanted():
       shared = [m is x for x, m in zip(flat, merged)]
       gathered = _with_gradient(
           flat, gathered,
