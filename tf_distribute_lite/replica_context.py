@@ -32,6 +32,15 @@ def _with_gradient(xs, ys, gradient):
   return with_gradient(*xs, *ys)
 
 
+def refuse_indexed_slices(value, method):
+  """Raises TensorFlow's NotImplementedError where the nest `value` holds a
+  `tf.IndexedSlices`, which `method` (a gather) cannot concatenate."""
+  if any(isinstance(v, tf.IndexedSlices) for v in tf.nest.flatten(value)):
+    raise NotImplementedError(
+        f"{method} does not support IndexedSlices: convert them to dense "
+        f"tensors first (tf.convert_to_tensor).")
+
+
 def _gradient_wanted():
   """Whether a collective's result needs its gradient attached: in a graph
   always (`tf.gradients` may differentiate it later, and a function traced
@@ -211,6 +220,7 @@ class ReplicaContext(ReplicaContextBase):
     >>> gathered.values[1].numpy(), gradient.values[1].numpy()
     (array([1., 1., 1.], dtype=float32), array([4., 6.], dtype=float32))
     """
+    refuse_indexed_slices(value, "all_gather")
     flat = tf.nest.flatten(value)
     if self.num_replicas_in_sync == 1:
       return value
