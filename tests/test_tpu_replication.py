@@ -132,7 +132,10 @@ def test_all_reduce_and_replica_id_are_tpu_ops():
 def test_an_eager_run_on_a_tpu_is_a_function():
   strategy = tfd.TPUStrategy(_tpu_resolver())
   with pytest.raises(tf.errors.OpError):  # no TPU here to run it on
+    strategy.run(tf.function(lambda: tf.constant(1.0) + 1.0))
+  with pytest.raises(NotImplementedError, match="does not support pure eager") as raised:
     strategy.run(lambda: tf.constant(1.0) + 1.0)
+  assert "TFD_EMULATED_TPU_EAGER" not in str(raised.value)  # only for emulated slices
 
 
 def test_variables_are_each_replicas_own_component():
