@@ -456,6 +456,34 @@ def test_gather_of_a_nest_gathers_each_element(run_mode):
   assert ours["b"].numpy().tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
+def _slices(value=0.0):
+  return tf.IndexedSlices(tf.fill([1, 2], value), tf.constant([0]), tf.constant([2, 2]))
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "one_device", "default"])
+@pytest.mark.parametrize("call", ["gather", "all_gather", "all_gather_of_a_nest"])
+def test_gathering_indexed_slices_raises_like_tf(strategy, call, run_mode):
+  def snippet(a):
+    chosen = {"mirrored": a.pair, "one_device": a.one_device(),
+              "default": a.mod.get_strategy()}[strategy]
+    if call == "gather":
+      return run_mode(lambda: chosen.gather(_slices(), axis=0))
+    value = _slices() if call == "all_gather" else {"a": tf.ones([1]), "b": _slices()}
+    return run_mode(lambda: chosen.run(
+        lambda: a.mod.get_replica_context().all_gather(value, axis=0)))
+  error = both(snippet)
+  assert isinstance(error, NotImplementedError)
+  assert "gather does not support IndexedSlices" in str(error)
+
+
+def test_gather_of_distributed_indexed_slices_is_dense_like_tf(run_mode):
+  result = both(lambda a: run_mode(lambda: a.pair.gather(
+      a.pair.experimental_distribute_values_from_function(
+          lambda ctx: _slices(tf.cast(ctx.replica_id_in_sync_group, tf.float32) + 1.0)),
+      axis=0)))
+  assert result.numpy().tolist() == [[1.0, 1.0], [0.0, 0.0], [2.0, 2.0], [0.0, 0.0]]
+
+
 def test_gather_in_a_replica_context_raises():
   error = both(lambda a: a.mirrored.run(lambda: a.mirrored.gather(tf.constant([1.0]), axis=0)))
   assert isinstance(error, RuntimeError)
@@ -668,6 +696,73 @@ def test_sync_point_in_a_nested_function_raises_like_tf(sync, run_mode):
   assert "`merge_call` called while defining a new graph or a tf.function" in str(error)
 
 
+@pytest.mark.parametrize("condition", ["python", "tensor"])
+@pytest.mark.parametrize("caller", [0, 1])
+def test_merge_call_by_only_some_replicas_raises_like_tf(caller, condition, run_mode):
+  """Only replica `caller` calls merge_call: TF's RuntimeError, eagerly and
+  in a `tf.function` (where a condition on a tensor becomes a `tf.cond`,
+  whose branch every replica traces); the strategy works on afterwards."""
+  messages = {}
+
+  def snippet(a):
+    def replica_fn():
+      context = a.mod.get_replica_context()
+      replica_id = context.replica_id_in_sync_group
+      if condition == "python":
+        replica_id = tf.get_static_value(replica_id)
+      if replica_id == caller:
+        context.merge_call(lambda strategy: None)
+      return tf.constant(2.0)
+    try:
+      run_mode(lambda: a.pair.run(replica_fn))
+    except RuntimeError as e:
+      messages[a.name] = str(e)
+      summed = run_mode(lambda: a.pair.run(
+          lambda: a.mod.get_replica_context().all_reduce("SUM", a.replica_id() + 1.0)))
+      return local(a.pair, summed)
+    return None
+  assert both(snippet) == [3.0, 3.0]
+  # In a function both replicas trace the tensor condition's branch: replica
+  # 0 reaches it first.
+  named = 0 if condition == "tensor" and not _is_eager(run_mode) else caller
+  assert f"eplica {named} " in messages["tfd"]
+
+
+@pytest.mark.parametrize("where", ["branch_on_own_input", "loop_on_own_input"])
+def test_merge_call_in_control_flow_that_replicas_may_take_apart_raises_like_tf(where):
+  def snippet(a):
+    def replica_fn(x):
+      context = a.mod.get_replica_context()
+      if where == "branch_on_own_input":
+        if x > 0.0:
+          context.merge_call(lambda strategy: None)
+      else:
+        for _ in tf.range(x):
+          context.merge_call(lambda strategy: None)
+      return x
+    return tf.function(lambda: a.pair.run(replica_fn, args=(a.replica_ids(a.pair),)))()
+  error = both(snippet)
+  assert isinstance(error, RuntimeError)
+  assert "`merge_call` called while defining a new graph" in str(error)
+
+
+def test_merge_call_in_a_branch_every_replica_takes_alike():
+  """A condition the replicas share (an all-reduced value, a mirrored
+  variable) holds a merge_call, as a Keras optimizer's periodic update does
+  (TensorFlow 2.21 refuses every merge_call in a branch)."""
+  strategy = TFD.pair
+  with strategy.scope():
+    v = tf.Variable(1.0)
+
+  def replica_fn(x):
+    context = tfd.get_replica_context()
+    if context.all_reduce("SUM", x) > 0.0 and v > 0.0:
+      context.merge_call(lambda s: s.extended.update(v, lambda c: c.assign_add(10.0)))
+    return x
+  tf.function(lambda: strategy.run(replica_fn, args=(TFD.replica_ids(strategy),)))()
+  assert [float(c) for c in v.values] == [11.0, 11.0]
+
+
 def test_merge_call_hands_out_a_mirrored_result(run_mode):
   def snippet(a):
     def merge_fn(strategy, value):
@@ -693,6 +788,47 @@ def test_gradient_of_all_reduce_is_all_reduce_of_gradients(run_mode, op, value, 
   y, dy_dx = both(snippet, run_mode)
   assert local(TFD.mirrored, y) == [value] * 4
   assert local(TFD.mirrored, dy_dx) == gradient
+
+
+_COLLECTIVES = {
+    "all_gather": lambda context, x: context.all_gather(x, axis=1),
+    "all_reduce_sum": lambda context, x: context.all_reduce("SUM", x),
+    "all_reduce_mean": lambda context, x: context.all_reduce("MEAN", x),
+}
+
+
+def differentiate_collective(strategy, api, collective, path):
+  """Each of `strategy`'s replicas, holding `c` = its id + 1, takes the
+  gradient of `collective(context, x) * c` with respect to its own `x`, by
+  `path`: `tf.gradients` in a replica function that is a `tf.function`, in a
+  plain replica function run inside a `tf.function`, or a `GradientTape`."""
+  c = strategy.experimental_distribute_values_from_function(
+      lambda ctx: tf.constant(ctx.replica_id_in_sync_group + 1.0))
+
+  def replica_fn(c):
+    x = tf.constant([[3.0], [5.0]])
+    context = api.mod.get_replica_context()
+    if path == "tape":
+      with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = _COLLECTIVES[collective](context, x) * c
+      return tape.gradient(y, x)
+    return tf.gradients(_COLLECTIVES[collective](context, x) * c, [x])[0]
+  if path == "replica_function":
+    return strategy.run(tf.function(replica_fn), args=(c,))
+  if path == "outer_function":
+    return tf.function(lambda c: strategy.run(replica_fn, args=(c,)))(c)
+  return strategy.run(replica_fn, args=(c,))
+
+
+@pytest.mark.parametrize("path", ["replica_function", "outer_function", "tape"])
+@pytest.mark.parametrize("collective, gradient", [
+    ("all_gather", 3.0), ("all_reduce_sum", 3.0), ("all_reduce_mean", 1.5)])
+def test_tf_gradients_of_collectives_flow_through_every_replica(collective, gradient, path):
+  """`tf.gradients` (no tape) takes the collectives' gradients too: summed
+  over the replicas, not only this replica's own term."""
+  result = both(lambda a: differentiate_collective(a.pair, a, collective, path))
+  assert local(TFD.pair, result) == [[[gradient], [gradient]]] * 2
 
 
 # --- StrategyExtended.
@@ -1055,22 +1191,6 @@ def test_reduce_to_the_devices_of_a_distributed_value(reduce_op, expected):
   assert [float(v) for v in reduce()] == [expected, expected]
   assert [float(v) for v in tf.function(reduce)()] == [expected, expected]
   assert traced_devices == [list(DEVICES[:2])] * 2
-
-
-def test_all_reduce_outside_a_tape_builds_no_gradient_ops():
-  strategy = TFD.pair
-  ids = TFD.replica_ids(strategy)
-
-  def step(with_tape):
-    def replica_fn(x):
-      if with_tape:
-        with tf.GradientTape():
-          return tfd.get_replica_context().all_reduce("SUM", x)
-      return tfd.get_replica_context().all_reduce("SUM", x)
-    return strategy.run(replica_fn, args=(ids,))
-  for with_tape, identity_ns in [(False, 0), (True, 2)]:
-    graph = tf.function(lambda: step(with_tape)).get_concrete_function().graph  # pylint: disable=cell-var-from-loop
-    assert [op.type for op in graph.get_operations()].count("IdentityN") == identity_ns
 
 
 # --- TF 1.x methods of TF 2.x strategies.

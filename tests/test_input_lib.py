@@ -452,6 +452,24 @@ def test_iterating_and_the_end_of_data(source):
                     "dot_next": StopIteration, "dunder_next": StopIteration}
 
 
+@SOURCES
+@pytest.mark.parametrize("read", ["next", "get_next", "get_next_as_optional"])
+def test_reading_inside_the_replica_function_raises_like_tf(source, read, run_mode):
+  """Each replica would get every replica's input: TF's ValueError. (TF
+  raises it for `get_next_as_optional` only once the value is flattened.)"""
+  def snippet(mod, strategy):
+    iterator = iter(_make_dist(source)(strategy))
+    reads = dict(READS, get_next_as_optional=lambda i: i.get_next_as_optional().get_value())
+    step = lambda: strategy.run(lambda: reads[read](iterator))
+    run_mode(step)
+
+  error = _both(snippet)
+  assert error.type is ValueError
+  if read != "get_next_as_optional":
+    assert ("next(iterator) should be called from outside of replica_fn. e.g. "
+            "strategy.run(replica_fn, args=(next(iterator),))") in error.message
+
+
 def test_end_of_data_in_function_raises_out_of_range():
   def snippet(mod, strategy):
     iterator = iter(strategy.experimental_distribute_dataset(Dataset.range(4).batch(4)))

@@ -187,6 +187,24 @@ def test_gradient_tape_active():
   assert traced().numpy().tolist() == [True, False]
 
 
+def test_control_flow_kind_tells_branches_loops_and_functions():
+  kinds = {}
+
+  @tf.function
+  def traced(x):
+    def branch():
+      kinds["cond"] = _tf_bridge.control_flow_kind(tf.compat.v1.get_default_graph())
+      return x
+    def body(i):
+      kinds["while"] = _tf_bridge.control_flow_kind(tf.compat.v1.get_default_graph())
+      return [i + 1.0]
+    kinds["function"] = _tf_bridge.control_flow_kind(tf.compat.v1.get_default_graph())
+    return tf.cond(x > 0, branch, lambda: -x) + tf.while_loop(lambda i: i < x, body, [0.0])[0]
+  traced(tf.constant(2.0))
+  assert kinds == {"cond": "cond", "while": "while", "function": None}
+  assert _tf_bridge.control_flow_kind(tf.Graph()) is None
+
+
 def test_eager_context_config_carries_the_logical_devices():
   config = _tf_bridge.eager_context_config()
   assert isinstance(config, tf.compat.v1.ConfigProto)

@@ -132,7 +132,10 @@ def test_all_reduce_and_replica_id_are_tpu_ops():
 def test_an_eager_run_on_a_tpu_is_a_function():
   strategy = tfd.TPUStrategy(_tpu_resolver())
   with pytest.raises(tf.errors.OpError):  # no TPU here to run it on
+    strategy.run(tf.function(lambda: tf.constant(1.0) + 1.0))
+  with pytest.raises(NotImplementedError, match="does not support pure eager") as raised:
     strategy.run(lambda: tf.constant(1.0) + 1.0)
+  assert "TFD_EMULATED_TPU_EAGER" not in str(raised.value)  # only for emulated slices
 
 
 def test_variables_are_each_replicas_own_component():
@@ -201,6 +204,19 @@ def test_all_gather_is_a_tpu_collective(dtype, collective):
   assert len(_ops(graph, collective)) == 2
   # Replica i's value lands at its own offset: one-hot of its id, or tiled.
   assert _ops(graph, "OneHot" if collective == "CrossReplicaSum" else "Tile")
+
+
+@pytest.mark.parametrize("collect", [
+    lambda context, x: context.all_reduce("SUM", x),
+    lambda context, x: context.all_gather(x, axis=1)], ids=["all_reduce", "all_gather"])
+def test_tf_gradients_of_collectives_sum_over_the_replicas(collect):
+  """`tf.gradients` through a collective: the backward pass sums over the
+  replicas with a `CrossReplicaSum` of its own, as in TensorFlow."""
+  def step_fn(x):
+    return tf.gradients(collect(tfd.get_replica_context(), x) * 2.0, [x])[0]
+  graph, results = _traced_run(step_fn, [2, 3])
+  assert [r.shape.as_list() for r in results] == [[2, 3]] * 8
+  assert len(_ops(graph, "CrossReplicaSum")) == 2
 
 
 def test_all_gather_refuses_what_it_cannot_gather():

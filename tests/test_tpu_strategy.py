@@ -17,6 +17,9 @@ import tensorflow as tf
 import tf_distribute_lite as tfd
 from tf_distribute_lite import tpu_system
 
+from tensorflow.python.distribute import tpu_strategy as tf_tpu_strategy
+
+import oracle
 from conftest import DEVICES
 from keras_models import classification_data
 from keras_models import classifier
@@ -73,7 +76,7 @@ def test_run_reduce_and_variables_match_a_plain_computation(strategy):
   assert [r.numpy().tolist() for r in strategy.experimental_local_results(result)] == [
       [7.0 * i, 8.0 * i] for i in range(4)]
   assert strategy.reduce("SUM", result, axis=None).numpy().tolist() == [42.0, 48.0]
-  assert len(strategy.experimental_run_v2(lambda: tf.constant(1)).values) == 4
+  assert len(strategy.experimental_run_v2(tf.function(lambda: tf.constant(1))).values) == 4
 
 
 def test_ungrouped_update_in_a_step_gives_a_tuple(strategy):
@@ -112,7 +115,7 @@ def test_datasets_are_split_across_the_cores(strategy):
 def test_the_v1_strategy_keeps_steps_per_run(resolver):
   strategy = tfd.compat.v1.experimental.TPUStrategy(resolver, steps_per_run=5)
   assert strategy.steps_per_run == strategy.extended.steps_per_run == 5
-  assert strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.0))).numpy() == 8.0
+  assert strategy.reduce("SUM", strategy.run(tf.function(lambda: tf.constant(2.0)))).numpy() == 8.0
 
 
 # --- Logical devices: annotations checked as on a TPU.
@@ -388,7 +391,102 @@ def test_ops_inside_called_functions_are_checked_too(strategy):
     strategy.run(inner, args=(tf.constant(1.0),))
 
 
-def test_an_eager_run_is_a_function_as_on_a_tpu(strategy):
+class _CallIsAFunction:
+  @tf.function
+  def __call__(self, x):
+    return x * 2.0
+
+
+# Steps `run` is given eagerly, and what each returns for 1.0.
+_EAGER_STEPS = {
+    "plain": (lambda x: x * 2.0, None),
+    "function": (tf.function(lambda x: x - 1.0), 0.0),
+    "concrete": (tf.function(lambda x: x + 1.0).get_concrete_function(
+        tf.TensorSpec([], tf.float32)), 2.0),
+    "call_is_a_function": (_CallIsAFunction(), 2.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_EAGER_STEPS))
+def test_an_eager_run_of_a_plain_function_is_refused_as_on_a_tpu(strategy, name):
+  """TF's TPUStrategy refuses a "pure eager" step, so the emulation does
+  too; a `tf.function`, a concrete function, or an object whose `__call__`
+  is one runs. (TF makes no TPUStrategy without a TPU: its check itself is
+  the oracle.)"""
+  step, expected = _EAGER_STEPS[name]
+  try:
+    tf_tpu_strategy.validate_run_function(step)
+  except NotImplementedError as e:
+    refused = str(e)
+  else:
+    refused = None
+  for run in (strategy.run, strategy.experimental_run_v2):
+    if refused:
+      with pytest.raises(NotImplementedError) as raised:
+        run(step, args=(tf.constant(1.0),))
+      assert str(raised.value).startswith(refused)
+      assert "TFD_EMULATED_TPU_EAGER=1" in str(raised.value)
+    else:
+      result = run(step, args=(tf.constant(1.0),))
+      assert [float(t) for t in strategy.experimental_local_results(result)] == [expected] * 4
+  assert (refused is None) == (expected is not None)
+
+
+def _star(*args):
+  return args[0]
+
+
+def _named_and_star(x, *args):
+  del args
+  return x
+
+
+def _positional_only(x, /):
+  return x
+
+
+@pytest.mark.parametrize("fn, args", [
+    (lambda x: x, lambda v: (1.0, 2.0)), (_star, lambda v: (v,)),
+    (_named_and_star, lambda v: (v, 1.0)), (_positional_only, lambda v: (v,)),
+    (_named_and_star, lambda v: (v,)), (_named_and_star, lambda v: (1.0, 2.0))],
+                         ids=["too_many", "variable_to_star_args", "variable_and_star_args",
+                              "variable_to_positional_only", "variable_named", "star_args"])
+def test_arguments_tensorflows_tpu_strategy_cannot_pass_are_refused(strategy, fn, args):
+  """TF's TPUStrategy.run refuses these arguments with ValueErrors (its own
+  check is the oracle, with a variable of TF's MirroredStrategy)."""
+  with oracle.tf_mirrored().scope():
+    theirs = tf.Variable(1.0)
+  with strategy.scope():
+    ours = tf.Variable(1.0)
+  try:
+    tf_tpu_strategy._maybe_partial_apply_variables(fn, args(theirs), {})  # pylint: disable=protected-access
+  except ValueError as e:
+    with pytest.raises(ValueError) as raised:
+      strategy.run(tf.function(fn), args=args(ours))
+    assert str(raised.value) == str(e)
+  else:
+    result = strategy.run(tf.function(fn), args=args(ours))
+    assert {float(t) for t in strategy.experimental_local_results(result)} == {1.0}
+
+
+def test_what_a_tpu_cannot_run_is_refused(strategy):
+  """Per-replica input pipelines (TF's NotImplementedError) and Python
+  code in the step (XLA cannot compile it, as on a TPU)."""
+  options = tfd.InputOptions(experimental_replication_mode=tfd.InputReplicationMode.PER_REPLICA)
+  with pytest.raises(NotImplementedError, match="PER_REPLICA is only supported in"):
+    strategy.distribute_datasets_from_function(
+        lambda ctx: tf.data.Dataset.range(4).batch(1), options)
+  with pytest.raises(NotImplementedError, match="PER_REPLICA is only supported in"):
+    strategy.experimental_distribute_dataset(tf.data.Dataset.range(4).batch(4), options)
+  for python_op in (tf.py_function, tf.numpy_function):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="XLA cannot compile"):
+      strategy.run(tf.function(lambda: python_op(lambda: 1.0, [], tf.float32)))  # pylint: disable=cell-var-from-loop
+
+
+def test_an_eager_run_for_debugging_is_a_function_as_on_a_tpu(strategy, monkeypatch):
+  """With TFD_EMULATED_TPU_EAGER=1 the emulation runs a plain function
+  given eagerly, as one traced step, still compiled by XLA."""
+  monkeypatch.setenv("TFD_EMULATED_TPU_EAGER", "1")
   traced = []
 
   def step(x):
@@ -407,7 +505,7 @@ def test_a_shape_xla_cannot_know_at_compile_time_fails(strategy):
   def step(x):
     return tf.reshape(x, [tf.cast(tf.reduce_sum(x), tf.int32)])
   with pytest.raises(tf.errors.InvalidArgumentError, match="compile-time constant"):
-    strategy.run(step, args=(tf.constant([1.0]),))
+    strategy.run(tf.function(step), args=(tf.constant([1.0]),))
 
 
 def test_an_input_of_unknown_rank_needs_a_static_batch_as_on_a_tpu(strategy):
@@ -425,7 +523,7 @@ def test_an_input_of_unknown_rank_needs_a_static_batch_as_on_a_tpu(strategy):
 def test_a_string_input_fails_saying_so(strategy):
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match=r"a TPU computes no strings.*tf.string inputs"):
-    strategy.run(tf.strings.length, args=(tf.constant("abc"),))
+    strategy.run(tf.function(tf.strings.length), args=(tf.constant("abc"),))
 
 
 def test_sparse_and_ragged_batches_must_stay_on_the_host(strategy):
@@ -439,10 +537,10 @@ def test_sparse_and_ragged_batches_must_stay_on_the_host(strategy):
     strategy.distribute_datasets_from_function(sparse)
   on_host = tfd.InputOptions(experimental_fetch_to_device=False)
   batch = next(iter(strategy.experimental_distribute_dataset(ragged, on_host)))
-  sums = strategy.run(tf.reduce_sum, args=(batch,))
+  sums = strategy.run(tf.function(tf.reduce_sum), args=(batch,))
   assert [int(t) for t in strategy.experimental_local_results(sums)] == [6] * 4
   batch = next(iter(strategy.distribute_datasets_from_function(sparse, on_host)))
-  sums = strategy.run(tf.sparse.reduce_sum, args=(batch,))
+  sums = strategy.run(tf.function(tf.sparse.reduce_sum), args=(batch,))
   assert [int(t) for t in strategy.experimental_local_results(sums)] == [6] * 4
 
 
@@ -453,7 +551,7 @@ def test_a_variable_passed_to_the_step_stays_a_variable(strategy):
   def step(variable, x):
     variable.assign_add(x)
     return variable * 2.0
-  result = strategy.run(step, args=(v, tf.constant(1.0)))
+  result = strategy.run(tf.function(step), args=(v, tf.constant(1.0)))
   assert [float(r) for r in strategy.experimental_local_results(result)] == [4.0] * 4
   assert v.numpy() == 2.0
 
@@ -534,7 +632,7 @@ def test_variables_made_in_the_step_or_its_function(strategy):
   built_lazily = tf.function(lambda x: strategy.run(layer, args=(x,)))
   local = strategy.experimental_local_results
   assert [float(r) for r in local(in_function())] == [6.0] * 4
-  assert [float(r) for r in local(strategy.run(in_step))] == [8.0] * 4
+  assert [float(r) for r in local(strategy.run(tf.function(in_step)))] == [8.0] * 4
   assert [r.numpy().tolist() for r in local(built_lazily(tf.ones([1, 3])))] == [[[3.0, 3.0]]] * 4
   assert len(made_in_step[0].values) == 4 and len(layer.weights) == 2
 
@@ -547,7 +645,7 @@ def test_a_step_that_makes_variables_is_still_compiled(strategy):
       made.append(tf.Variable(3.0))
     return tf.strings.as_string(made[0])
   with pytest.raises(tf.errors.InvalidArgumentError, match="XLA cannot compile.*AsString"):
-    strategy.run(step)
+    strategy.run(tf.function(step))
 
 
 # --- Errors of the step's own code keep their class, as on a TPU.
@@ -560,7 +658,7 @@ def test_errors_of_the_step_keep_their_class(strategy, step):
   with pytest.raises(Exception) as expected:
     tf.distribute.OneDeviceStrategy("CPU:0").run(tf.function(step))
   with pytest.raises(type(expected.value)) as raised:
-    strategy.run(step)
+    strategy.run(tf.function(step))
   assert "XLA" not in str(raised.value)
 
 
@@ -571,7 +669,8 @@ def test_errors_of_the_step_keep_their_class(strategy, step):
     (lambda s, x: s.experimental_assign_to_logical_device(x, 2), "logical device id 2")])
 def test_annotation_errors_inside_run(two_core_strategy, call, message):
   with pytest.raises(ValueError, match=message):
-    two_core_strategy.run(lambda x: call(two_core_strategy, x), args=(tf.ones([4, 4]),))
+    two_core_strategy.run(tf.function(lambda x: call(two_core_strategy, x)),
+                          args=(tf.ones([4, 4]),))
 
 
 # --- Collectives.
@@ -591,3 +690,51 @@ def test_all_gather_gives_every_replica_the_whole(strategy):
                   strategy.experimental_local_results(ids)):
     assert r.numpy().tolist() == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
     assert i.numpy().tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("path", ["replica_function", "outer_function", "tape"])
+@pytest.mark.parametrize("collective", ["all_gather", "all_reduce_sum", "all_reduce_mean"])
+def test_gradients_of_collectives_match_mirrored_strategy(strategy, collective, path):
+  """`tf.gradients` in the step (no tape) takes the collectives' gradients,
+  summed over the replicas, as TF's MirroredStrategy on the same devices
+  does; so does a tape."""
+  def differentiate(strategy, module):
+    c = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(ctx.replica_id_in_sync_group + 1.0))
+
+    def replica_fn(c):
+      x = tf.constant([[3.0], [5.0]])
+      context = module.get_replica_context()
+      collect = {"all_gather": lambda: context.all_gather(x, axis=1),
+                 "all_reduce_sum": lambda: context.all_reduce("SUM", x),
+                 "all_reduce_mean": lambda: context.all_reduce("MEAN", x)}[collective]
+      if path != "tape":
+        return tf.gradients(collect() * c, [x])[0]
+      with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = collect() * c
+      return tape.gradient(y, x)
+    if path == "replica_function":
+      result = strategy.run(tf.function(replica_fn), args=(c,))
+    else:
+      result = tf.function(lambda c: strategy.run(replica_fn, args=(c,)))(c)
+    return [r.numpy().tolist() for r in strategy.experimental_local_results(result)]
+  expected = differentiate(oracle.tf_mirrored(), tf.distribute)
+  assert differentiate(strategy, tfd) == expected
+  gradient = 2.5 if collective == "all_reduce_mean" else 10.0  # c summed: 10
+  assert expected == [[[gradient], [gradient]]] * 4
+
+
+def test_gathering_indexed_slices_raises_as_in_tensorflow(strategy):
+  """`NotImplementedError`, as TF's TPUStrategy (and every TF strategy)
+  raises; an IndexedSlices input to the step is taken as it is."""
+  def slices():
+    return tf.IndexedSlices(tf.fill([1, 2], 1.0), tf.constant([0]), tf.constant([2, 2]))
+  with pytest.raises(NotImplementedError, match="gather does not support IndexedSlices"):
+    strategy.gather(slices(), axis=0)
+  with pytest.raises(NotImplementedError, match="all_gather does not support IndexedSlices"):
+    tf.function(lambda: strategy.run(
+        lambda: tfd.get_replica_context().all_gather([slices()], axis=0)))()
+  doubled = tf.function(lambda: strategy.run(lambda x: x.values * 2.0, args=(slices(),)))()
+  assert [r.numpy().tolist() for r in strategy.experimental_local_results(doubled)] == [
+      [[2.0, 2.0]]] * 4

@@ -88,6 +88,7 @@ def spec_2_0_examples(resolver):
   strategy = tfd.TPUStrategy(resolver)
   sums = []
 
+  @tf.function  # a TPU runs only compiled steps (TF 2.0's ran this one eagerly)
   def train_step(x):
     return tf.reduce_sum(x)
   dataset = tf.data.Dataset.range(32).map(lambda v: tf.cast(v, tf.float32)).batch(16)

@@ -76,7 +76,9 @@ _INTERNALS = (
     ("autograph.core.config", "CONVERSION_RULES"),
     ("eager.record", "could_possibly_record"),
     ("ops.summary_ops_v2", "_summary_state.is_recording_distribution_strategy"),
-    ("ops.control_flow_v2_func_graphs", "ControlFlowFuncGraph"),
+    ("ops.control_flow_v2_func_graphs", "CondBranchFuncGraph"),
+    ("ops.control_flow_v2_func_graphs", "WhileBodyFuncGraph"),
+    ("ops.control_flow_v2_func_graphs", "WhileCondFuncGraph"),
     ("ops.resource_variable_ops", "UninitializedVariable"),
     ("ops.resource_variable_ops", "write_object_proto_for_resource_variable"),
     ("framework.func_graph", "FuncGraph.capture_call_time_value"),
@@ -238,11 +240,16 @@ def control_flow_context():
   return tf.compat.v1.get_default_graph()._get_control_flow_context()  # pylint: disable=protected-access
 
 
-def is_control_flow_graph(graph):
-  """Whether `graph` is the branch of a `tf.cond` or the body or condition
-  of a `tf.while_loop` (control flow v2), rather than a function's graph."""
-  from tensorflow.python.ops import control_flow_v2_func_graphs  # pylint: disable=g-import-not-at-top
-  return isinstance(graph, control_flow_v2_func_graphs.ControlFlowFuncGraph)
+def control_flow_kind(graph):
+  """"cond" where `graph` is a branch of a `tf.cond` (or `tf.switch_case`),
+  "while" where it is the body or condition of a `tf.while_loop` (control
+  flow v2), None for any other graph (a function's, say)."""
+  from tensorflow.python.ops import control_flow_v2_func_graphs as graphs  # pylint: disable=g-import-not-at-top
+  if isinstance(graph, graphs.CondBranchFuncGraph):
+    return "cond"
+  if isinstance(graph, (graphs.WhileBodyFuncGraph, graphs.WhileCondFuncGraph)):
+    return "while"
+  return None
 
 
 @functools.lru_cache(maxsize=None)

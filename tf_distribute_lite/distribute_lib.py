@@ -335,7 +335,9 @@ class Strategy(StrategyBase, stands_for=tf.distribute.Strategy):
     """Concatenates the replicas' components of `value` along `axis`.
 
     `value` may be a nest; each element is gathered. (TensorFlow 2.21
-    returns replica 0's components of a nest instead.)
+    returns replica 0's components of a nest instead.) A `tf.IndexedSlices`
+    raises `NotImplementedError`, as in TensorFlow (where one in a nest
+    comes back ungathered); a distributed value of them is gathered dense.
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> parts = strategy.experimental_distribute_values_from_function(
@@ -349,6 +351,7 @@ class Strategy(StrategyBase, stands_for=tf.distribute.Strategy):
       raise RuntimeError(
           "`tf.distribute.Strategy.gather` is not supported in a replica "
           "context; use `tf.distribute.ReplicaContext.all_gather` instead.")
+    replica_context.refuse_indexed_slices(value, "gather")
     destination = device_util.current() or "/device:CPU:0"
     return tf.nest.map_structure(
         lambda v: self._extended._local_results(  # pylint: disable=protected-access

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import auto_shard
+from tf_distribute_lite import contexts
 from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
 from tf_distribute_lite import input_context as input_context_lib
@@ -399,6 +400,7 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     split batch; per-replica pipelines as `distribute_datasets_from_function`
     says), or else ends the input.
     """
+    _refuse_in_a_replica("next(iterator)", "args=(next(iterator),)")
     if self._layout.workers is not None:
       return self._next_of_any_worker()
     if self._one_dequeue:
@@ -432,6 +434,8 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     works here, where TensorFlow 2.21's `MirroredStrategy` fails with "You
     must feed a value for placeholder tensor".
     """
+    _refuse_in_a_replica("iterator.get_next_as_optional()",
+                         "args=(iterator.get_next_as_optional().get_value(),)")
     has_value, value_fn = self._next_if_any()
     if tf.executing_eagerly():
       return (Optional.from_value(value_fn()) if has_value
@@ -547,6 +551,16 @@ class DistributedIterator(tf.distribute.DistributedIterator,
   def _type_spec(self):
     return DistributedIteratorSpec(
         self._layout, tuple(it._type_spec for it in self._iterators))  # pylint: disable=protected-access
+
+
+def _refuse_in_a_replica(call, args):
+  """Raises TensorFlow's ValueError for `call` inside `strategy.run`, where
+  each replica would get every replica's input (a step takes its input as
+  `run`'s argument: `args`). The default strategy's context is not a
+  replica's."""
+  if contexts.has_strategy() and contexts.get_replica_context() is not None:
+    raise ValueError(f"{call} should be called from outside of replica_fn. "
+                     f"e.g. strategy.run(replica_fn, {args})")
 
 
 class InitializableIterator(DistributedIterator):

@@ -33,6 +33,22 @@ def _with_gradient(xs, ys, gradient):
   return with_gradient(*xs, *ys)
 
 
+def refuse_indexed_slices(value, method):
+  """Raises TensorFlow's NotImplementedError where the nest `value` holds a
+  `tf.IndexedSlices`, which `method` (a gather) cannot concatenate."""
+  if any(isinstance(v, tf.IndexedSlices) for v in tf.nest.flatten(value)):
+    raise NotImplementedError(
+        f"{method} does not support IndexedSlices: convert them to dense "
+        f"tensors first (tf.convert_to_tensor).")
+
+
+def _gradient_wanted():
+  """Whether a collective's result needs its gradient attached: in a graph
+  always (`tf.gradients` may differentiate it later, and a function traced
+  now may run under a tape later), eagerly only while a tape records."""
+  return not tf.executing_eagerly() or _tf_bridge.gradient_tape_active()
+
+
 class ReplicaContextBase(StandsFor):
   """What code inside `strategy.run` sees: its replica and the collectives.
 
@@ -150,7 +166,7 @@ class ReplicaContextBase(StandsFor):
           value, self.merge_call(batch_all_reduce, args=flat))
 
     reduced = _own_copies(flat, self.merge_call(batch_all_reduce, args=flat))
-    if _tf_bridge.gradient_tape_active():
+    if _gradient_wanted():
       reduced = _with_gradient(
           flat, reduced, lambda dys: self.all_reduce(reduce_op, dys, options))
     return tf.nest.pack_sequence_as(value, reduced)
@@ -205,6 +221,7 @@ class ReplicaContext(ReplicaContextBase, stands_for=tf.distribute.ReplicaContext
     >>> gathered.values[1].numpy(), gradient.values[1].numpy()
     (array([1., 1., 1.], dtype=float32), array([4., 6.], dtype=float32))
     """
+    refuse_indexed_slices(value, "all_gather")
     flat = tf.nest.flatten(value)
     if self.num_replicas_in_sync == 1:
       return value
@@ -214,7 +231,7 @@ class ReplicaContext(ReplicaContextBase, stands_for=tf.distribute.ReplicaContext
               for v in per_replica]
     merged = self.merge_call(gather, args=flat)
     gathered = _own_copies(flat, merged)
-    if _tf_bridge.gradient_tape_active():
+    if _gradient_wanted():
       shared = [m is x for x, m in zip(flat, merged)]
       gathered = _with_gradient(
           flat, gathered,

@@ -104,12 +104,21 @@ class _ReplicaThread(threading.Thread):
     return self.merge_result
 
 
+
 def _control_inputs_here():
   """The ops the current `tf.control_dependencies` blocks of this thread make
   new ops wait for (read off a no-op made here); none eagerly."""
   if tf.executing_eagerly():
     return ()
   return tuple(tf.no_op(name="merge_call_control_inputs").control_inputs)
+
+
+
+def _in_graph(ops, graph):
+  """`ops` without repeats, less those of other graphs than `graph` (another
+  replica's control-flow branch, whose ops `graph` cannot wait for)."""
+  unique = {id(op): op for op in ops if op.graph is graph}
+  return list(unique.values())
 
 
 def conversion_guard():
@@ -140,6 +149,27 @@ def _input_barrier(replica_inputs):
   return [tf.group(tensors, name="replica_inputs")] if tensors else []
 
 
+def _symbolic_tensors(value):
+  """The graph tensors in the nest `value`, composites' components too."""
+  return [t for t in tf.nest.flatten(value, expand_composites=True)
+          if isinstance(t, tf.Tensor) and tf.is_symbolic_tensor(t)]
+
+
+def _branch_condition(branch):
+  """The condition (or branch index) of the `tf.cond` (`tf.switch_case`)
+  whose branch is the graph `branch`; None if no such op is found."""
+  for op in branch.outer_graph.get_operations():
+    if op.type in ("If", "StatelessIf"):
+      names = [op.get_attr("then_branch").name, op.get_attr("else_branch").name]
+    elif op.type in ("Case", "StatelessCase"):
+      names = [function.name for function in op.get_attr("branches")]
+    else:
+      continue
+    if branch.name in names:
+      return op.inputs[0]
+  return None
+
+
 class ReplicaRunner:
   """Calls `fn` once per replica and returns the per-replica results.
 
@@ -165,6 +195,8 @@ class ReplicaRunner:
     self._running = threading.local()
     self._input_barrier = []
     self._merge_calls = 0
+    self._merges_in_branches = []  # per such merge_call, each replica's graph
+    self._shared = set()  # names of the tensors merges handed to replicas
     self.aborting = False
 
   @property
@@ -184,7 +216,14 @@ class ReplicaRunner:
         return [first] + [self.call_replica(i) for i in range(1, self.num_replicas)]
     results = [first]
     for thread in self._threads:
-      self._advance(thread)
+      try:
+        self._advance(thread)
+      except Exception as e:
+        # A replica that uses a merge's result inside its own branch fails
+        # (the result is in replica 0's branch): say why, where the branch
+        # is one that only some replicas may take.
+        self._check_branch_conditions(complete=False, cause=e)
+        raise
       if not thread.done:
         self._abort()
         raise RuntimeError(
@@ -193,6 +232,7 @@ class ReplicaRunner:
             f"merge_call (directly or through all_reduce, variable updates, "
             f"optimizers) the same number of times.")
       results.append(thread.result)
+    self._check_branch_conditions()
     return results
 
   def call_replica(self, replica_id):
@@ -236,9 +276,10 @@ class ReplicaRunner:
 
   def merge_call(self, replica_id, merge_fn, args, kwargs):
     """Pauses replica `replica_id` until all replicas call merge; runs it."""
-    self._check_not_in_a_nested_function()
+    graph = tf.compat.v1.get_default_graph()
+    self._check_where_replicas_meet(replica_id, graph)
     if threading.current_thread() is not self._main_thread:
-      return self._threads[replica_id - 1].wait_for_merge((args, kwargs))
+      return self._threads[replica_id - 1].wait_for_merge((args, kwargs, graph))
     if replica_id != 0:
       raise RuntimeError(
           f"Replica {replica_id} called merge_call but replica 0 did not: "
@@ -255,7 +296,7 @@ class ReplicaRunner:
                        for i in range(1, self.num_replicas)]
       for thread in self._threads:
         thread.start()
-    requests = [(args, kwargs)]
+    requests = [(args, kwargs, graph)]
     control_inputs = []
     for thread in self._threads:
       self._advance(thread)
@@ -267,7 +308,8 @@ class ReplicaRunner:
             f"replica must call merge_call the same number of times.")
       requests.append(thread.merge_request)
       control_inputs.extend(thread.merge_control_inputs)
-    self._check_readable(requests)
+    graphs = [r[2] for r in requests]
+    self._check_readable([r[:2] for r in requests], graph)
     merged_args = values_lib.regroup([r[0] for r in requests])
     merged_kwargs = values_lib.regroup([r[1] for r in requests])
     try:
@@ -275,67 +317,115 @@ class ReplicaRunner:
       # blocks wait for, not only replica 0's (this thread's), as in
       # TensorFlow: a tf_keras metric's result after each replica's update.
       with contexts.Entered(contexts.ContextEntry.cross_replica(self._strategy)), \
-          tf.device(None), tf.control_dependencies(self._in_this_graph(control_inputs)):
+          tf.device(None), tf.control_dependencies(_in_graph(control_inputs, graph)):
         result = merge_fn(self._strategy, *merged_args, **merged_kwargs)
     except BaseException:
       self._abort()
       raise
+    results = [values_lib.select_replica(i, result) for i in range(self.num_replicas)]
+    if not self._state.eager:
+      self._shared.update(t.name for t in _symbolic_tensors(results))
+      if any(g is not self._state.graph for g in graphs):
+        self._merges_in_branches.append((self._merge_calls, graphs))
     for thread in self._threads:
-      thread.merge_result = values_lib.select_replica(thread.replica_id, result)
-    return values_lib.select_replica(0, result)
+      thread.merge_result = results[thread.replica_id]
+    return results[0]
 
-  @staticmethod
-  def _in_this_graph(ops):
-    """`ops` without repeats, less those of other graphs (another replica's
-    control-flow branch, whose ops this graph cannot wait for)."""
-    graph = tf.compat.v1.get_default_graph()
-    unique = {id(op): op for op in ops if op.graph is graph}
-    return list(unique.values())
-
-  def _check_not_in_a_nested_function(self):
-    """Raises TensorFlow's RuntimeError for a `merge_call` (an all-reduce, an
-    optimizer's update) inside a `tf.function` that the replica function
-    calls: each replica traces that function on its own, so the replicas
-    cannot meet there. (A `tf.cond` or `tf.while_loop` branch may hold one.)"""
-    graph = tf.compat.v1.get_default_graph()
+  def _check_where_replicas_meet(self, replica_id, graph):
+    """Raises TensorFlow's RuntimeError for a `merge_call` (an all-reduce,
+    an optimizer's update) inside a graph of the replica's own, where the
+    replicas, each tracing it on its own, cannot meet: a `tf.function` the
+    replica function calls, or the body of a `tf.while_loop` (a Python loop
+    on a tensor, in a traced replica function). `tf.cond` branches may hold
+    one where every replica takes the same branch (a Keras optimizer's
+    periodic update does), which `_check_branch_conditions` checks."""
     while graph is not self._state.graph and isinstance(graph, tf.__internal__.FuncGraph):
-      if not _tf_bridge.is_control_flow_graph(graph):
-        raise RuntimeError(
-            f"`merge_call` called while defining a new graph or a "
-            f"tf.function: {graph.name}, a tf.function that the function "
-            f"passed to strategy.run calls, reaches a synchronization point "
-            f"(such as all_reduce or optimizer.apply_gradients), where the "
-            f"replicas, each tracing it on its own, cannot meet. Remove that "
-            f"tf.function, or wrap the whole strategy.run call (or the "
-            f"function passed to it) in a tf.function instead.")
-      graph = graph.outer_graph
+      kind = _tf_bridge.control_flow_kind(graph)
+      if kind == "while":
+        inside = (f"{graph.name}, the body of a tf.while_loop (a Python loop "
+                  f"on a tensor, in a tf.function)")
+        fix = "move the loop out of the function passed to strategy.run"
+      elif kind is None:
+        inside = f"{graph.name}, a tf.function that the function passed to strategy.run calls"
+        fix = ("remove that tf.function, or wrap the whole strategy.run call "
+               "(or the function passed to it) in a tf.function instead")
+      else:
+        graph = graph.outer_graph
+        continue
+      raise RuntimeError(
+          f"`merge_call` called while defining a new graph or a tf.function: "
+          f"replica {replica_id} reaches a synchronization point (such as "
+          f"all_reduce or optimizer.apply_gradients) inside {inside}, which "
+          f"each replica traces on its own, so the replicas cannot meet "
+          f"there. Move the synchronization out of it, or {fix}.")
 
-  def _check_readable(self, requests):
-    """Raises TensorFlow's RuntimeError where a replica hands `merge_call`
-    a tensor of its own control-flow branch or nested function, which the
-    merge, in replica 0's graph, cannot read."""
+  def _check_readable(self, requests, graph):
+    """Raises TensorFlow's RuntimeError where a replica hands `merge_call` a
+    tensor that the merge, in replica 0's `graph`, cannot read: one of the
+    replica's own `tf.cond` branch."""
     if self._state.eager:
       return
-    readable = []
-    outer = tf.compat.v1.get_default_graph()
-    while outer is not None:
-      readable.append(outer)
-      outer = getattr(outer, "outer_graph", None)
+    readable = [graph]
+    while getattr(readable[-1], "outer_graph", None) is not None:
+      readable.append(readable[-1].outer_graph)
     for replica_id, request in enumerate(requests):
-      for tensor in tf.nest.flatten(request, expand_composites=True):
-        if not isinstance(tensor, tf.Tensor):
-          continue
-        graph = getattr(tensor, "graph", None)  # None for eager tensors
-        if graph is not None and not any(graph is g for g in readable):
+      for tensor in _symbolic_tensors(request):
+        if not any(tensor.graph is g for g in readable):
           self._abort()
           raise RuntimeError(
               f"`merge_call` called while defining a new graph or a "
               f"tf.function: replica {replica_id} passes it {tensor.name} of "
-              f"graph {graph.name}, a control-flow branch or nested "
-              f"function of its own, which other replicas cannot read. Move "
-              f"the synchronization (all_reduce, optimizer.apply_gradients) "
-              f"out of the branch or nested tf.function, or the control flow "
-              f"out of the function passed to strategy.run.")
+              f"graph {tensor.graph.name}, a tf.cond branch of its own, which "
+              f"other replicas cannot read. Move the synchronization "
+              f"(all_reduce, optimizer.apply_gradients) out of the branch, or "
+              f"the control flow out of the function passed to strategy.run.")
+
+  def _check_branch_conditions(self, complete=True, cause=None):
+    """Raises TensorFlow's RuntimeError where replicas called `merge_call`
+    inside a `tf.cond` branch whose condition depends on the replica (its
+    replica id, or an input of its own): at run time a replica that takes
+    the other branch would never meet the others there. Unless the trace is
+    `complete`, a branch whose `tf.cond` is not built yet is passed over;
+    the error then comes from `cause`."""
+    for call, graphs in self._merges_in_branches:
+      for replica_id, graph in enumerate(graphs):
+        while graph is not self._state.graph:
+          condition = _branch_condition(graph)
+          if (condition is None and complete) or (
+              condition is not None and self._depends_on_the_replica(condition, replica_id)):
+            raise RuntimeError(
+                f"`merge_call` called while defining a new graph or a "
+                f"tf.function: replica {replica_id} calls merge_call (call "
+                f"{call}, directly or through all_reduce, variable updates, "
+                f"optimizers) inside {graph.name}, a branch of a tf.cond whose "
+                f"condition depends on the replica (its replica id or its own "
+                f"input), so only some replicas may take it: every replica "
+                f"must call merge_call the same number of times. Move the "
+                f"synchronization out of the branch (a Python `if` on a "
+                f"tensor, in a tf.function, is a tf.cond).") from cause
+          graph = graph.outer_graph
+
+  def _depends_on_the_replica(self, tensor, replica_id):
+    """Whether `tensor` may differ between replicas: whether it is computed
+    from `replica_id_in_sync_group` or from an input of this replica's own
+    (a component of a distributed argument), other than through a merge
+    (whose results the replicas share)."""
+    others = {t.name for i, inputs in enumerate(self._inputs) if i != replica_id
+              for t in _symbolic_tensors(inputs)}
+    own = {t.name for t in _symbolic_tensors(self._inputs[replica_id])} - others
+    seen, pending = set(), [tensor]
+    while pending:
+      tensor = pending.pop()
+      if tensor.name in seen or tensor.name in self._shared:
+        continue
+      seen.add(tensor.name)
+      op = tensor.op
+      if tensor.name in own or (
+          op.type == "Const" and op.name.rsplit("/", 1)[-1].startswith("replica_id_in_sync_group")):
+        return True
+      # A custom gradient's IdentityN passes each input to its own output.
+      pending.extend([op.inputs[tensor.value_index]] if op.type == "IdentityN" else op.inputs)
+    return False
 
   def _advance(self, thread):
     thread.advance()

@@ -74,7 +74,8 @@ def check_compiles(strategy, fn, args, kwargs, created_variables=()):
   leaves = tf.nest.flatten(inputs)
   positions = tpu_replication.input_positions(leaves)
   specs = [tf.type_spec_from_value(leaves[i]) for i in positions]
-  strings = [leaves[i] for i, spec in zip(positions, specs) if spec.dtype == tf.string]
+  strings = [leaves[i] for i, spec in zip(positions, specs)
+             if getattr(spec, "dtype", None) == tf.string]  # composites have none
   if strings:
     raise tf.errors.InvalidArgumentError(
         None, None,

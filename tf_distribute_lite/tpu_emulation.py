@@ -3,6 +3,9 @@
 `TPUClusterResolver(tpu="emulated:v3-8")` (or `TPU_NAME=emulated:v3-8`) gives
 a slice from here, so that a program written for a TPU runs, with the same
 topology, device assignment and sharding rules, on a machine without one.
+`TPUStrategy` refuses on a slice what it refuses on a TPU (an eager `run` of
+a plain Python function among them, unless `TFD_EMULATED_TPU_EAGER=1` asks
+for it, for debugging), so a program that runs here runs on a TPU.
 
 >>> tpu_slice = parse("emulated:v3-8")
 >>> tpu_slice

@@ -54,8 +54,7 @@ class TPUReplicaContext(LogicalDevices, replica_context.ReplicaContext):
     the `CrossReplicaSum` of the tensor placed at this replica's slot of
     zeros, or for types that sum cannot carry, an `AllToAll`."""
     del options
-    if any(isinstance(v, tf.IndexedSlices) for v in tf.nest.flatten(value)):
-      raise NotImplementedError("all_gather does not support IndexedSlices")
+    replica_context.refuse_indexed_slices(value, "all_gather")
     count = self.num_replicas_in_sync
     if count == 1:
       return value

@@ -8,12 +8,18 @@ device as a `MirroredStrategy` replica does; variables are mirrored on
 those devices. The logical-device annotations are checked as on a TPU; an
 emulated slice computes annotated tensors unsplit (a CPU cannot partition
 them), with the same values. On an emulated slice the step always runs as a
-`tf.function` (an eager `run` is wrapped, as on a TPU), on the CPU devices
-with TensorFlow's kernels, and XLA must compile it, as on a TPU
-(`tpu_compilation`).
+`tf.function` (an eager `run` of a `tf.function` is wrapped, as on a TPU), on
+the CPU devices with TensorFlow's kernels, and XLA must compile it, as on a
+TPU (`tpu_compilation`). The emulation refuses what a TPU refuses, with
+TensorFlow's errors: an eager `run` of a plain Python function (unless the
+environment variable `TFD_EMULATED_TPU_EAGER=1` asks for it, for
+debugging), ops XLA cannot compile, sparse or ragged input fetched to the
+cores.
 """
 
 import contextlib
+import inspect
+import os
 import weakref
 
 import numpy as np
@@ -24,6 +30,7 @@ from tf_distribute_lite import contexts
 from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import replica_context
 from tf_distribute_lite import strategy_v1
@@ -43,11 +50,25 @@ class _TPUStrategyMethods:
     `tf_distribute_lite.Strategy.run`). `options`, a `RunOptions`, say how
     `tpu.replicate` pads dynamic shapes and partitions the step.
 
+    As in TensorFlow, eagerly `fn` must be a `tf.function` (or a concrete
+    function, or an object whose `__call__` is a `tf.function`): a plain
+    Python function raises `NotImplementedError` ("pure eager"), on an
+    emulated slice too, so that what runs on the emulation runs on a TPU.
+    For debugging, an emulated slice runs such a step (as one traced step,
+    compiled by the XLA check) where the environment variable
+    `TFD_EMULATED_TPU_EAGER` is `1`.
+
     >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
     >>> options = tf_distribute_lite.RunOptions(experimental_enable_dynamic_batch_size=False)
-    >>> strategy.run(lambda: tf.constant(1.0), options=options).values[3]
+    >>> strategy.run(tf.function(lambda: tf.constant(1.0)), options=options).values[3]
     <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
+    >>> strategy.run(lambda: tf.constant(1.0))
+    Traceback (most recent call last):
+    ...
+    NotImplementedError: TPUStrategy.run(fn, ...) does not support pure eager execution...
     """
+    _check_not_pure_eager(self.extended, fn)
+    _check_run_arguments(fn, args, kwargs)
     options = options or distribute_lib.RunOptions()
     if not all(hasattr(options, field) for field in distribute_lib.RunOptions._fields):
       raise TypeError(f"`options` must be a tf_distribute_lite.RunOptions; got {options!r}.")
@@ -142,7 +163,7 @@ class TPUStrategyV2(_TPUStrategyMethods, strategy_v1.TF1Methods, distribute_lib.
   (4, 1)
   >>> with strategy.scope():
   ...   v = tf.Variable(2.0)
-  >>> strategy.reduce("SUM", strategy.run(lambda: v * 3.0), axis=None)
+  >>> strategy.reduce("SUM", strategy.run(tf.function(lambda: v * 3.0)), axis=None)
   <tf.Tensor: shape=(), dtype=float32, numpy=24.0>
   """
 
@@ -161,7 +182,7 @@ class TPUStrategyV2(_TPUStrategyMethods, strategy_v1.TF1Methods, distribute_lib.
     """`run` under its TF 2.0 name.
 
     >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
-    >>> len(strategy.experimental_run_v2(lambda: tf.constant(1.0)).values)
+    >>> len(strategy.experimental_run_v2(tf.function(lambda: tf.constant(1.0))).values)
     4
     """
     return self.run(fn, args, kwargs, options)
@@ -293,6 +314,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     return super()._experimental_distribute_dataset(dataset, options)
 
   def _distribute_datasets_from_function(self, dataset_fn, options, partial_steps=None):
+    input_context_lib.refuse_per_replica(options)
     distributed = super()._distribute_datasets_from_function(dataset_fn, options,
                                                              partial_steps)
     _check_fetchable(distributed.element_spec, options)
@@ -333,16 +355,17 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
 
   def _call_for_each_replica(self, fn, args, kwargs):
     options = self._run_options
+    function = isinstance(fn, tf.types.experimental.PolymorphicFunction)
+    if self._emulated and function and not fn.function_spec.jit_compile:
+      # Run as one function, which calls this with its Python function.
+      return super()._call_for_each_replica(fn, args, kwargs)
     if tf.executing_eagerly():
       # As on a TPU, an eager `run` runs the step as a function, compiled.
       return self._step_function(fn, options)(args, kwargs)
     if not self._emulated:
       return tpu_replication.replicate(self._container_strategy(), fn, args, kwargs,
                                        self._device_assignment, options)
-    if isinstance(fn, tf.types.experimental.PolymorphicFunction):
-      if not fn.function_spec.jit_compile:
-        # Run as one function, which calls this with its Python function.
-        return super()._call_for_each_replica(fn, args, kwargs)
+    if function:
       # One XLA program cannot span the CPU devices standing for the cores:
       # the step runs as its Python function, which the check compiles.
       fn = fn.python_function
@@ -408,6 +431,72 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     if self._emulated:
       return tensor
     return _tf_bridge.xla_sharding_annotation(tensor, kind, detail)
+
+
+# Set to 1, an emulated slice runs a plain Python function given to an eager
+# `run`, which a TPU refuses (for debugging; see `TPUStrategyV2.run`).
+EAGER_RUN_VARIABLE = "TFD_EMULATED_TPU_EAGER"
+
+
+def _check_not_pure_eager(extended, fn):
+  """Raises TensorFlow's NotImplementedError for an eager `run` of `fn`
+  that is not a `tf.function`, a concrete function or an object whose
+  `__call__` is a `tf.function`: a TPU runs only compiled steps."""
+  function_types = (tf.types.experimental.PolymorphicFunction,
+                    tf.types.experimental.ConcreteFunction)
+  if (not tf.executing_eagerly() or isinstance(fn, function_types) or
+      isinstance(getattr(fn, "__call__", None), tf.types.experimental.PolymorphicFunction)):
+    return
+  if extended._emulated and os.environ.get(EAGER_RUN_VARIABLE) == "1":  # pylint: disable=protected-access
+    return
+  hint = (f" (For debugging, an emulated slice runs it where the environment "
+          f"variable {EAGER_RUN_VARIABLE}=1.)" if extended._emulated else "")  # pylint: disable=protected-access
+  raise NotImplementedError(
+      f"TPUStrategy.run(fn, ...) does not support pure eager execution. "
+      f"please make sure the function passed into `strategy.run` is a "
+      f"`tf.function` or `strategy.run` is called inside a `tf.function` if "
+      f"eager behavior is enabled.{hint}")
+
+
+def _check_run_arguments(fn, args, kwargs):
+  """Raises TensorFlow's ValueErrors for the arguments its `TPUStrategy.run`
+  cannot pass to `fn`: more positional arguments than `fn` names (where it
+  has no `*args`), and distributed variables passed to `*args` or
+  positional-only parameters, or mixed with other `*args`."""
+  try:
+    parameters = list(inspect.signature(fn).parameters.values())
+  except (TypeError, ValueError):  # no signature to check against
+    return
+  if parameters and parameters[0].name == "self":
+    parameters = parameters[1:]
+  kinds = [p.kind for p in parameters]
+  is_variable = lambda x: values_lib.is_distributed_variable(next(iter(tf.nest.flatten(x)), None))
+  if inspect.Parameter.POSITIONAL_ONLY in kinds:
+    in_kwargs = sum(map(is_variable, (kwargs or {}).values()))
+    in_args = sum(map(is_variable, args))
+    if in_kwargs or in_args:
+      raise ValueError(
+          f"Mixing Variables and positional-only parameters not supported by "
+          f"TPUStrategy. Received {in_kwargs} DistributedVariables in **kwargs "
+          f"and {in_args} in *args, expected zero for both.")
+    return
+  named = kinds.count(inspect.Parameter.POSITIONAL_OR_KEYWORD)
+  star = inspect.Parameter.VAR_POSITIONAL in kinds
+  variables_named = any(is_variable(a) for a in args[:named])
+  for i, arg in enumerate(args):
+    if i < named:
+      continue
+    if not star:
+      raise ValueError("Too many positional arguments passed to call to TPUStrategy.run().")
+    if is_variable(arg):
+      raise ValueError(
+          "TPUStrategy.run() cannot handle Variables passed to *args. Either "
+          "name the function argument, or capture the Variable implicitly.")
+    if variables_named:
+      raise ValueError(
+          "TPUStrategy.run() cannot handle both Variables and a mix of "
+          "positional args and *args. Either remove the *args, or capture "
+          "the Variable implicitly.")
 
 
 class _EmulatedReplicaContext(tpu_replication.LogicalDevices, replica_context.ReplicaContext):
