@@ -527,3 +527,23 @@ def test_tf1_graph_variables_initialize_equal_and_run(mod):
       first, second = session.run(strategy.experimental_local_results(v))
       np.testing.assert_array_equal(first, second)
       np.testing.assert_allclose(session.run(total), first * 4.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("names, shares", [
+    (("foo", "bar"), False),
+    (("foo", "foo_1"), True),
+    (("foo", "foo"), True),
+])
+def test_replicas_share_variables_by_name_as_in_tensorflow(names, shares):
+  """Replicas after the first get the variable replica 0 made under the same
+  name (less a uniquifying `_<n>`); another name is TF's RuntimeError."""
+  def snippet(mod):
+    strategy = oracle.mirrored(mod, ("CPU:0", "CPU:1"))
+    per_replica_names = strategy.experimental_distribute_values_from_function(
+        lambda ctx: names[ctx.replica_id_in_sync_group])
+    with strategy.scope():
+      made = strategy.run(lambda n: tf.Variable(1.0, name=n).name,
+                          args=(per_replica_names,))
+    return [str(name) for name in strategy.experimental_local_results(made)]
+  outcome = oracle.compare(snippet, (tf.distribute,), (tfd,))
+  assert isinstance(outcome, oracle.Raised) != shares

@@ -10,7 +10,9 @@ replica order, so the ops they build come out in a deterministic order.
 A function that never calls `merge_call` never starts a thread.
 """
 
+import collections
 import contextlib
+import re
 import threading
 
 import tensorflow as tf
@@ -121,6 +123,14 @@ def _in_graph(ops, graph):
   return list(unique.values())
 
 
+
+def _canonical_name(name):
+  """`name` without the suffixes `_<n>` that make names unique (at the end
+  and before each `/`), which replicas may add differently to one
+  variable's name; "Variable" for None."""
+  return re.sub(r"_\d+(?=/|$)", "", name or "Variable")
+
+
 def conversion_guard():
   """Keeps AutoGraph's per-thread state intact if replica code fails on the
   caller's thread; only tracing converts code, so eagerly it does nothing."""
@@ -190,8 +200,8 @@ class ReplicaRunner:
     self._state = None
     self._threads = None
     self._main_thread = threading.current_thread()
-    self._created_variables = []
-    self._taken_variables = [0] * len(replica_inputs)
+    self._created_variables = collections.defaultdict(list)  # by canonical name
+    self._taken_variables = [collections.Counter() for _ in replica_inputs]
     self._running = threading.local()
     self._input_barrier = []
     self._merge_calls = 0
@@ -258,21 +268,25 @@ class ReplicaRunner:
       self._running.replica_id = None
 
   def _share_variable(self, next_creator, **kwargs):
-    """Replica 0 creates variables; the others get the same ones, in order."""
+    """Replica 0 creates variables; the others get the same ones: the next
+    one replica 0 created under the same name (less the suffix `_<n>` that
+    makes names unique), as in TensorFlow."""
     replica_id = getattr(self._running, "replica_id", None)
+    name = _canonical_name(kwargs.get("name"))
     if not replica_id:
       variable = next_creator(**kwargs)
       if replica_id == 0:
-        self._created_variables.append(variable)
+        self._created_variables[name].append(variable)
       return variable
-    taken = self._taken_variables[replica_id]
-    if taken >= len(self._created_variables):
+    taken = self._taken_variables[replica_id][name]
+    if taken >= len(self._created_variables[name]):
       raise RuntimeError(
-          f"Replica {replica_id} created variable {kwargs.get('name')!r} "
-          f"that replica 0 did not create: every replica must create the "
-          f"same variables in the same order.")
-    self._taken_variables[replica_id] = taken + 1
-    return self._created_variables[taken]
+          f"Tried to create variable {kwargs.get('name')} with mismatching "
+          f"name on device {replica_id}: replica {replica_id} created a "
+          f"variable that replica 0 did not; every replica must create the "
+          f"same variables, with the same names.")
+    self._taken_variables[replica_id][name] = taken + 1
+    return self._created_variables[name][taken]
 
   def merge_call(self, replica_id, merge_fn, args, kwargs):
     """Pauses replica `replica_id` until all replicas call merge; runs it."""
