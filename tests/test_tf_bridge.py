@@ -195,35 +195,11 @@ def test_keras_reduce_per_replica_is_routed_for_chosen_strategies():
   assert trainer.reduce_per_replica({"loss": tf.constant(2.0)}, other, "auto")["loss"] == 2.0
 
 
-def test_tf_keras_checks_are_routed_for_chosen_strategies():
-  """tf_keras looks up its module-level checks by name when it asks; the
-  bridge answers them for the strategies whose answers say so, and leaves
-  the others to tf_keras."""
-  from tf_keras.src import callbacks  # pylint: disable=g-import-not-at-top
-  from tf_keras.src.engine import training  # pylint: disable=g-import-not-at-top
-  from tf_keras.src.mixed_precision import loss_scale_optimizer, policy  # pylint: disable=g-import-not-at-top
-  assert "loss_scale_optimizer.strategy_supports_loss_scaling()" in inspect.getsource(policy)
-  assert "_collective_all_reduce_multi_worker(strategy)" in inspect.getsource(
-      training.reduce_per_replica)
-  assert "self._supported_strategies" in inspect.getsource(
-      callbacks.BackupAndRestore.on_train_begin)
-  chosen = tfd.OneDeviceStrategy("CPU:0")
-  _tf_bridge.route_tf_keras(
-      lambda strategy: {"loss_scaling", "multi_worker"} if strategy is chosen else set())
-  with chosen.scope():
-    assert loss_scale_optimizer.strategy_supports_loss_scaling()
-  assert training._collective_all_reduce_multi_worker(chosen)  # pylint: disable=protected-access
-  other = tfd.OneDeviceStrategy("CPU:1")
-  assert not training._collective_all_reduce_multi_worker(other)  # pylint: disable=protected-access
-  with tfd.experimental.CentralStorageStrategy(["CPU:0", "CPU:1"]).scope():
-    assert not loss_scale_optimizer.strategy_supports_loss_scaling()
-  assert loss_scale_optimizer.strategy_supports_loss_scaling()
-
-
 def test_tf_keras_save_before_preemption_is_routed_for_chosen_strategies(tmp_path, monkeypatch):
   """tf_keras's backup state turns `save_before_preemption` on where
   `distributed_file_utils._on_gcp()` says Google Cloud; for a strategy that
-  answers yes it is driven by the handler registered with the bridge, made
+  the bridge is told saves before preemption it is driven by the handler
+  registered with the bridge, made
   from the strategy's cluster resolver and the manager that reads the
   backup, through the handler's names tf_keras reads. `BackupAndRestore` then asks for the
   batch hooks, where tf_keras checks for a notice."""
@@ -234,10 +210,9 @@ def test_tf_keras_save_before_preemption_is_routed_for_chosen_strategies(tmp_pat
   state_class = worker_training_state.WorkerTrainingState
   assert list(inspect.signature(state_class.__init__).parameters) == [
       "self", "model", "checkpoint_dir", "save_freq", "save_before_preemption_arg"]
-  for routed in ((state_class, "__init__"), (state_class, "_tfd_answers"),
-                 (tf_keras.callbacks.BackupAndRestore, "on_train_begin"),
+  for routed in ((state_class, "__init__"), (state_class, "_tfd_routed"),
                  (tf_keras.callbacks.BackupAndRestore, "_implements_train_batch_hooks"),
-                 (tf_keras.callbacks.BackupAndRestore, "_tfd_answers")):
+                 (tf_keras.callbacks.BackupAndRestore, "_tfd_routed")):
     monkeypatch.setattr(*routed, getattr(*routed, None), raising=False)
   monkeypatch.setattr(distributed_file_utils, "_on_gcp", lambda: 200)
   made = []
@@ -259,7 +234,7 @@ def test_tf_keras_save_before_preemption_is_routed_for_chosen_strategies(tmp_pat
       yield
 
   monkeypatch.setitem(_tf_bridge._preemption_handler, "class", Handler)  # pylint: disable=protected-access
-  _tf_bridge.route_tf_keras(lambda strategy: {"save_before_preemption"})
+  _tf_bridge.route_tf_keras(lambda strategy: True)
   model = tf_keras.Sequential([tf_keras.Input((1,)), tf_keras.layers.Dense(1)])
   backup = tf_keras.callbacks.BackupAndRestore(str(tmp_path), save_before_preemption=True)
   backup.set_model(model)
@@ -276,23 +251,6 @@ def test_tf_keras_save_before_preemption_is_routed_for_chosen_strategies(tmp_pat
   monkeypatch.setattr(distributed_file_utils, "_on_gcp", lambda: False)
   assert not state_class(model, str(tmp_path), "epoch", True)._enable_save_before_preemption  # pylint: disable=protected-access
   assert len(made) == 1
-
-
-def test_tf_keras_allows_mixed_float16_where_tensorflow_does():
-  """Mirrored and OneDevice strategies route the check as their scope is
-  entered; CentralStorage and TPU strategies refuse it, as in TensorFlow."""
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  for strategy, allowed in ((tfd.MirroredStrategy(["CPU:0", "CPU:1"]), True),
-                            (tfd.OneDeviceStrategy("CPU:0"), True),
-                            (tfd.experimental.CentralStorageStrategy(["CPU:0", "CPU:1"]), False)):
-    with strategy.scope():
-      try:
-        tf_keras.layers.Dense(1, dtype="mixed_float16")
-        outcome = True
-      except ValueError as e:
-        assert "Mixed precision is not supported" in str(e)
-        outcome = False
-    assert outcome == allowed, strategy
 
 
 def test_keras_checkpoint_writes_are_routed_for_chosen_strategies(tmp_path, monkeypatch):

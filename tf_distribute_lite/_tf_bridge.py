@@ -40,9 +40,8 @@ distributed dataset by the name and module of a base class
 (`KERAS_DATASET_BASES`), reduces its steps' outputs across workers only
 for TensorFlow's own multi-worker class (`route_keras_reduce_per_replica`),
 and saves checkpoints from every worker into the same files
-(`route_keras_checkpoint_writes`); tf_keras decides loss scaling,
-multi-worker prediction, backups and saving before preemption by the class
-of the strategy (`route_tf_keras`).
+(`route_keras_checkpoint_writes`); tf_keras's backups save before
+preemption through tfd's handler (`route_tf_keras`).
 
 `tf.distribute.experimental.rpc` runs on TensorFlow's RPC ops, whose
 generated wrappers (`rpc_kernels`) and whose proto of a server's listed
@@ -445,17 +444,10 @@ def _skipped_where(method, routes):
   return skipped
 
 
-# tf_keras answers four questions with `isinstance` checks against
-# TensorFlow's own strategy classes, each in a module-level name it looks up
-# when it asks: (module, name, the question).
-_TF_KERAS_CHECKS = (
-    ("tf_keras.src.mixed_precision.loss_scale_optimizer",
-     "strategy_supports_loss_scaling", "loss_scaling"),
-    ("tf_keras.src.engine.training", "_collective_all_reduce_multi_worker", "multi_worker"),
-    ("tf_keras.src.callbacks", "BackupAndRestore", "backup"),
-    ("tf_keras.src.distribute.worker_training_state", "WorkerTrainingState",
-     "save_before_preemption"),
-)
+# The module tf_keras keeps its backup state in, and whose
+# `WorkerTrainingState` it looks up by name when `BackupAndRestore` starts.
+_TF_KERAS_TRAINING_STATE = "tf_keras.src.distribute.worker_training_state"
+_TF_KERAS_CALLBACKS = "tf_keras.src.callbacks"
 
 
 # tfd's `PreemptionCheckpointHandler`, which `failure_handling` registers
@@ -469,54 +461,33 @@ def register_preemption_handler(handler_class):
   _preemption_handler["class"] = handler_class
 
 
-def route_tf_keras(answers):
-  """Makes tf_keras ask `answers(strategy)` (a set of the questions below it
-  answers yes to) before its own checks against TensorFlow's classes:
+def route_tf_keras(saves_before_preemption):
+  """Makes tf_keras's `BackupAndRestore(..., save_before_preemption=True)`
+  save at a termination notice through tfd's `PreemptionCheckpointHandler`
+  (as registered) for the strategies where `saves_before_preemption(strategy)`.
 
-  * "loss_scaling": may losses be scaled (the `mixed_float16` policy)?
-    TensorFlow lists the strategies that keep a variable copy per replica.
-  * "multi_worker": does prediction gather every worker's outputs? TensorFlow
-    asks for its own MultiWorkerMirroredStrategy on several workers.
-  * "backup": may `BackupAndRestore` back this strategy's training up?
-  * "save_before_preemption": may `BackupAndRestore(...,
-    save_before_preemption=True)` save at a termination notice? tf_keras
-    asks for TensorFlow's MultiWorkerMirroredStrategy on Google Cloud; then
-    its backup is driven by tfd's `PreemptionCheckpointHandler` (as
-    registered).
-
-  Call it whenever a strategy becomes current: it changes nothing until
-  tf_keras is imported, routes each check once, and costs a few dictionary
-  look-ups after.
+  tf_keras turns the feature on for TensorFlow's MultiWorkerMirroredStrategy
+  on Google Cloud, with TensorFlow's handler, which TensorFlow 2.21 switches
+  off on VMs without GPUs (tf_keras then fails at the first batch). Call it
+  whenever a strategy becomes current: it changes nothing until tf_keras is
+  imported, routes once, and costs two dictionary look-ups after.
   """
-  for module_name, name, question in _TF_KERAS_CHECKS:
-    module = sys.modules.get(module_name)
-    if module is None or getattr(getattr(module, name), "_tfd_answers", None) is answers:
-      continue
-    if question == "backup":
-      _route_backup(module.BackupAndRestore, answers)
-    elif question == "save_before_preemption":
-      _route_training_state(module, answers)
-    else:
-      setattr(module, name, _asking_first(getattr(module, name), answers, question))
+  callbacks = sys.modules.get(_TF_KERAS_CALLBACKS)
+  if callbacks is not None and getattr(
+      callbacks.BackupAndRestore, "_tfd_routed", None) is not saves_before_preemption:
+    _route_backup(callbacks.BackupAndRestore, saves_before_preemption)
+  state = sys.modules.get(_TF_KERAS_TRAINING_STATE)
+  if state is not None and getattr(
+      state.WorkerTrainingState, "_tfd_routed", None) is not saves_before_preemption:
+    _route_training_state(state, saves_before_preemption)
 
 
-def _asking_first(check, answers, question):
-  @functools.wraps(check)
-  def routed(*strategy):
-    current = strategy[0] if strategy else tf.distribute.get_strategy()
-    return question in answers(current) or check(*strategy)
-  routed._tfd_answers = answers  # pylint: disable=protected-access
-  return routed
-
-
-def _route_backup(callback_class, answers):
-  """`BackupAndRestore` takes the strategies that answer "backup"; with
-  `save_before_preemption` it also asks for the batch hooks, in which
-  tf_keras checks for a notice, wherever the strategy answers
-  "save_before_preemption" (tf_keras asks for them only to save every
+def _route_backup(callback_class, saves_before_preemption):
+  """With `save_before_preemption`, `BackupAndRestore` asks for the batch
+  hooks, in which tf_keras checks for a notice, wherever
+  `saves_before_preemption` (tf_keras asks for them only to save every
   `save_freq` batches, so with `save_freq="epoch"` and no other callback
   that wants them, such as `verbose=0`, it never checks)."""
-  on_train_begin = callback_class.on_train_begin
   implements_batch_hooks = callback_class._implements_train_batch_hooks  # pylint: disable=protected-access
 
   @functools.wraps(implements_batch_hooks)
@@ -524,37 +495,27 @@ def _route_backup(callback_class, answers):
     model = getattr(self, "model", None)
     return implements_batch_hooks(self) or bool(
         self.save_before_preemption and model is not None
-        and "save_before_preemption" in answers(model.distribute_strategy))
+        and saves_before_preemption(model.distribute_strategy))
 
-  @functools.wraps(on_train_begin)
-  def routed(self, logs=None):
-    strategy = self.model.distribute_strategy
-    supported = self._supported_strategies  # pylint: disable=protected-access
-    if "backup" in answers(strategy) and not isinstance(strategy, supported):
-      self._supported_strategies = supported + (type(strategy),)  # pylint: disable=protected-access
-    return on_train_begin(self, logs)
-  callback_class.on_train_begin = routed
   callback_class._implements_train_batch_hooks = batch_hooks  # pylint: disable=protected-access
-  callback_class._tfd_answers = answers  # pylint: disable=protected-access
+  callback_class._tfd_routed = saves_before_preemption  # pylint: disable=protected-access
 
 
-def _route_training_state(module, answers):
+def _route_training_state(module, saves_before_preemption):
   """tf_keras's backup state builds TensorFlow's handler for
   `save_before_preemption`, from the manager that writes this worker's
   backup (a temporary folder on workers other than the chief), and turns it
-  on only for TensorFlow's MultiWorkerMirroredStrategy on Google Cloud
-  (`distributed_file_utils._on_gcp`), where TensorFlow 2.21 switches its
-  handler off without GPUs and tf_keras then fails at the first batch. For
-  a strategy that answers yes the state is built without it, and on Google
-  Cloud it is driven by the registered handler over the manager that reads the
-  backup, so every worker restores the chief's backup."""
+  on only on Google Cloud (`distributed_file_utils._on_gcp`). Where
+  `saves_before_preemption` the state is built without it, and on Google
+  Cloud it is driven by the registered handler over the manager that reads
+  the backup, so every worker restores the chief's backup."""
   state_class = module.WorkerTrainingState
   init = state_class.__init__
 
   @functools.wraps(init)
   def routed(self, model, checkpoint_dir, save_freq="epoch", save_before_preemption_arg=None):
     strategy = model.distribute_strategy
-    ours = bool(save_before_preemption_arg) and "save_before_preemption" in answers(strategy)
+    ours = bool(save_before_preemption_arg) and saves_before_preemption(strategy)
     init(self, model, checkpoint_dir, save_freq, False if ours else save_before_preemption_arg)
     if ours and module.distributed_file_utils._on_gcp():  # pylint: disable=protected-access
       self._enable_save_before_preemption = True  # pylint: disable=protected-access
@@ -562,7 +523,7 @@ def _route_training_state(module, answers):
           strategy.cluster_resolver, self.read_checkpoint_manager)
       model._preemption_handler = self.preemption_handler  # pylint: disable=protected-access
   state_class.__init__ = routed
-  state_class._tfd_answers = answers  # pylint: disable=protected-access
+  state_class._tfd_routed = saves_before_preemption  # pylint: disable=protected-access
 
 
 def parse_topology_proto(serialized):

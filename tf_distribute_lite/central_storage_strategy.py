@@ -22,7 +22,8 @@ from tf_distribute_lite import values as values_lib
 _LOCAL_CPU = "/device:CPU:0"
 
 
-class CentralStorageStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy):
+class CentralStorageStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
+                             stands_for=tf.distribute.experimental.CentralStorageStrategy):
   """Synchronous training on one machine with every variable on one device.
 
   Args:
@@ -48,7 +49,8 @@ class CentralStorageStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy):
     super().__init__(ParameterServerStrategyExtended(self, compute_devices, parameter_device))
 
 
-class CentralStorageStrategyV1(strategy_v1.StrategyV1):
+class CentralStorageStrategyV1(
+    strategy_v1.StrategyV1, stands_for=tf.compat.v1.distribute.experimental.CentralStorageStrategy):
   """`CentralStorageStrategy` with the TF 1.x API
   (`tf.compat.v1.distribute.experimental.CentralStorageStrategy`).
 

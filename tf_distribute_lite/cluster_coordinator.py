@@ -29,6 +29,7 @@ from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import coordinator_values
 from tf_distribute_lite import parameter_server_strategy
+from tf_distribute_lite.tf_classes import StandsFor
 
 # How long a worker's loop waits for a lost worker to come back before it
 # gives the worker up; when every worker is given up, the queued functions
@@ -43,7 +44,7 @@ _WORKER_ERROR_TYPES = (tf.errors.UnavailableError, tf.errors.AbortedError,
                        tf.errors.DeadlineExceededError, tf.errors.FailedPreconditionError)
 
 
-class ClusterCoordinator:
+class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.ClusterCoordinator):
   """Schedules `tf.function`s on the workers of a `ParameterServerStrategy`.
 
   A strategy has one coordinator: making another returns the first.

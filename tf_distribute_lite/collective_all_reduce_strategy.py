@@ -54,7 +54,8 @@ _group_keys = itertools.count(_GROUP_KEY_BASE, 2)  # two groups per strategy
 _SUMMABLE = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
 
 
-class CollectiveAllReduceStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy):
+class CollectiveAllReduceStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
+                                  stands_for=tf.distribute.MultiWorkerMirroredStrategy):
   """Synchronous training on the devices of several machines.
 
   Args:
@@ -88,13 +89,6 @@ class CollectiveAllReduceStrategy(strategy_v1.TF1Methods, distribute_lib.Strateg
     """The cluster resolver given, or the `TF_CONFIG` one made by default."""
     return self._extended._cluster_resolver  # pylint: disable=protected-access
 
-  @property
-  def _tf_keras_answers(self):
-    answers = frozenset({"loss_scaling", "backup", "save_before_preemption"})
-    if self._extended._in_multi_worker_mode():  # pylint: disable=protected-access
-      return answers | {"multi_worker"}
-    return answers
-
 
 class _AnyMultiWorkerStrategy(type):
   """`isinstance` answers True for every `MultiWorkerMirroredStrategy`."""
@@ -103,8 +97,9 @@ class _AnyMultiWorkerStrategy(type):
     return isinstance(instance, CollectiveAllReduceStrategy)
 
 
-class ExperimentalMultiWorkerMirroredStrategy(CollectiveAllReduceStrategy,
-                                              metaclass=_AnyMultiWorkerStrategy):
+class ExperimentalMultiWorkerMirroredStrategy(
+    CollectiveAllReduceStrategy, metaclass=_AnyMultiWorkerStrategy,
+    stands_for=tf.distribute.experimental.MultiWorkerMirroredStrategy):
   """Deprecated: `tf.distribute.experimental.MultiWorkerMirroredStrategy`,
   which takes a `communication` implementation; use
   `MultiWorkerMirroredStrategy`.
@@ -128,7 +123,8 @@ class ExperimentalMultiWorkerMirroredStrategy(CollectiveAllReduceStrategy,
 ExperimentalMultiWorkerMirroredStrategy.__name__ = "CollectiveAllReduceStrategy"
 
 
-class CollectiveAllReduceStrategyV1(strategy_v1.StrategyV1):
+class CollectiveAllReduceStrategyV1(
+    strategy_v1.StrategyV1, stands_for=tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy):
   """`MultiWorkerMirroredStrategy` with the TF 1.x API
   (`tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy`).
 
@@ -136,8 +132,6 @@ class CollectiveAllReduceStrategyV1(strategy_v1.StrategyV1):
   >>> strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.0)))
   <tf.Tensor: shape=(), dtype=float32, numpy=2.0>
   """
-
-  _tf_keras_answers = frozenset({"loss_scaling"})
 
   def __init__(self, communication=CommunicationImplementation.AUTO,
                cluster_resolver=None):

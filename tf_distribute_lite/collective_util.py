@@ -3,7 +3,10 @@
 import enum
 import numbers
 
+import tensorflow as tf
+
 from tf_distribute_lite import deprecation
+from tf_distribute_lite.tf_classes import StandsFor
 
 
 class CommunicationImplementation(enum.Enum):
@@ -24,7 +27,7 @@ class CommunicationImplementation(enum.Enum):
 CollectiveCommunication = CommunicationImplementation
 
 
-class Options:
+class Options(StandsFor, stands_for=tf.distribute.experimental.CommunicationOptions):
   """Hints for cross-device communication such as all-reduce:
   `tf.distribute.experimental.CommunicationOptions`.
 
@@ -87,7 +90,7 @@ class Options:
 CommunicationOptions = Options
 
 
-class CollectiveHints:
+class CollectiveHints(StandsFor, stands_for=tf.distribute.experimental.CollectiveHints):
   """Deprecated: use `CommunicationOptions`, which it makes.
 
   The hints a collective took before `CommunicationOptions`; what it makes

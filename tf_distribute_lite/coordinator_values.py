@@ -16,6 +16,7 @@ import threading
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite.tf_classes import StandsFor
 
 _WORKER_INDEX_ERROR = (
     "Cannot retrieve the worker index. `get_worker_idx_and_num_workers` should "
@@ -127,7 +128,8 @@ class RemoteValueImpl(RemoteValue):
         lambda v: v.numpy() if hasattr(v, "numpy") else v, self._values)
 
 
-class PerWorkerValues(tf.__internal__.CompositeTensor):
+class PerWorkerValues(tf.__internal__.CompositeTensor, StandsFor,
+                      stands_for=tf.distribute.coordinator.PerWorkerValue):
   """One value per worker: a function scheduled with it as an argument
   receives the value of the worker that runs it.
 

@@ -26,6 +26,7 @@ from tf_distribute_lite import device_util
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.collective_util import CommunicationOptions
 from tf_distribute_lite.reduce_util import ReduceOp
+from tf_distribute_lite.tf_classes import StandsFor
 
 
 # --- Destinations and values.
@@ -129,7 +130,7 @@ def reduce_on_device(reduce_op, value, device, accumulation_fn=tf.math.add_n):
   return reduced
 
 
-class CrossDeviceOps:
+class CrossDeviceOps(StandsFor, stands_for=tf.distribute.CrossDeviceOps):
   """Base class of cross-device reduction and broadcast algorithms.
 
   Subclasses implement `reduce_implementation` and may override
@@ -204,7 +205,7 @@ def _checked_pairs(value_destination_pairs):
   return [(as_per_replica(v), d) for v, d in value_destination_pairs]
 
 
-class ReductionToOneDevice(CrossDeviceOps):
+class ReductionToOneDevice(CrossDeviceOps, stands_for=tf.distribute.ReductionToOneDevice):
   """Reduces by copying every component to one device and adding there.
 
   Args:
@@ -356,7 +357,8 @@ class _PackedByCount(_AllReduce):
     return list(by_dtype.values())
 
 
-class HierarchicalCopyAllReduce(_PackedByCount):
+class HierarchicalCopyAllReduce(_PackedByCount,
+                                stands_for=tf.distribute.HierarchicalCopyAllReduce):
   """All-reduce in two halves of the devices, then between their roots.
 
   Each half sums its components on a root device (the roots rotate between
@@ -407,7 +409,7 @@ class HierarchicalCopyAllReduce(_PackedByCount):
     return result
 
 
-class NcclAllReduce(_PackedByCount):
+class NcclAllReduce(_PackedByCount, stands_for=tf.distribute.NcclAllReduce):
   """All-reduce between GPUs with NVIDIA NCCL.
 
   Reductions onto other devices than the values' own fall back to

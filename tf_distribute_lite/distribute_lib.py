@@ -26,17 +26,16 @@ from tf_distribute_lite import input_lib
 from tf_distribute_lite import replica_context
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
+from tf_distribute_lite.tf_classes import StandsFor
 
 
-class ValueContext:
+class ValueContext(StandsFor, stands_for=tf.distribute.experimental.ValueContext):
   """What `value_fn` of `experimental_distribute_values_from_function` gets.
 
   >>> context = ValueContext(replica_id_in_sync_group=2, num_replicas_in_sync=4)
   >>> context.replica_id_in_sync_group / context.num_replicas_in_sync
   0.5
   """
-
-  __slots__ = ("_replica", "_replicas")
 
   def __init__(self, replica_id_in_sync_group=0, num_replicas_in_sync=1):
     self._replica, self._replicas = replica_id_in_sync_group, num_replicas_in_sync
@@ -97,7 +96,7 @@ class _StrategyScope:
     default_device = self._strategy.extended._default_device  # pylint: disable=protected-access
     self._device_scope = tf.device(default_device) if default_device else contextlib.nullcontext()
     self._device_scope.__enter__()
-    _tf_bridge.route_tf_keras(_tf_keras_answers)
+    _tf_bridge.route_tf_keras(_saves_before_preemption)
     return self._strategy
 
   def __exit__(self, *exc_info):
@@ -109,11 +108,15 @@ class _StrategyScope:
     contexts.pop()
 
 
-def _tf_keras_answers(strategy):
-  return getattr(strategy, "_tf_keras_answers", frozenset())
+def _saves_before_preemption(strategy):
+  """Whether tf_keras's backups save at a termination notice through tfd's
+  handler: for tfd's MultiWorkerMirroredStrategy, as tf_keras asks of
+  TensorFlow's."""
+  return isinstance(strategy, StrategyBase) and isinstance(
+      strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
-class StrategyBase:
+class StrategyBase(StandsFor):
   """What the TF 2.x `Strategy` and the TF 1.x `compat.v1.Strategy` share."""
 
   # Read by TensorFlow's TF 1.x optimizers: losses are not rescaled.
@@ -121,9 +124,6 @@ class StrategyBase:
   # Read by tf_keras: only a parameter-server strategy is driven through a
   # `ClusterCoordinator`.
   _should_use_with_coordinator = False
-  # What tf_keras decides by the class of TensorFlow's strategy that this
-  # one stands for (see `_tf_bridge.route_tf_keras`).
-  _tf_keras_answers = frozenset()
 
   def __init__(self, extended):
     self._extended = extended
@@ -313,7 +313,7 @@ class StrategyBase:
     return self.distribute_datasets_from_function(dataset_fn, options)
 
 
-class Strategy(StrategyBase):
+class Strategy(StrategyBase, stands_for=tf.distribute.Strategy):
   """A distribution policy: where variables live and how steps run.
 
   >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
@@ -460,7 +460,7 @@ def _element_count(tensor, axes):
   return count
 
 
-class StrategyExtended:
+class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
   """The lower-level methods of a strategy: `strategy.extended`.
 
   >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])

@@ -33,6 +33,7 @@ from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import gce_metadata
 from tf_distribute_lite import termination_config as termination_config_lib
 from tf_distribute_lite.cluster_resolver import tpu_cluster_resolver
+from tf_distribute_lite.tf_classes import StandsFor
 
 _PREFIX = "TF_DISTRIBUTE_LITE_PREEMPTION"
 _LEAD_KEY = f"{_PREFIX}_LEADER"
@@ -47,7 +48,8 @@ POLL_SECONDS = 1.0
 AGREEMENT_TIMEOUT_SECONDS = 60.0
 
 
-class PreemptionCheckpointHandler:
+class PreemptionCheckpointHandler(
+    StandsFor, stands_for=tf.distribute.experimental.PreemptionCheckpointHandler):
   """Saves a checkpoint on every worker at the same step when any worker
   gets a termination notice (SIGTERM by default), then exits.
 

@@ -4,6 +4,10 @@
 import collections
 import enum
 
+import tensorflow as tf
+
+from tf_distribute_lite.tf_classes import StandsFor
+
 
 class InputReplicationMode(enum.Enum):
   """How many input pipelines an input function makes.
@@ -18,7 +22,7 @@ class InputReplicationMode(enum.Enum):
   PER_REPLICA = "PER_REPLICA"
 
 
-class InputContext:
+class InputContext(StandsFor, stands_for=tf.distribute.InputContext):
   """Which input pipeline `dataset_fn` is building, out of how many.
 
   `strategy.distribute_datasets_from_function` calls `dataset_fn` once per
@@ -32,9 +36,6 @@ class InputContext:
   >>> print(context)
   tf.distribute.InputContext(input pipeline id 1, total: 2)
   """
-
-  __slots__ = ("_num_input_pipelines", "_input_pipeline_id",
-               "_num_replicas_in_sync")
 
   def __init__(self, num_input_pipelines=1, input_pipeline_id=0,
                num_replicas_in_sync=1):

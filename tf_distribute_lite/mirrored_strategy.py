@@ -25,7 +25,8 @@ from tf_distribute_lite.collective_util import CommunicationOptions
 from tf_distribute_lite.reduce_util import ReduceOp
 
 
-class MirroredStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy):
+class MirroredStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
+                       stands_for=tf.distribute.MirroredStrategy):
   """Synchronous training across the devices of one machine.
 
   Args:
@@ -45,8 +46,6 @@ class MirroredStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy):
     1: <tf.Variable 'Variable/replica_1:0' shape=() dtype=float32, numpy=1.0>
   }
   """
-
-  _tf_keras_answers = frozenset({"loss_scaling", "backup"})
 
   def __init__(self, devices=None, cross_device_ops=None):
     super().__init__(MirroredExtended(self, devices, cross_device_ops))
@@ -443,15 +442,14 @@ def _default_cross_device_ops(devices):
       devices, options=CommunicationOptions(implementation=implementation))
 
 
-class MirroredStrategyV1(strategy_v1.StrategyV1):
+class MirroredStrategyV1(strategy_v1.StrategyV1,
+                         stands_for=tf.compat.v1.distribute.MirroredStrategy):
   """`MirroredStrategy` with the TF 1.x API (`tf.compat.v1.distribute`).
 
   >>> strategy = MirroredStrategyV1(["CPU:0", "CPU:1"])
   >>> strategy.reduce("MEAN", strategy.run(lambda: tf.constant(3.0)))
   <tf.Tensor: shape=(), dtype=float32, numpy=3.0>
   """
-
-  _tf_keras_answers = frozenset({"loss_scaling"})
 
   def __init__(self, devices=None, cross_device_ops=None):
     super().__init__(MirroredExtended(self, devices, cross_device_ops))

@@ -13,7 +13,8 @@ from tf_distribute_lite import replica_context
 from tf_distribute_lite import strategy_v1
 
 
-class OneDeviceStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy):
+class OneDeviceStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
+                        stands_for=tf.distribute.OneDeviceStrategy):
   """Runs on one device, with the API of the multi-replica strategies.
 
   Args:
@@ -27,8 +28,6 @@ class OneDeviceStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy):
   >>> strategy.run(lambda: v + 1.0)
   <tf.Tensor: shape=(), dtype=float32, numpy=2.0>
   """
-
-  _tf_keras_answers = frozenset({"loss_scaling"})
 
   def __init__(self, device):
     super().__init__(OneDeviceExtended(self, device))
@@ -84,14 +83,13 @@ class _OneDeviceReplicaContext(replica_context.ReplicaContext):
     return self._strategy.extended.worker_devices
 
 
-class OneDeviceStrategyV1(strategy_v1.StrategyV1):
+class OneDeviceStrategyV1(strategy_v1.StrategyV1,
+                          stands_for=tf.compat.v1.distribute.OneDeviceStrategy):
   """`OneDeviceStrategy` with the TF 1.x API (`tf.compat.v1.distribute`).
 
   >>> OneDeviceStrategyV1("/cpu:0").reduce("SUM", tf.constant(1.0))
   <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
   """
-
-  _tf_keras_answers = frozenset({"loss_scaling"})
 
   def __init__(self, device):
     super().__init__(OneDeviceExtended(self, device))

@@ -42,7 +42,8 @@ _COORDINATOR_JOB = "chief"
 _WARN_ON_EXTERNAL_STATE = 0
 
 
-class ParameterServerStrategyV2(strategy_v1.TF1Methods, distribute_lib.Strategy):
+class ParameterServerStrategyV2(strategy_v1.TF1Methods, distribute_lib.Strategy,
+                                stands_for=tf.distribute.ParameterServerStrategy):
   """Training by a coordinator that sends steps to workers, with variables on
   parameter servers.
 

@@ -24,7 +24,8 @@ from tf_distribute_lite import strategy_v1
 from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
 
 
-class ParameterServerStrategyV1(strategy_v1.StrategyV1):
+class ParameterServerStrategyV1(
+    strategy_v1.StrategyV1, stands_for=tf.compat.v1.distribute.experimental.ParameterServerStrategy):
   """Asynchronous training of TF1 graphs by workers, with variables on ps
   tasks.
 

@@ -24,8 +24,10 @@ import operator
 
 import tensorflow as tf
 
+from tf_distribute_lite.tf_classes import StandsFor
 
-class Partitioner:
+
+class Partitioner(StandsFor, stands_for=tf.distribute.experimental.partitioners.Partitioner):
   """Base class of partitioners: called with a variable's `shape`, `dtype`
   and `axis`, a partitioner returns a list with the number of shards for
   each axis.
@@ -52,7 +54,8 @@ class Partitioner:
         f"__call__(shape, dtype, axis=0), returning a shard count per axis.")
 
 
-class FixedShardsPartitioner(Partitioner):
+class FixedShardsPartitioner(
+    Partitioner, stands_for=tf.distribute.experimental.partitioners.FixedShardsPartitioner):
   """Splits `axis` into `num_shards` shards, or one per element if it is
   shorter.
 
@@ -76,7 +79,8 @@ class FixedShardsPartitioner(Partitioner):
     return _partitions(shape, axis, min(self._num_shards, shape[axis]))
 
 
-class MinSizePartitioner(Partitioner):
+class MinSizePartitioner(
+    Partitioner, stands_for=tf.distribute.experimental.partitioners.MinSizePartitioner):
   """As many shards as possible, up to `max_shards`, of at least about
   `min_shard_bytes` each.
 
@@ -116,7 +120,8 @@ class MinSizePartitioner(Partitioner):
                        min(shape[axis], self._max_shards, wanted))
 
 
-class MaxSizePartitioner(Partitioner):
+class MaxSizePartitioner(
+    Partitioner, stands_for=tf.distribute.experimental.partitioners.MaxSizePartitioner):
   """As few shards as possible of at most `max_shard_bytes` each, but no
   more than `max_shards`.
 

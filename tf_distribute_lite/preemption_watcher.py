@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import cluster_runtime
+from tf_distribute_lite.tf_classes import StandsFor
 
 # How long one wait on the coordination service lasts before the watcher
 # checks whether to stop.
@@ -19,7 +20,7 @@ POLL_SECONDS = 1.0
 EXIT_TIMEOUT_SECONDS = 3 * cluster_runtime.HEARTBEAT_TIMEOUT_SECONDS
 
 
-class PreemptionWatcher:
+class PreemptionWatcher(StandsFor, stands_for=tf.distribute.experimental.PreemptionWatcher):
   """Watches the cluster for a termination notice and keeps its message.
 
   Make it after the strategy has joined the cluster. A task that gets

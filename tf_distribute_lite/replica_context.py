@@ -7,6 +7,7 @@ import tensorflow as tf
 from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import contexts
 from tf_distribute_lite.reduce_util import ReduceOp
+from tf_distribute_lite.tf_classes import StandsFor
 
 
 def _own_copies(inputs, results):
@@ -32,7 +33,7 @@ def _with_gradient(xs, ys, gradient):
   return with_gradient(*xs, *ys)
 
 
-class ReplicaContextBase:
+class ReplicaContextBase(StandsFor):
   """What code inside `strategy.run` sees: its replica and the collectives.
 
   >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
@@ -172,7 +173,7 @@ class ReplicaContextBase:
     self._require_current()
     return self._strategy.extended.update(var, fn, args, kwargs, group)
 
-class ReplicaContext(ReplicaContextBase):
+class ReplicaContext(ReplicaContextBase, stands_for=tf.distribute.ReplicaContext):
   """The replica context of TF 2.x strategies, with `all_gather`.
 
   >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])

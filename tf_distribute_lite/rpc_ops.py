@@ -48,6 +48,7 @@ import weakref
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite.tf_classes import StandsFor
 
 _RPC_LAYER = "grpc"
 
@@ -58,7 +59,7 @@ _client_numbers = itertools.count()
 _ABSTRACT = "{0} is an interface: make one with {0}.create(rpc_layer, address)."
 
 
-class Server:
+class Server(StandsFor, stands_for=tf.distribute.experimental.rpc.Server):
   """A server answering remote calls of the `tf.function`s registered on it.
 
   Make one with `Server.create`, register its methods, then start it:
@@ -112,7 +113,7 @@ class Server:
     raise NotImplementedError(_ABSTRACT.format("Server"))
 
 
-class Client:
+class Client(StandsFor, stands_for=tf.distribute.experimental.rpc.Client):
   """A client calling the methods of a `Server` by name.
 
   `Client.create` asks the server for its methods and adds two callables

@@ -129,7 +129,8 @@ class TF1Methods:
     return self._extended.colocate_vars_with(colocate_with_variable)
 
 
-class StrategyExtendedV1(distribute_lib.StrategyExtended):
+class StrategyExtendedV1(distribute_lib.StrategyExtended,
+                         stands_for=tf.compat.v1.distribute.StrategyExtended):
   """`strategy.extended` with its TF 1.x methods
   (`tf.compat.v1.distribute.StrategyExtended`); every strategy's extended
   object is one, as in TensorFlow.
@@ -172,7 +173,8 @@ class StrategyExtendedV1(distribute_lib.StrategyExtended):
       return _run_steps(strategy, fn, iterator, iterations, initial_loop_values)
 
 
-class StrategyV1(TF1Methods, distribute_lib.StrategyBase):
+class StrategyV1(TF1Methods, distribute_lib.StrategyBase,
+                 stands_for=tf.compat.v1.distribute.Strategy):
   """The TF 1.x form of `Strategy` (`tf.compat.v1.distribute.Strategy`).
 
   `reduce`'s `axis` defaults to None; input comes from iterators with an
@@ -195,7 +197,8 @@ class StrategyV1(TF1Methods, distribute_lib.StrategyBase):
     return self._extended.experimental_make_numpy_dataset(numpy_input, session)
 
 
-class ReplicaContextV1(replica_context.ReplicaContextBase):
+class ReplicaContextV1(replica_context.ReplicaContextBase,
+                       stands_for=tf.compat.v1.distribute.ReplicaContext):
   """`tf.compat.v1.distribute.ReplicaContext`: the replica context's TF 1.x
   interface (no `all_gather`). Strategies' replica contexts are TF 2.x ones,
   as in TensorFlow.

@@ -7,10 +7,13 @@ import numbers
 import sys
 from typing import Callable, Optional
 
+import tensorflow as tf
+
 from tf_distribute_lite import gce_metadata
+from tf_distribute_lite.tf_classes import StandsFor
 
 
-class TerminationConfig:
+class TerminationConfig(StandsFor, stands_for=tf.distribute.experimental.TerminationConfig):
   """Customizes `PreemptionCheckpointHandler` for a platform.
 
   Args:

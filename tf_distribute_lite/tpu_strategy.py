@@ -123,7 +123,8 @@ class _TPUStrategyMethods:
     return self.extended._annotated(tensor, "replicated", None)  # pylint: disable=protected-access
 
 
-class TPUStrategyV2(_TPUStrategyMethods, strategy_v1.TF1Methods, distribute_lib.Strategy):
+class TPUStrategyV2(_TPUStrategyMethods, strategy_v1.TF1Methods, distribute_lib.Strategy,
+                    stands_for=tf.distribute.TPUStrategy):
   """Synchronous training on TPU cores.
 
   Args:
@@ -142,8 +143,6 @@ class TPUStrategyV2(_TPUStrategyMethods, strategy_v1.TF1Methods, distribute_lib.
   >>> strategy.reduce("SUM", strategy.run(lambda: v * 3.0), axis=None)
   <tf.Tensor: shape=(), dtype=float32, numpy=24.0>
   """
-
-  _tf_keras_answers = frozenset({"backup"})
 
   def __init__(self, tpu_cluster_resolver=None, experimental_device_assignment=None,
                experimental_spmd_xla_partitioning=False):
@@ -173,7 +172,8 @@ class _AnyTPUStrategy(type):
     return isinstance(instance, TPUStrategyV2)
 
 
-class ExperimentalTPUStrategy(TPUStrategyV2, metaclass=_AnyTPUStrategy):
+class ExperimentalTPUStrategy(TPUStrategyV2, metaclass=_AnyTPUStrategy,
+                              stands_for=tf.distribute.experimental.TPUStrategy):
   """Deprecated: `tf.distribute.experimental.TPUStrategy` (TF 2.2), which
   names its device assignment `device_assignment`.
 
@@ -191,7 +191,8 @@ class ExperimentalTPUStrategy(TPUStrategyV2, metaclass=_AnyTPUStrategy):
 ExperimentalTPUStrategy.__name__ = "TPUStrategy"
 
 
-class TPUStrategyV1(_TPUStrategyMethods, strategy_v1.StrategyV1):
+class TPUStrategyV1(_TPUStrategyMethods, strategy_v1.StrategyV1,
+                    stands_for=tf.compat.v1.distribute.experimental.TPUStrategy):
   """`TPUStrategy` with the TF 1.x API
   (`tf.compat.v1.distribute.experimental.TPUStrategy`).
 

@@ -16,6 +16,7 @@ import dataclasses
 import tensorflow as tf
 
 from tf_distribute_lite import device_util
+from tf_distribute_lite.tf_classes import StandsFor
 
 _HOST_DEVICE_TYPES = ("CPU", "XLA_CPU")
 
@@ -82,7 +83,7 @@ def accelerator_devices(master, config_proto=None):
           if d.device_type not in _HOST_DEVICE_TYPES]
 
 
-class ClusterResolver(abc.ABC):
+class ClusterResolver(abc.ABC, StandsFor, stands_for=tf.distribute.cluster_resolver.ClusterResolver):
   """The interface of every cluster resolver.
 
   Subclasses implement `cluster_spec()` and `master()`; `task_type`,
@@ -107,8 +108,8 @@ class ClusterResolver(abc.ABC):
 
   @classmethod
   def __subclasshook__(cls, subclass):
-    # TensorFlow's resolvers count as ours. Its base itself does not: ours
-    # is registered as its subclass, and ABCMeta refuses a cycle.
+    # TensorFlow's resolvers count as ours (ours count as theirs through
+    # `stands_for`); its abstract base itself does not.
     theirs = tf.distribute.cluster_resolver.ClusterResolver
     if cls is ClusterResolver and theirs in subclass.__mro__[1:]:
       return True
@@ -175,10 +176,8 @@ class ClusterResolver(abc.ABC):
     self._rpc_layer = rpc_layer
 
 
-tf.distribute.cluster_resolver.ClusterResolver.register(ClusterResolver)
 
-
-class SimpleClusterResolver(ClusterResolver):
+class SimpleClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resolver.SimpleClusterResolver):
   """A resolver that returns what it is given.
 
   >>> cluster = tf.train.ClusterSpec({"worker": ["w0:2222", "w1:2222"]})
@@ -235,7 +234,7 @@ class SimpleClusterResolver(ClusterResolver):
     return {} if self._num_accelerators is None else self._num_accelerators
 
 
-class UnionClusterResolver(ClusterResolver):
+class UnionClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resolver.UnionResolver):
   """The union of the clusters of several resolvers; everything else comes
   from the first one unless given here. Exported as `UnionResolver`.
 

@@ -18,7 +18,7 @@ def _compute_service(credentials):
   return discovery.build("compute", "v1", credentials=credentials)
 
 
-class GCEClusterResolver(ClusterResolver):
+class GCEClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resolver.GCEClusterResolver):
   """Every running instance of `instance_group` (its first network
   interface's IP and `port`, sorted) is a task of job `task_type`.
 

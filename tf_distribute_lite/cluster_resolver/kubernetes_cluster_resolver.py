@@ -46,7 +46,8 @@ def _kubernetes():
   return kubernetes
 
 
-class KubernetesClusterResolver(ClusterResolver):
+class KubernetesClusterResolver(ClusterResolver,
+                                stands_for=tf.distribute.cluster_resolver.KubernetesClusterResolver):
   """Each job is the pods its label selectors pick (sorted by name, each
   `host_ip:tf_server_port`); every one must be running.
 

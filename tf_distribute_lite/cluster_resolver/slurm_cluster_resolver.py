@@ -105,7 +105,7 @@ def get_num_gpus():
   return sum(line.startswith("GPU ") for line in output.strip().split("\n"))
 
 
-class SlurmClusterResolver(ClusterResolver):
+class SlurmClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resolver.SlurmClusterResolver):
   """Tasks of the Slurm job step, on consecutive ports from `port_base` on
   each node, split into `jobs` (by default every task a worker) in sorted
   job-name order; this task is the one of rank `$SLURM_PROCID`.

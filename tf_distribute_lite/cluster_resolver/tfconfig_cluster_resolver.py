@@ -51,7 +51,7 @@ def load_tf_config():
   return config
 
 
-class TFConfigClusterResolver(ClusterResolver):
+class TFConfigClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resolver.TFConfigClusterResolver):
   """Reads the cluster and this task from `TF_CONFIG`, such as
   `{"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type":
   "worker", "index": 1}}`. Arguments given here override the variable.

@@ -35,7 +35,7 @@ def register_system_initializer(initialize_tpu_system):
   _system["initialize"] = initialize_tpu_system
 
 
-class TPUClusterResolver(ClusterResolver):
+class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resolver.TPUClusterResolver):
   """The TPU to run on.
 
   `tpu` is "local" (this Cloud TPU VM's chips), "grpc://host:port" addresses,
