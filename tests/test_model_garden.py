@@ -3,10 +3,11 @@ numbers it gives under TensorFlow's.
 
 The real package (`official`, from tf-models-no-deps) runs unchanged:
 `official.core.train_lib.run_experiment` (training, evaluation, checkpoints,
-summaries, a restart from the last checkpoint), `official.core.base_trainer.
-Trainer` driven directly with an exponential-moving-average optimizer, and
+summaries, a restart from the last checkpoint); `official.core.base_trainer.
+Trainer` driven directly, with an exponential-moving-average optimizer and
+with the Model Garden's own test task (`official.utils.testing.mock_task`);
 `official.modeling.multitask.train_lib.run_experiment` with its joint and
-interleaving trainers and its multi-task evaluator. The tasks are tiny
+interleaving trainers and its multi-task evaluator. Our tasks are tiny
 regressions (`official.core.base_task.Task` subclasses) on fixed data with
 fixed initial weights, so that every loss, metric and weight can be compared.
 
@@ -43,6 +44,7 @@ from official.modeling.multitask import configs as multitask_configs  # pylint: 
 from official.modeling.multitask import multitask  # pylint: disable=g-import-not-at-top
 from official.modeling.multitask import train_lib as multitask_train_lib  # pylint: disable=g-import-not-at-top
 from official.modeling.optimization.configs import optimizer_config  # pylint: disable=g-import-not-at-top
+from official.utils.testing import mock_task  # pylint: disable=g-import-not-at-top
 
 FEATURES = 3
 HIDDEN = 4
@@ -279,6 +281,23 @@ def ema_trainer_program(strategy):
           "global_step": int(trainer.global_step.numpy())}
 
 
+def mock_task_program(strategy):
+  """As the Model Garden's own `base_trainer_test`: its `MockTask` (zero
+  inputs, a model loss) under a `Trainer`, `train(5)` then `evaluate(5)`.
+  Its kernel starts random, so only the logs are compared."""
+  config = cfg.ExperimentConfig(trainer=cfg.TrainerConfig(
+      optimizer_config=cfg.OptimizationConfig({
+          "optimizer": {"type": "sgd"}, "learning_rate": {"type": "constant"}})))
+  with strategy.scope():
+    task = mock_task.MockTask(config.task)
+    trainer = base_trainer.Trainer(
+        config, task, model=task.build_model(),
+        optimizer=task.create_optimizer(config.trainer.optimizer_config, config.runtime))
+    logs = trainer.train(tf.constant(5))
+    evaluated = trainer.evaluate(tf.constant(5))
+  return {"train": _plain(logs), "eval": _plain(evaluated)}
+
+
 class SharedTrunkModel(base_model.MultiTaskBaseModel):
   """A shared Dense(4, relu) trunk with a Dense(1) head per task."""
 
@@ -392,6 +411,15 @@ def test_trainer_with_a_moving_average_optimizer(strategy_name):
   theirs, _ = _both(ema_trainer_program, strategy_name)
   assert theirs["global_step"] == 6
   assert theirs["weights"] != theirs["averages"]
+
+
+@pytest.mark.parametrize("strategy_name", ["one_device", "tpu"])
+def test_the_model_gardens_mock_task(strategy_name):
+  """The Model Garden's own test task, as its tests drive it: the
+  validation `counter` adds up 1 per step on every replica."""
+  theirs, _ = _both(mock_task_program, strategy_name)
+  replicas = {"one_device": 1, "tpu": 4}[strategy_name]
+  assert theirs["eval"]["counter"] == 5.0 * replicas
 
 
 @pytest.mark.parametrize("strategy_name, trainer_type", [
