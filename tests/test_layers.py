@@ -1,5 +1,6 @@
 """The package's shape: its modules import one another without loops, in the
-directions DESIGN.md names, and none grows past 800 non-blank lines.
+directions ARCHITECTURE.md names, none grows past 800 non-blank lines, and
+ARCHITECTURE.md's code map names every module and only files that exist.
 
 Read from the source with `ast` (imports inside functions count too), so a
 lazy import cannot hide a loop.
@@ -7,11 +8,14 @@ lazy import cannot hide a loop.
 
 import ast
 import pathlib
+import re
 
 import pytest
 
 PACKAGE = "tf_distribute_lite"
-PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent / PACKAGE
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE_DIR = ROOT / PACKAGE
+ARCHITECTURE = ROOT / "ARCHITECTURE.md"
 MAX_NON_BLANK_LINES = 800
 
 
@@ -94,3 +98,89 @@ def test_module_has_at_most_800_non_blank_lines(module):
   assert len(lines) <= MAX_NON_BLANK_LINES, (
       f"{module} has {len(lines)} non-blank lines; split it below "
       f"{MAX_NON_BLANK_LINES}.")
+
+
+def reachable(graph, module):
+  """The package's modules `module` imports, directly or through others."""
+  seen, todo = set(), [module]
+  while todo:
+    for target in graph[todo.pop()] - seen:
+      seen.add(target)
+      todo.append(target)
+  return seen
+
+
+# The namespace packages: every package of tfd is one (`__init__.py`).
+NAMESPACES = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+
+
+def _is_above_the_core(module):
+  """Strategies, TF 1.x adapters, cluster and TPU modules."""
+  short = module[len(PACKAGE) + 1:]
+  return (short.endswith(("strategy", "strategy_v1")) or
+          short.startswith(("tpu", "cluster")) or
+          short in ("contrib_tower", "coordinator_values", "failure_handling",
+                    "preemption_watcher", "termination_config", "gce_metadata",
+                    "rpc_ops"))
+
+
+def test_bridge_and_tf_classes_import_no_package_module():
+  graph = import_graph()
+  assert graph[f"{PACKAGE}._tf_bridge"] == set()
+  assert graph[f"{PACKAGE}.tf_classes"] == set()
+
+
+def test_the_core_reaches_no_strategy_adapter_cluster_or_tpu_module():
+  above = sorted(m for m in reachable(import_graph(), f"{PACKAGE}.distribute_lib")
+                 if _is_above_the_core(m))
+  assert not above, f"{PACKAGE}.distribute_lib imports, through others: {above}"
+
+
+def test_only_namespaces_import_namespaces():
+  # `cluster_resolver/` is also the package of the resolvers.
+  allowed = {f"{PACKAGE}.cluster_resolver"}
+  wrong = {module: sorted(imported & NAMESPACES - allowed)
+           for module, imported in import_graph().items()
+           if module not in NAMESPACES and imported & NAMESPACES - allowed}
+  assert not wrong, f"modules importing a namespace package: {wrong}"
+
+
+def test_no_module_but_the_bridge_imports_tensorflow_python():
+  importers = []
+  for name, path in MODULES.items():
+    if name == f"{PACKAGE}._tf_bridge":
+      continue
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+               [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+      if any(n == "tensorflow.python" or n.startswith("tensorflow.python.") for n in names):
+        importers.append(name)
+  assert not importers, f"import tensorflow.python outside _tf_bridge: {importers}"
+
+
+def _architecture_paths():
+  """The file and folder paths ARCHITECTURE.md names in backquotes."""
+  return set(re.findall(r"`([\w./-]+?(?:\.py|/))`", ARCHITECTURE.read_text()))
+
+
+def _name_in_architecture(path):
+  """How ARCHITECTURE.md names a module: its path in the package, a
+  package by its folder ("experimental/")."""
+  relative = path.relative_to(PACKAGE_DIR)
+  if relative.name != "__init__.py" or relative.parent == pathlib.Path("."):
+    return relative.as_posix()
+  return relative.parent.as_posix() + "/"
+
+
+def test_architecture_names_only_paths_that_exist():
+  missing = sorted(p for p in _architecture_paths()
+                   if not (PACKAGE_DIR / p).exists() and not (ROOT / p).exists())
+  assert not missing, f"ARCHITECTURE.md names paths that do not exist: {missing}"
+
+
+def test_architecture_names_every_module():
+  named = _architecture_paths()
+  unnamed = sorted(_name_in_architecture(path) for path in MODULES.values()
+                   if _name_in_architecture(path) not in named)
+  assert not unnamed, (f"ARCHITECTURE.md's code map does not name {unnamed}: "
+                       f"say what each does there.")
