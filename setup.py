@@ -23,9 +23,17 @@ setup(
     ],
     extras_require={
         # tf-keras (Keras 2) is tested as a client library, with TensorBoard
-        # for its callback; Orbit is installed by scripts/_env.sh (its
-        # package pins an older TensorFlow).
+        # for its callback; Orbit and the Model Garden are installed by
+        # scripts/_env.sh (their package pins an older TensorFlow).
+        # The Model Garden's training framework (official.core and
+        # official.modeling.multitask) imports gin and yaml, and
+        # tensorflow_datasets, which scripts/_env.sh installs without its
+        # dependencies (they include the 55 MB pyarrow, never used here): the
+        # rest of the list is what importing tensorflow_datasets needs.
         "test": ["pytest", "pytest-xdist", "tensorboard",
-                 "tf-keras; python_version >= '3.10'"],
+                 "tf-keras; python_version >= '3.10'",
+                 "gin-config", "pyyaml",
+                 "etils", "immutabledict", "promise", "tensorflow-metadata",
+                 "toml", "tqdm"],
     },
 )

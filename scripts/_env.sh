@@ -2,13 +2,16 @@
 #
 # Moves to the repository root, creates .venv on first use and installs the
 # project into it with its test extras. The install is redone only when
-# setup.py or the Orbit pin changes: .venv/.install-stamp holds a hash of them from the
-# last successful install.
+# setup.py or the pins installed without dependencies change: .venv/.install-stamp
+# holds a hash of them from the last successful install.
 #
-# Test dependencies: tf-keras comes from setup.py's test extras; Orbit comes
-# from tf-models-no-deps, installed without dependencies because its
+# Test dependencies: tf-keras, and what the Model Garden's training framework
+# imports, come from setup.py's test extras. Installed without dependencies:
+# Orbit and the Model Garden (`official`), from tf-models-no-deps, whose
 # metadata pins an older TensorFlow (Orbit itself needs only TensorFlow,
-# tf-keras, absl and numpy).
+# tf-keras, absl and numpy); tensorflow-datasets, which `official.core`
+# imports but the tests never use, so its heavy dependencies are left out
+# (setup.py lists the few its import needs).
 #
 # Environment:
 #   PYTHON                interpreter used to create .venv (default: python3)
@@ -23,7 +26,7 @@ cd "$REPO_ROOT"
 VENV_DIR="$REPO_ROOT/.venv"
 VENV_PYTHON="$VENV_DIR/bin/python"
 STAMP_FILE="$VENV_DIR/.install-stamp"
-ORBIT_PACKAGE="tf-models-no-deps==2.19.0"
+NO_DEPS_PACKAGES=(tf-models-no-deps==2.19.0 tensorflow-datasets==4.9.10)
 
 _say() { echo "[$(basename "$0")] $*" >&2; }
 
@@ -54,14 +57,14 @@ fi
 _setup_hash="$("$VENV_PYTHON" -c '
 import hashlib, sys
 print(hashlib.sha256(open("setup.py", "rb").read() + sys.argv[1].encode()).hexdigest())
-' "$ORBIT_PACKAGE")"
+' "${NO_DEPS_PACKAGES[*]}")"
 
 if [[ ! -f "$STAMP_FILE" || "$(cat "$STAMP_FILE")" != "$_setup_hash" ]]; then
   _say "installing tf_distribute_lite and its dependencies into .venv (first run downloads TensorFlow)"
   rm -f "$STAMP_FILE"
   # Build-backend chatter goes to a log, shown only if the install fails.
   if ! { "$VENV_PYTHON" -m pip install -q --disable-pip-version-check -e ".[test]" &&
-         "$VENV_PYTHON" -m pip install -q --disable-pip-version-check --no-deps "$ORBIT_PACKAGE"; } \
+         "$VENV_PYTHON" -m pip install -q --disable-pip-version-check --no-deps "${NO_DEPS_PACKAGES[@]}"; } \
       > "$VENV_DIR/install.log" 2>&1; then
     cat "$VENV_DIR/install.log" >&2
     _say "error: installation failed (log: .venv/install.log)"

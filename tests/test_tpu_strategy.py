@@ -99,6 +99,31 @@ def test_ungrouped_update_in_a_step_gives_a_tuple(strategy):
   assert v.numpy() == 2.0
 
 
+def test_merge_call_gets_one_of_each_python_object(strategy):
+  """On a TPU the replica function is traced once, so `merge_fn` gets the
+  one Python object passed (TensorFlow's TPU replica context hands it over
+  as it is): here a `zip` of variables it consumes, as the Model Garden's
+  EMA optimizer swaps its weights. Tensors still come per replica."""
+  with strategy.scope():
+    targets = [tf.Variable(1.0), tf.Variable(2.0)]
+    sources = [tf.Variable(10.0), tf.Variable(20.0)]
+  seen = []
+
+  def swap(s, pairs, scale):
+    seen.append((type(pairs), len(s.experimental_local_results(scale))))
+    for target, source in pairs:
+      s.extended.update(target, lambda v, w: v.assign(w), args=(source,))
+
+  def replica():
+    scale = tf.cast(tfd.get_replica_context().replica_id_in_sync_group, tf.float32)
+    tfd.get_replica_context().merge_call(
+        swap, args=(zip(targets, sources),), kwargs={"scale": scale})
+
+  tf.function(lambda: strategy.run(replica))()
+  assert seen[0] == (zip, 4)
+  assert [v.numpy() for v in targets] == [10.0, 20.0]
+
+
 def test_datasets_are_split_across_the_cores(strategy):
   dataset = tf.data.Dataset.range(16).batch(8)
   dist = strategy.experimental_distribute_dataset(dataset)

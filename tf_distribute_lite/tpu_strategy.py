@@ -502,6 +502,29 @@ def _check_run_arguments(fn, args, kwargs):
 class _EmulatedReplicaContext(tpu_replication.LogicalDevices, replica_context.ReplicaContext):
   """A replica's context on an emulated slice."""
 
+  def merge_call(self, merge_fn, args=(), kwargs=None):
+    """As `ReplicaContext.merge_call`, except that `merge_fn` gets one of
+    each Python object (not a tensor or variable) that the replicas pass:
+    replica 0's. On a TPU the replica function is traced once, so there is
+    only one, and a `merge_fn` may consume it (the Model Garden's EMA
+    optimizer passes a `zip` of variables); each emulated replica makes its
+    own."""
+    def merge_traced_once(strategy, *grouped_args, **grouped_kwargs):
+      grouped_args, grouped_kwargs = tf.nest.map_structure(
+          _replica_0_object, (grouped_args, grouped_kwargs))
+      return merge_fn(strategy, *grouped_args, **grouped_kwargs)
+    return super().merge_call(merge_traced_once, args, kwargs)
+
+
+def _replica_0_object(value):
+  """Replica 0's component of a PerReplica that groups Python objects; any
+  other `value` unchanged."""
+  if isinstance(value, values_lib.PerReplica) and not any(
+      tf.is_tensor(v) or isinstance(v, (tf.Variable, tf.distribute.DistributedValues))
+      for v in value.values):
+    return value.values[0]
+  return value
+
 
 def _check_fetchable(element_spec, options):
   """Raises `ValueError` where the elements go to the TPU cores (by default)
