@@ -549,14 +549,17 @@ class NotADeviceAssignmentError(ValueError, AttributeError):
 
 
 def _check_arguments(resolver, device_assignment, steps_per_run):
-  """Raises for a resolver that is not a TPU's (`NotAResolverError`), a
+  """Raises for a resolver that is not a TPU's, nor answers as one
+  (`NotAResolverError`), a
   device assignment that is not a `tf.tpu.experimental.DeviceAssignment`
   (`NotADeviceAssignmentError`), and as `check_count` for `steps_per_run`
   below 1."""
-  cluster_resolver_lib.check_resolver(
-      resolver, "tpu_cluster_resolver",
-      (TPUClusterResolver, tf.distribute.cluster_resolver.TPUClusterResolver),
-      "tf.distribute.cluster_resolver.TPUClusterResolver")
+  if not hasattr(resolver, "get_tpu_system_metadata"):
+    # TensorFlow takes any object that answers as a TPU resolver does.
+    cluster_resolver_lib.check_resolver(
+        resolver, "tpu_cluster_resolver",
+        (TPUClusterResolver, tf.distribute.cluster_resolver.TPUClusterResolver),
+        "tf.distribute.cluster_resolver.TPUClusterResolver")
   if device_assignment is not None and not isinstance(
       device_assignment, tf.tpu.experimental.DeviceAssignment):
     raise NotADeviceAssignmentError(
