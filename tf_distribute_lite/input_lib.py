@@ -769,7 +769,21 @@ def initializable_iterator(distributed_dataset):
   return distributed_dataset.make_initializable_iterator()
 
 
-class _GraphDatasetIterator:
+class _TF1Iterator:
+  """What the TF 1.x iterators below share: `initialize()` and `get_next()`."""
+
+  def initialize(self):
+    """Deprecated: the `initializer` (ops in a graph; eagerly it restarts
+    the iterator and gives None)."""
+    deprecation.warn_once("DistributedIterator.initialize",
+                          "Use the iterator's `initializer` property instead.")
+    return self.initializer
+
+  def get_next(self):
+    return self._iterator.get_next()
+
+
+class _GraphDatasetIterator(_TF1Iterator):
   """The TF 1.x iterator of the default strategy in a TF1 graph, over the
   dataset itself; as in TensorFlow its `initializer` is a list of one op.
 
@@ -790,20 +804,11 @@ class _GraphDatasetIterator:
     """`[op]`, where the op (re)starts the iterator."""
     return [self._iterator.initializer]
 
-  def initialize(self):
-    """Deprecated: the `initializer` ops."""
-    deprecation.warn_once("DistributedIterator.initialize",
-                          "Use the iterator's `initializer` property instead.")
-    return self.initializer
-
-  def get_next(self):
-    return self._iterator.get_next()
-
   def get_next_as_optional(self):
     return self._iterator.get_next_as_optional()
 
 
-class _EagerIterator:
+class _EagerIterator(_TF1Iterator):
   """An eager distributed iterator with TF 1.x's `initialize()`, which
   restarts it, as TensorFlow's does.
 
@@ -825,15 +830,6 @@ class _EagerIterator:
     """Eagerly there is no op to run: reading it restarts the iterator (as
     in TensorFlow) and gives None."""
     self._iterator = iter(self._dataset)
-
-  def initialize(self):
-    """Deprecated: restarts the iterator; returns None."""
-    deprecation.warn_once("DistributedIterator.initialize",
-                          "Use the iterator's `initializer` property instead.")
-    return self.initializer
-
-  def get_next(self):
-    return self._iterator.get_next()
 
   def __getattr__(self, name):
     return getattr(self._iterator, name)
