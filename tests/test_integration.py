@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import tf_distribute_lite as tfd
+from tf_distribute_lite import tpu_strategy
 
 from oracle import TF, TFD
 
@@ -195,16 +196,24 @@ def _tf_keras_moving_average_update(api, strategy, run, zero_debias):
   return _local(strategy, v)
 
 
+def _allow_eager_tpu_steps(monkeypatch):
+  """The "eager" runs take the emulated TPU's debugging option: a TPU refuses
+  an eager step."""
+  monkeypatch.setenv(tpu_strategy.EAGER_RUN_VARIABLE, "1")
+
+
 @pytest.mark.parametrize("zero_debias", [False, True], ids=["biased", "zero_debias"])
 @pytest.mark.parametrize("snippet", [
     _average_in_update, _average_in_update_non_slot, _average_in_replicas,
     _exponential_moving_average, _exponential_moving_average_in_replicas,
     _tf_keras_moving_average_update], ids=lambda f: f.__name__.lstrip("_"))
 @pytest.mark.parametrize("kind", _UPDATE_STRATEGIES)
-def test_moving_averages_like_tensorflow(kind, snippet, zero_debias, run_mode):
+def test_moving_averages_like_tensorflow(kind, snippet, zero_debias, run_mode,
+                                        monkeypatch):
   """TF updates each component once; before tfd shared TF's update context,
   an average inside `extended.update` was updated once per device, and
   zero-debiasing in a graph failed with "Duplicate node name"."""
+  _allow_eager_tpu_steps(monkeypatch)
   if snippet is _tf_keras_moving_average_update and zero_debias:
     pytest.skip("tf_keras always debiases")
   # Zero-debiasing makes its variables with `get_variable`; a `tf.function`
@@ -220,8 +229,9 @@ def test_moving_averages_like_tensorflow(kind, snippet, zero_debias, run_mode):
 
 
 @pytest.mark.parametrize("kind", _UPDATE_STRATEGIES)
-def test_tf_keras_batch_normalization_statistics_like_tensorflow(kind, run_mode):
+def test_tf_keras_batch_normalization_statistics_like_tensorflow(kind, run_mode, monkeypatch):
   import tf_keras  # pylint: disable=g-import-not-at-top
+  _allow_eager_tpu_steps(monkeypatch)
 
   def statistics(api):
     strategy = _update_strategy(kind, api)
