@@ -23,6 +23,7 @@ import json
 import os
 import pathlib
 import pickle
+import random
 import signal
 import socket
 import subprocess
@@ -34,17 +35,37 @@ REPO_ROOT = WORKER.parent.parent
 
 
 def free_ports(count):
-  """`count` ports nothing listens on now (bound to port 0, then released)."""
-  sockets = []
+  """`count` ports nothing listens on now, none given out before in this
+  process, all below the kernel's ephemeral range: clusters started
+  together open outgoing connections, which take ephemeral ports, and one
+  could take a port another cluster was given before its server binds it."""
+  first_ephemeral = _first_ephemeral_port()
+  ports = []
+  while len(ports) < count:
+    port = _random.randrange(_LOWEST_PORT, first_ephemeral)
+    if port in _given_ports:
+      continue
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+      try:
+        s.bind(("127.0.0.1", port))
+      except OSError:
+        continue
+    _given_ports.add(port)
+    ports.append(port)
+  return ports
+
+
+_LOWEST_PORT = 10000
+_given_ports = set()
+_random = random.Random()  # seeded per process: xdist workers pick apart
+
+
+def _first_ephemeral_port():
   try:
-    for _ in range(count):
-      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-      s.bind(("127.0.0.1", 0))
-      sockets.append(s)
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+      return max(int(f.read().split()[0]), _LOWEST_PORT + 1000)
+  except (OSError, ValueError, IndexError):
+    return 32768
 
 
 def run_together(runs, timeout=120):
