@@ -578,3 +578,27 @@ def test_a_missing_rpc_module_is_an_import_error_naming_it():
   with pytest.raises(ImportError, match=r"no RPC ops \(tensorflow.distribute.experimental"
                                         r".rpc.kernels.gone\)"):
     _tf_bridge._rpc_module("kernels.gone")  # pylint: disable=protected-access
+
+
+def test_registered_type_specs_are_saved_and_loaded_as_their_class(tmp_path):
+  @_tf_bridge.register_type_spec("tf_distribute_lite_tests.PairSpec")
+  class PairSpec(tf.TypeSpec):  # pylint: disable=unused-variable
+    value_type = property(lambda self: tuple)
+    _component_specs = property(lambda self: (self._spec, self._spec))
+
+    def __init__(self, spec):
+      self._spec = spec
+
+    def _serialize(self):
+      return (self._spec,)
+
+    def _to_components(self, value):
+      return value
+
+    def _from_components(self, components):
+      return tuple(components)
+
+  spec = PairSpec(tf.TensorSpec([], tf.float32))
+  encoded = tf.__internal__.saved_model.encode_structure(spec)
+  decoded = tf.__internal__.saved_model.decode_proto(encoded)
+  assert type(decoded) is PairSpec and decoded == spec

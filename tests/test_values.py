@@ -578,3 +578,27 @@ def test_run_splits_distributed_arguments_in_nests():
     return _numpy(strategy.experimental_local_results(result))
 
   assert compare(snippet) == tuple(i + 1.0 for i in range(NUM_DEVICES))
+
+
+def test_saved_model_holds_functions_taking_and_returning_per_replica(tmp_path):
+  """A SavedModel holds a function whose signature takes a PerReplica and
+  one that returns one; loaded, they take and give the strategy's values."""
+  def snippet(impl, strategy):
+    module = tf.Module()
+    module.double = tf.function(lambda x: strategy.run(lambda t: t * 2.0, args=(x,)))
+    module.double.get_concrete_function(_per_replica_floats(strategy))
+    module.ids = tf.function(
+        lambda: strategy.run(lambda: impl.dist.get_replica_context().replica_id_in_sync_group),
+        input_signature=[])
+    path = str(tmp_path / impl.name)
+    tf.saved_model.save(module, path)
+    loaded = tf.saved_model.load(path)
+    with strategy.scope():
+      doubled = loaded.double(_per_replica_floats(strategy, offset=1.0))
+    ids = loaded.ids()
+    return (type(doubled).__name__, _numpy(doubled.values),
+            type(ids).__name__, _numpy(ids.values))
+
+  doubled_kind, doubled, ids_kind, ids = compare(snippet, num_devices=2)
+  assert (doubled_kind, ids_kind) == ("PerReplica", "PerReplica")
+  assert (doubled, ids) == ((2.0, 4.0), (0, 1))

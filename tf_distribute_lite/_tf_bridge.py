@@ -17,7 +17,8 @@ of control-flow graphs (a `merge_call` may sit in a `tf.cond`, not in a
 nested `tf.function`), the saving
 context (a `tf.saved_model.save` in progress maps distributed variables onto
 single ones; a function traced before it that updates them across replicas
-is marked unsaveable, `mark_function_unsaveable`), the per-thread variable-creator stack that replica threads
+is marked unsaveable, `mark_function_unsaveable`), the registry of type
+specs a SavedModel may hold (`register_type_spec`), the per-thread variable-creator stack that replica threads
 inherit, and AutoGraph's list of
 libraries it leaves alone: like TensorFlow's own `tf.distribute` (and Keras),
 this package is library code that AutoGraph must not rewrite when a user's
@@ -73,6 +74,7 @@ _CREATOR_ATTRIBUTE = "_variable_creator_stack"
 # strategies need wherever they run, checked at import.
 _INTERNALS = (
     ("saved_model.save_context", "in_save_context"),
+    ("framework.type_spec_registry", "register"),
     ("autograph.core.config", "CONVERSION_RULES"),
     ("eager.record", "could_possibly_record"),
     ("ops.summary_ops_v2", "_summary_state.is_recording_distribution_strategy"),
@@ -163,6 +165,14 @@ def mark_function_unsaveable(reason):
   maps distributed variables onto single ones."""
   if tf.inside_function() and not _save_context.in_save_context():
     tf.compat.v1.get_default_graph().mark_as_unsaveable(reason)
+
+
+def register_type_spec(name):
+  """A class decorator: `tf.saved_model.save` encodes the decorated
+  `tf.TypeSpec` subclass (in a function's signature or outputs) under
+  `name`, and `tf.saved_model.load` decodes it back to that class."""
+  from tensorflow.python.framework import type_spec_registry  # pylint: disable=g-import-not-at-top
+  return type_spec_registry.register(name)
 
 
 def update_context(replica_id):

@@ -14,6 +14,7 @@ import collections
 
 import tensorflow as tf
 
+from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import contexts
 from tf_distribute_lite import device_util
 
@@ -130,8 +131,11 @@ class PerReplica(DistributedValues, tf.types.experimental.distributed.PerReplica
     return as_tensor(self._get(), dtype, name)
 
 
+@_tf_bridge.register_type_spec("tf_distribute_lite.PerReplicaSpec")
 class PerReplicaSpec(tf.TypeSpec):
-  """Type spec of a `PerReplica`: the specs of its components.
+  """Type spec of a `PerReplica`: the specs of its components. A SavedModel
+  holds it (a function taking or returning `PerReplica` values), as it
+  holds TensorFlow's.
 
   >>> PerReplica([tf.constant(1.0), tf.constant(2.0)])._type_spec
   PerReplicaSpec(TensorSpec(shape=(), dtype=tf.float32, name=None), TensorSpec(shape=(), dtype=tf.float32, name=None))
