@@ -1,6 +1,8 @@
 """Tests of cross_device_ops.py: reduce, batch reduce and broadcast of every
 algorithm, compared with `tf.distribute`'s own classes."""
 
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -564,6 +566,24 @@ def test_collective_strategies_of_two_sizes_in_one_process(explicit, run_mode):
     assert [float(v) for v in large.experimental_local_results(big)] == [10.0] * 4
     assert [float(v) for v in small.experimental_local_results(little)] == [3.0] * 2
     assert [float(v) for v in large.experimental_local_results(big_again)] == [10.0] * 4
+
+
+def test_functions_that_all_reduce_with_collectives_are_not_saved(tmp_path):
+  """TF refuses to save a function traced with collective all-reduce (a
+  loaded model has no group to run them in); a function that does not
+  reduce across replicas is saved."""
+  def snippet(strategy, name):
+    options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
+    for kind, fn in (("plain", lambda: tf.constant(2.0)), ("reduced", lambda: (
+        tf.distribute.get_replica_context().all_reduce("SUM", tf.constant(2.0))))):
+      module = tf.Module()
+      module.f = tf.function(functools.partial(strategy.run, fn), input_signature=[])
+      tf.saved_model.save(module, str(tmp_path / name / kind),
+                          signatures=module.f.get_concrete_function(), options=options)
+  ours = tfd.MirroredStrategy(DEVICES, cross_device_ops=_collective(DEVICES))
+  oracle.compare(snippet, (oracle.tf_mirrored(), "tf"), (ours, "tfd"))
+  with pytest.raises(ValueError, match="Unable to save function .*\n.*collective ops"):
+    snippet(ours, "again")
 
 
 def test_collective_reduce_with_two_sizes_directly():

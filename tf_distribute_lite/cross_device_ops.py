@@ -586,6 +586,11 @@ class CollectiveAllReduce(_AllReduce):
                                    options.timeout_seconds or 0)
       # A function hands its outputs back on the caller's device.
       return [copy_to_device(r, d) for r, d in zip(reduced, devices)]
+    # As TensorFlow does: a SavedModel cannot hold collective ops.
+    _tf_bridge.mark_function_unsaveable(
+        "It all-reduces with collective ops (CollectiveAllReduce), which a "
+        "SavedModel cannot hold: save a function that does not reduce across "
+        "replicas, such as one traced outside the strategy's scope.")
     return self._launch(per_device, options.implementation.value,
                         options.timeout_seconds or 0)
 
