@@ -138,6 +138,55 @@ def test_input_fn_iterator_like_tf():
               TF1, OURS) is ValueError
 
 
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("kind", ["mirrored", "one_device", "central_storage"])
+def test_input_fn_returning_a_callable_like_tf(kind, graph):
+  """Each get_next calls the callable once per replica (in a graph, once per
+  get_next built); initialize() is a no-op."""
+  def run(mod):
+    with tf.Graph().as_default() if graph else contextlib.nullcontext():
+      strategy = {"mirrored": lambda: _mirrored(mod),
+                  "one_device": lambda: mod.OneDeviceStrategy("/cpu:1"),
+                  "central_storage": lambda: mod.experimental.CentralStorageStrategy(
+                      ["/cpu:0", "/cpu:1"])}[kind]()
+      calls = []
+
+      def input_fn(context):
+        del context
+        return lambda: tf.constant(len(calls.append(None) or calls) * 10)
+      iterator = strategy.make_input_fn_iterator(input_fn)
+      initialize = iterator.initialize()
+      steps = [strategy.experimental_local_results(iterator.get_next()) for _ in range(2)]
+      if graph:
+        with tf.compat.v1.Session() as session:
+          session.run(initialize)
+          steps = session.run(steps)
+      else:
+        assert initialize is None
+      return [[int(v) for v in step] for step in steps], len(calls)
+  replicas = 1 if kind == "one_device" else 2
+  values = list(range(10, 10 * (2 * replicas + 1), 10))
+  assert same(run, TF1, OURS) == (
+      [values[:replicas], values[replicas:]], 2 * replicas)
+
+
+@pytest.mark.parametrize("made", [[1, 2], 42])
+def test_input_fn_returning_neither_dataset_nor_callable_raises_value_error(made):
+  def run(mod):
+    return _mirrored(mod).make_input_fn_iterator(lambda ctx: made)
+  assert same(run, TF1, OURS) is ValueError
+  with pytest.raises(ValueError, match="input_fn must return a tf.data.Dataset or a "
+                                       "callable; .* returned 42 of type int"):
+    _mirrored(OURS).make_input_fn_iterator(lambda ctx: 42)
+
+
+def test_default_strategy_calls_a_callable_input_fn():
+  """TensorFlow 2.21's default strategy fails on it (AttributeError)."""
+  iterator = OURS.get_strategy().make_input_fn_iterator(lambda ctx: lambda: tf.constant(7))
+  assert iterator.initialize() is None
+  assert int(iterator.get_next()) == 7
+
+
 def _read_to_the_end(strategy, iterator, graph):
   """Every step of `iterator`: each replica's values, as lists."""
   steps = []

@@ -808,6 +808,29 @@ class _GraphDatasetIterator(_TF1Iterator):
     return self._iterator.get_next_as_optional()
 
 
+class CallableIterator(_TF1Iterator):
+  """The TF 1.x iterator over what an `input_fn` returned as a callable:
+  each `get_next` calls it once for each of `num_replicas` replicas, on
+  `host`, and gives the results per replica, as TensorFlow's does.
+
+  >>> iterator = CallableIterator(lambda: tf.constant(1), 2, "CPU:0")
+  >>> [int(t) for t in iterator.get_next().values]
+  [1, 1]
+  """
+
+  def __init__(self, fn, num_replicas, host):
+    self._fn, self._num_replicas, self._host = fn, num_replicas, host
+
+  @property
+  def initializer(self):
+    """Nothing to (re)start: in a graph an op that does nothing; eagerly None."""
+    return tf.group([])
+
+  def get_next(self):
+    with tf.device(self._host):
+      return values_lib.regroup([self._fn() for _ in range(self._num_replicas)])
+
+
 class _EagerIterator(_TF1Iterator):
   """An eager distributed iterator with TF 1.x's `initialize()`, which
   restarts it, as TensorFlow's does.

@@ -91,6 +91,10 @@ class TF1Methods:
     """An iterator over the dataset `input_fn(InputContext)` returns for
     this worker, batched per replica: each replica takes the next element.
 
+    `input_fn` may return a callable instead: each `get_next` then calls it
+    once per local replica, as in TensorFlow (whose default strategy fails
+    on one with an `AttributeError`).
+
     >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> iterator = strategy.make_input_fn_iterator(
     ...     lambda ctx: tf.data.Dataset.range(4).batch(ctx.get_per_replica_batch_size(4)))
@@ -99,10 +103,26 @@ class TF1Methods:
     """
     if replication_mode != input_context_lib.InputReplicationMode.PER_WORKER:
       raise ValueError(f"Input replication mode not supported: {replication_mode!r}")
+    callables = []
+
+    def dataset_fn(context):
+      made = input_fn(context)
+      if isinstance(made, tf.data.Dataset):
+        return made
+      if not callable(made):
+        raise ValueError(
+            f"input_fn must return a tf.data.Dataset or a callable; for "
+            f"{context} it returned {made!r} of type {type(made).__name__}.")
+      # Called once per replica of this worker.
+      callables.append((made, context.num_replicas_in_sync // context.num_input_pipelines))
+      return tf.data.Dataset.from_tensors(0.0)  # a stand-in, dropped below
     with self.scope():
       # As TensorFlow's: a partial last step ends the input.
-      return input_lib.initializable_iterator(self._extended._distribute_datasets_from_function(  # pylint: disable=protected-access
-          input_fn, None, partial_steps=False))
+      distributed = self._extended._distribute_datasets_from_function(  # pylint: disable=protected-access
+          dataset_fn, None, partial_steps=False)
+      if callables:
+        return input_lib.CallableIterator(*callables[0], self._extended._input_host)  # pylint: disable=protected-access
+      return input_lib.initializable_iterator(distributed)
 
   def experimental_run(self, fn, input_iterator=None):
     """Runs `fn` on every replica with its part of the next input from
