@@ -746,6 +746,40 @@ def test_merge_call_in_control_flow_that_replicas_may_take_apart_raises_like_tf(
   assert "`merge_call` called while defining a new graph" in str(error)
 
 
+@pytest.mark.parametrize("condition", ["sync_on_read", "nested_branch", "captured_input",
+                                       "captured_id_in_a_nested_branch"])
+def test_merge_call_in_a_branch_that_replicas_may_take_apart_raises_like_tf(condition):
+  """A tf.cond on a sync-on-read variable (each replica reads its own
+  component) or on a replica's own value that reaches the branch from
+  outside it: a captured distributed input, a value a nested branch
+  captures."""
+  def snippet(a):
+    strategy = a.pair
+    with strategy.scope():
+      on_read = tf.Variable(0.0, synchronization=tf.VariableSynchronization.ON_READ,
+                            aggregation=tf.VariableAggregation.SUM)
+      mirrored = tf.Variable(1.0)
+    ids = a.replica_ids(strategy)  # eager: the function captures it
+
+    def replica_fn(x):
+      context = a.mod.get_replica_context()
+      own = {"sync_on_read": lambda: on_read.assign(x) * 0.0 + on_read,
+             "nested_branch": lambda: x * 2.0,
+             "captured_input": lambda: x + 1.0,
+             "captured_id_in_a_nested_branch": a.replica_id}[condition]()
+      if condition.startswith(("nested", "captured_id")):
+        if mirrored > 0.0:
+          if own > 0.0:
+            context.merge_call(lambda s: None)
+      elif own > 0.5:
+        context.merge_call(lambda s: None)
+      return x
+    return tf.function(lambda: strategy.run(replica_fn, args=(ids,)))()
+  error = both(snippet)
+  assert isinstance(error, RuntimeError)
+  assert "`merge_call` called while defining a new graph" in str(error)
+
+
 def test_merge_call_in_a_branch_every_replica_takes_alike():
   """A condition the replicas share (an all-reduced value, a mirrored
   variable) holds a merge_call, as a Keras optimizer's periodic update does

@@ -576,6 +576,15 @@ class SyncOnReadVariable(DistributedVariable):
         return total / len(reads)
       return total
 
+  def _get(self):
+    local = super()._get()
+    runner = getattr(contexts.get_replica_context(), "_runner", None)
+    if runner is not None and isinstance(local, tf.Variable) and not tf.executing_eagerly():
+      # A replica's own value: a merge_call in a tf.cond on it is one that
+      # only some replicas may reach.
+      runner.note_replica_local(local.handle)
+    return local
+
   def _as_graph_element(self):
     # A Session fetching it in a cross-replica context gets the aggregate.
     value = self._get()

@@ -159,10 +159,14 @@ def _input_barrier(replica_inputs):
   return [tf.group(tensors, name="replica_inputs")] if tensors else []
 
 
+def _tensors(value):
+  """The tensors in the nest `value`, composites' components too."""
+  return [t for t in tf.nest.flatten(value, expand_composites=True) if isinstance(t, tf.Tensor)]
+
+
 def _symbolic_tensors(value):
   """The graph tensors in the nest `value`, composites' components too."""
-  return [t for t in tf.nest.flatten(value, expand_composites=True)
-          if isinstance(t, tf.Tensor) and tf.is_symbolic_tensor(t)]
+  return [t for t in _tensors(value) if tf.is_symbolic_tensor(t)]
 
 
 def _branch_condition(branch):
@@ -206,7 +210,8 @@ class ReplicaRunner:
     self._input_barrier = []
     self._merge_calls = 0
     self._merges_in_branches = []  # per such merge_call, each replica's graph
-    self._shared = set()  # names of the tensors merges handed to replicas
+    self._shared = set()  # refs of the tensors merges handed to replicas
+    self._replica_local = set()  # refs of tensors each replica has its own of
     self.aborting = False
 
   @property
@@ -338,7 +343,7 @@ class ReplicaRunner:
       raise
     results = [values_lib.select_replica(i, result) for i in range(self.num_replicas)]
     if not self._state.eager:
-      self._shared.update(t.name for t in _symbolic_tensors(results))
+      self._shared.update(t.ref() for t in _symbolic_tensors(results))
       if any(g is not self._state.graph for g in graphs):
         self._merges_in_branches.append((self._merge_calls, graphs))
     for thread in self._threads:
@@ -397,7 +402,7 @@ class ReplicaRunner:
   def _check_branch_conditions(self, complete=True, cause=None):
     """Raises TensorFlow's RuntimeError where replicas called `merge_call`
     inside a `tf.cond` branch whose condition depends on the replica (its
-    replica id, or an input of its own): at run time a replica that takes
+    replica id, an input of its own or a sync-on-read variable): at run time a replica that takes
     the other branch would never meet the others there. Unless the trace is
     `complete`, a branch whose `tf.cond` is not built yet is passed over;
     the error then comes from `cause`."""
@@ -412,34 +417,52 @@ class ReplicaRunner:
                 f"tf.function: replica {replica_id} calls merge_call (call "
                 f"{call}, directly or through all_reduce, variable updates, "
                 f"optimizers) inside {graph.name}, a branch of a tf.cond whose "
-                f"condition depends on the replica (its replica id or its own "
-                f"input), so only some replicas may take it: every replica "
-                f"must call merge_call the same number of times. Move the "
+                f"condition depends on the replica (its replica id, its own "
+                f"input or a sync-on-read variable), so only some replicas may "
+                f"take it: every replica must call merge_call the same number "
+                f"of times. Move the "
                 f"synchronization out of the branch (a Python `if` on a "
                 f"tensor, in a tf.function, is a tf.cond).") from cause
           graph = graph.outer_graph
 
   def _depends_on_the_replica(self, tensor, replica_id):
     """Whether `tensor` may differ between replicas: whether it is computed
-    from `replica_id_in_sync_group` or from an input of this replica's own
-    (a component of a distributed argument), other than through a merge
-    (whose results the replicas share)."""
-    others = {t.name for i, inputs in enumerate(self._inputs) if i != replica_id
-              for t in _symbolic_tensors(inputs)}
-    own = {t.name for t in _symbolic_tensors(self._inputs[replica_id])} - others
-    seen, pending = set(), [tensor]
+    from `replica_id_in_sync_group`, from an input of this replica's own (a
+    component of a distributed argument, passed or captured) or from a
+    sync-on-read variable's component, other than through a merge (whose
+    results the replicas share). The walk follows the values a function or
+    branch captures from outside it."""
+    others = {t.ref() for i, inputs in enumerate(self._inputs) if i != replica_id
+              for t in _tensors(inputs)}
+    own = {t.ref() for t in _tensors(self._inputs[replica_id])} - others
+    seen, pending, captured = set(), [tensor], {}
     while pending:
       tensor = pending.pop()
-      if tensor.name in seen or tensor.name in self._shared:
+      key = tensor.ref()
+      if key in seen or key in self._shared:
         continue
-      seen.add(tensor.name)
-      op = tensor.op
-      if tensor.name in own or (
-          op.type == "Const" and op.name.rsplit("/", 1)[-1].startswith("replica_id_in_sync_group")):
+      seen.add(key)
+      if key in own or key in self._replica_local:
         return True
+      if not tf.is_symbolic_tensor(tensor):
+        continue
+      op = tensor.op
+      if op.type == "Const" and op.name.rsplit("/", 1)[-1].startswith("replica_id_in_sync_group"):
+        return True
+      if not op.inputs:  # a placeholder or constant that stands for a captured value
+        if op.graph not in captured:
+          captured[op.graph] = {internal.ref(): external for external, internal
+                                in getattr(op.graph, "captures", ())}
+        if key in captured[op.graph]:
+          pending.append(captured[op.graph][key])
       # A custom gradient's IdentityN passes each input to its own output.
       pending.extend([op.inputs[tensor.value_index]] if op.type == "IdentityN" else op.inputs)
     return False
+
+  def note_replica_local(self, tensor):
+    """Notes that `tensor` (a sync-on-read variable's component handle, read
+    by a replica) holds a value of that replica's own."""
+    self._replica_local.add(tensor.ref())
 
   def _advance(self, thread):
     thread.advance()
