@@ -470,6 +470,38 @@ def test_reading_inside_the_replica_function_raises_like_tf(source, read, run_mo
             "strategy.run(replica_fn, args=(next(iterator),))") in error.message
 
 
+@SOURCES
+@pytest.mark.parametrize("where", ["scope", "replica", "function_argument"])
+def test_reading_under_another_strategy_raises_like_tf(source, where, run_mode):
+  """An iterator of one strategy's input read in another strategy's scope
+  or replica: TF's RuntimeError (before the replica check); it reads on in
+  its own strategy's scope and outside every scope."""
+  def snippet(mod, strategy):
+    other = oracle.api(mod).one_device("CPU:1")
+    dist = (strategy.experimental_distribute_dataset(Dataset.range(16).batch(4))
+            if source == "dataset" else strategy.distribute_datasets_from_function(
+                lambda ctx: Dataset.range(16).batch(1)))
+    iterator = iter(dist)
+    with strategy.scope():
+      first = next(iterator)
+    second = iterator.get_next()
+    try:
+      if where == "scope":
+        with other.scope():
+          run_mode(lambda: next(iterator))
+      elif where == "replica":
+        run_mode(lambda: other.run(lambda: next(iterator)))
+      else:
+        with other.scope():
+          tf.function(lambda i: i.get_next())(iterator)
+    except RuntimeError as e:
+      return _contents([_value(first), _value(second)]), "Mixing different" in str(e)
+    return None
+
+  steps, mixing = _both(snippet)
+  assert mixing and steps == [[[0], [1], [2], [3]], [[4], [5], [6], [7]]]
+
+
 def test_end_of_data_in_function_raises_out_of_range():
   def snippet(mod, strategy):
     iterator = iter(strategy.experimental_distribute_dataset(Dataset.range(4).batch(4)))

@@ -280,7 +280,8 @@ class StrategyBase(StandsFor):
     [[0, 1], [2, 3]]
     [[4], [5]]
     """
-    return self._extended._experimental_distribute_dataset(dataset, options)  # pylint: disable=protected-access
+    return input_lib.owned_by(
+        self._extended._experimental_distribute_dataset(dataset, options), self)  # pylint: disable=protected-access
 
   def distribute_datasets_from_function(self, dataset_fn, options=None):
     """A `tf.distribute.DistributedDataset` of the datasets `dataset_fn`
@@ -305,7 +306,8 @@ class StrategyBase(StandsFor):
     [[0, 1], [2, 3]]
     """
     input_context_lib.check_function_options(options)
-    return self._extended._distribute_datasets_from_function(dataset_fn, options)  # pylint: disable=protected-access
+    return input_lib.owned_by(
+        self._extended._distribute_datasets_from_function(dataset_fn, options), self)  # pylint: disable=protected-access
 
   def experimental_distribute_datasets_from_function(self, dataset_fn,
                                                      options=None):

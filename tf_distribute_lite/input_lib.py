@@ -38,11 +38,31 @@ Optional = tf.experimental.Optional
 # device; workers: with several workers, the key of the `WorkerSync` that
 # tells whether any worker still has data (else None); partial_steps: whether
 # `get_next` gives a last, partial step of per-replica pipelines (see
-# `distribute_datasets_from_function`).
+# `distribute_datasets_from_function`); strategy: the `id` of the strategy
+# whose method made the dataset (`owned_by`), or None.
 _Layout = collections.namedtuple(
     "_Layout", ["devices", "homes", "split", "fetch_to_device", "workers",
-                "partial_steps"],
-    defaults=[None, True])
+                "partial_steps", "strategy"],
+    defaults=[None, True, None])
+
+
+def owned_by(distributed, strategy):
+  """`distributed`, made by a method of `strategy`, as that strategy's input:
+  as in TensorFlow, its iterators' `get_next` raises RuntimeError under
+  another strategy. Other values (a plain dataset) are returned as they are."""
+  if isinstance(distributed, DistributedDataset):
+    distributed._layout = distributed._layout._replace(strategy=id(strategy))  # pylint: disable=protected-access
+  return distributed
+
+
+def _check_strategy(layout):
+  if layout.strategy is not None and contexts.has_strategy() and (
+      id(contexts.get_strategy()) != layout.strategy):
+    raise RuntimeError(
+        f"Mixing different tf.distribute.Strategy objects: "
+        f"{contexts.get_strategy()} is not the strategy that distributed this "
+        f"input. Iterate it in that strategy's scope (or outside every scope), "
+        f"or distribute the dataset with the strategy in use.")
 
 
 class WorkerSync:
@@ -400,6 +420,7 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     split batch; per-replica pipelines as `distribute_datasets_from_function`
     says), or else ends the input.
     """
+    _check_strategy(self._layout)
     _refuse_in_a_replica("next(iterator)", "args=(next(iterator),)")
     if self._layout.workers is not None:
       return self._next_of_any_worker()

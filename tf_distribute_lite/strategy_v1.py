@@ -122,7 +122,7 @@ class TF1Methods:
           dataset_fn, None, partial_steps=False)
       if callables:
         return input_lib.CallableIterator(*callables[0], self._extended._input_host)  # pylint: disable=protected-access
-      return input_lib.initializable_iterator(distributed)
+      return input_lib.initializable_iterator(input_lib.owned_by(distributed, self))
 
   def experimental_run(self, fn, input_iterator=None):
     """Runs `fn` on every replica with its part of the next input from
