@@ -38,7 +38,8 @@ from tf_distribute_lite import values as values_lib
 
 class XlaCheckReplicaContext(tpu_replication.TPUReplicaContext):
   """Replica 0 of the compile check: collectives give results of the right
-  shapes (the input itself, or replica 0's value for every replica)."""
+  shapes (the input itself, or replica 0's value for every replica), and
+  distributed variables are replica 0's components."""
 
   @property
   def replica_id_in_sync_group(self):
@@ -52,6 +53,17 @@ class XlaCheckReplicaContext(tpu_replication.TPUReplicaContext):
     del options
     count = self.num_replicas_in_sync
     return tf.nest.map_structure(lambda v: tf.concat([v] * count, axis), value)
+
+  def local_variable(self, variable):
+    return variable.values[0]
+
+  def reduce_shared(self, reduce_op, value):
+    del reduce_op
+    return value
+
+  def logical_device_scope(self, logical_device_id):
+    del logical_device_id  # replica 0 computes on one device
+    return contextlib.nullcontext()
 
 
 def check_compiles(strategy, fn, args, kwargs, created_variables=()):
@@ -70,11 +82,10 @@ def check_compiles(strategy, fn, args, kwargs, created_variables=()):
   """
   if not tf.compat.v1.get_default_graph().building_function and not tf.executing_eagerly():
     return  # a TF 1.x graph
-  inputs = values_lib.select_replica(0, (tuple(args), dict(kwargs)))
-  leaves = tf.nest.flatten(inputs)
-  positions = tpu_replication.input_positions(leaves)
-  specs = [tf.type_spec_from_value(leaves[i]) for i in positions]
-  strings = [leaves[i] for i, spec in zip(positions, specs)
+  inputs, with_tensors = tpu_replication.split_inputs(
+      values_lib.select_replica(0, (tuple(args), dict(kwargs))))
+  specs = [tf.type_spec_from_value(tensor) for tensor in inputs]
+  strings = [tensor for tensor, spec in zip(inputs, specs)
              if getattr(spec, "dtype", None) == tf.string]  # composites have none
   if strings:
     raise tf.errors.InvalidArgumentError(
@@ -93,17 +104,13 @@ def check_compiles(strategy, fn, args, kwargs, created_variables=()):
 
   def replica_step(unused, *tensors):
     del unused
-    flat = list(leaves)
-    for position, tensor in zip(positions, tensors):
-      flat[position] = tensor
-    replica_args, replica_kwargs = tf.nest.pack_sequence_as(inputs, flat)
+    replica_args, replica_kwargs = with_tensors(tensors)
     with tf.variable_creator_scope(reuse_variable), XlaCheckReplicaContext(strategy):
       result = fn(*replica_args, **replica_kwargs)
-    return [t for t in tf.nest.flatten(result, expand_composites=True) if tf.is_tensor(t)]
+    return tpu_replication.output_tensors(result)
 
-  with _mode(strategy.extended, "xla_check"):
-    traced = tf.function(replica_step, jit_compile=True).get_concrete_function(
-        _UNUSED, *specs)
+  traced = tf.function(replica_step, jit_compile=True).get_concrete_function(
+      _UNUSED, *specs)
   device = strategy.extended.worker_devices[0]
   captured = _lowerable(traced, device)
   if captured is None:
@@ -164,11 +171,3 @@ def _lowerable_value(value, variable, device):
   return _tf_bridge.plain_variable(tf.zeros(spec.shape, spec.dtype), device,
                                    "stand_in").handle
 
-
-@contextlib.contextmanager
-def _mode(extended, mode):
-  extended._tpu_mode = mode  # pylint: disable=protected-access
-  try:
-    yield
-  finally:
-    extended._tpu_mode = None  # pylint: disable=protected-access

@@ -5,11 +5,14 @@ Inside the computation the code is the same for all replicas (SPMD): the
 replica context's all-reduce is TensorFlow's `CrossReplicaSum`, the replica id
 is a replicated input, reductions in `merge_call` sum across replicas, and a
 distributed variable is one replicated handle, each replica's own component.
+The computation's `TPUReplicaContext` keeps what its trace needs; the
+strategy finds it with `enclosing_step`.
 """
 
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import contexts
 from tf_distribute_lite import replica_context
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
@@ -31,6 +34,7 @@ class TPUReplicaContext(LogicalDevices, replica_context.ReplicaContext):
   def __init__(self, strategy):
     super().__init__(strategy, 0)
     self._replica_id_tensor = None
+    self._replicated_variables = {}
 
   @property
   def replica_id_in_sync_group(self):
@@ -48,6 +52,21 @@ class TPUReplicaContext(LogicalDevices, replica_context.ReplicaContext):
         lambda v: cross_replica(ReduceOp.from_any(reduce_op), v,
                                 self.num_replicas_in_sync), value)
 
+  def local_variable(self, variable):
+    """What the replicas read and write for distributed `variable`: one
+    replicated handle (`replicated_variable`), made once per computation."""
+    key = id(variable)
+    if key not in self._replicated_variables:
+      self._replicated_variables[key] = replicated_variable(variable)
+    return self._replicated_variables[key]
+
+  def reduce_shared(self, reduce_op, value):
+    """`value`, which is not a distributed value, reduced across replicas."""
+    return cross_replica(reduce_op, value, self.num_replicas_in_sync)
+
+  def logical_device_scope(self, logical_device_id):
+    """Places the ops made in it on the replica's core `logical_device_id`."""
+    return tf.device(tf.compat.v1.tpu.core(logical_device_id))
 
   def all_gather(self, value, axis, options=None):
     """Each tensor of `value` concatenated along `axis` over the replicas:
@@ -89,6 +108,15 @@ _CROSS_REPLICA_SUM_DTYPES = (tf.bfloat16, tf.float16, tf.float32, tf.float64,
                              tf.int32, tf.uint32)
 
 
+def enclosing_step(strategy):
+  """The `TPUReplicaContext` of `strategy`'s TPU computation (or XLA check)
+  being traced here, its `merge_call`s included; None elsewhere."""
+  context = contexts.enclosing_replica_context()
+  if isinstance(context, TPUReplicaContext) and context.strategy is strategy:
+    return context
+  return None
+
+
 def replicated_variable(variable):
   """Distributed `variable` inside a TPU computation: a variable whose one
   resource handle is each replica's own component (`TPUReplicatedInput` of
@@ -107,7 +135,8 @@ def cross_replica(reduce_op, value, num_replicas):
   return total
 
 
-def replicate(strategy, fn, args, kwargs, device_assignment, options):
+def replicate(strategy, fn, args, kwargs, device_assignment, options,
+              use_spmd_for_xla_partitioning):
   """`fn(*args, **kwargs)` as one `tpu.replicate` computation; returns the
   replicas' results grouped into distributed values.
 
@@ -115,30 +144,20 @@ def replicate(strategy, fn, args, kwargs, device_assignment, options):
   every dimension of the inputs may vary (XLA pads them), with
   `experimental_bucketizing_dynamic_shape` to the next power of two;
   `experimental_xla_options` default to partitioning with SPMD exactly when
-  the strategy was made with `experimental_spmd_xla_partitioning`.
+  `use_spmd_for_xla_partitioning`.
   """
-  extended = strategy.extended
   count = strategy.num_replicas_in_sync
   per_replica = [values_lib.select_replica(i, (args, kwargs)) for i in range(count)]
-  leaves = tf.nest.flatten(per_replica[0])
-  positions = input_positions(leaves)
-  inputs = [[tf.nest.flatten(p)[i] for i in positions] for p in per_replica]
+  inputs = [split_inputs(p)[0] for p in per_replica]
+  with_tensors = split_inputs(per_replica[0])[1]
   results = []
 
   def computation(*tensors):
-    flat = list(leaves)
-    for position, tensor in zip(positions, tensors):
-      flat[position] = tensor
-    replica_args, replica_kwargs = tf.nest.pack_sequence_as(per_replica[0], flat)
-    extended._tpu_mode = "replicate"  # pylint: disable=protected-access
-    extended._replicated_variables = {}  # pylint: disable=protected-access
-    try:
-      with TPUReplicaContext(strategy):
-        result = fn(*replica_args, **replica_kwargs)
-    finally:
-      extended._tpu_mode = None  # pylint: disable=protected-access
+    replica_args, replica_kwargs = with_tensors(tensors)
+    with TPUReplicaContext(strategy):
+      result = fn(*replica_args, **replica_kwargs)
     results.append(result)
-    return [t for t in tf.nest.flatten(result, expand_composites=True) if tf.is_tensor(t)]
+    return output_tensors(result)
 
   outputs = tf.compat.v1.tpu.replicate(
       computation, inputs=inputs, device_assignment=device_assignment,
@@ -146,21 +165,35 @@ def replicate(strategy, fn, args, kwargs, device_assignment, options):
       padding_spec=(tf.compat.v1.tpu.PaddingSpec.POWER_OF_TWO
                     if options.experimental_bucketizing_dynamic_shape else None),
       xla_options=options.experimental_xla_options or tf.tpu.XLAOptions(
-          use_spmd_for_xla_partitioning=extended._use_spmd_for_xla_partitioning))  # pylint: disable=protected-access
+          use_spmd_for_xla_partitioning=use_spmd_for_xla_partitioning))
   structure = results[0]
-  if not [t for t in tf.nest.flatten(structure, expand_composites=True) if tf.is_tensor(t)]:
+  if not output_tensors(structure):
     return structure
   return values_lib.regroup(
       [tf.nest.pack_sequence_as(structure, replica_outputs, expand_composites=True)
        for replica_outputs in outputs])
 
 
-def input_positions(leaves):
-  """Where in a replica's flattened arguments `leaves` the inputs of its TPU
-  computation are: the tensors. Variables stay variables, captured by the
-  computation, as in TensorFlow's `TPUStrategy`."""
-  return [i for i, leaf in enumerate(leaves)
-          if tf.is_tensor(leaf) and not isinstance(leaf, tf.Variable)]
+def split_inputs(inputs):
+  """The tensors of the nest `inputs`, which a TPU computation takes as its
+  inputs (variables stay variables, captured by the computation, as in
+  TensorFlow's `TPUStrategy`), and a function that puts other tensors in
+  their places."""
+  leaves = tf.nest.flatten(inputs)
+  positions = [i for i, leaf in enumerate(leaves)
+               if tf.is_tensor(leaf) and not isinstance(leaf, tf.Variable)]
+
+  def with_tensors(tensors):
+    flat = list(leaves)
+    for position, tensor in zip(positions, tensors):
+      flat[position] = tensor
+    return tf.nest.pack_sequence_as(inputs, flat)
+  return [leaves[i] for i in positions], with_tensors
+
+
+def output_tensors(result):
+  """The tensors of the nest `result`, composites' components too."""
+  return [t for t in tf.nest.flatten(result, expand_composites=True) if tf.is_tensor(t)]
 
 
 def check_input_ranks(replica_inputs, options):
