@@ -1,14 +1,9 @@
-"""Executors: how a strategy runs a function once per replica. Each
-extended object makes one when it is made, for `run` and
-`experimental_distribute_values_from_function`: `LocalReplicas` (this
-process's replicas, one per device; Mirrored, MultiWorkerMirrored,
-CentralStorage), `TPUReplicate` (a TPU's, as one `tpu.replicate`
-computation) or `EmulatedTPU` (an emulated slice's, as local replicas whose
-step XLA must compile).
-
-A step's `RunOptions` are an argument of `run`, and what a TPU step needs
-while it is traced lives in its own replica context: nothing of a step is
-set on the strategy, so threads may run steps with other options at once.
+"""Executors: how a strategy runs a function once per replica, for `run`
+and `experimental_distribute_values_from_function`. Each extended object
+makes one when it is made. A step's `RunOptions` are an argument of `run`,
+and what a TPU step needs while it is traced lives in its own replica
+context: nothing of a step is set on the strategy, so threads may run steps
+with other options at once.
 """
 
 import os
@@ -20,7 +15,6 @@ from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import replica_context
 from tf_distribute_lite import replica_runner
-from tf_distribute_lite import tpu_compilation
 from tf_distribute_lite import tpu_replication
 from tf_distribute_lite import values as values_lib
 
@@ -61,9 +55,8 @@ class LocalReplicas:
 
   def run(self, fn, args, kwargs, options=None):
     """`fn(*args, **kwargs)` on every replica, with its components of
-    distributed arguments; returns the results regrouped. A `tf.function`
-    runs as one function that runs every replica. `options` (`RunOptions`)
-    are the TPU executors'."""
+    distributed arguments, the results regrouped; a `tf.function` runs as one
+    function that runs every replica. Only TPUs take `options`."""
     if isinstance(fn, _TF_FUNCTION):
       return self._one_function(fn, options)(*args, **kwargs)
     return self._run_replicas(fn, args, kwargs)
@@ -73,8 +66,7 @@ class LocalReplicas:
       fn = tf.__internal__.autograph.tf_convert(
           fn, tf.__internal__.autograph.control_status_ctx(),
           convert_by_default=False)
-    inputs = [(values_lib.select_replica(i, args), values_lib.select_replica(i, kwargs))
-              for i in range(len(self._devices))]
+    inputs = [values_lib.select_replica(i, (args, kwargs)) for i in range(len(self._devices))]
     if len(inputs) == 1:  # Nothing to wait for at merge_call: no runner.
       (args, kwargs), = inputs
       with replica_runner.conversion_guard(), \
@@ -152,7 +144,7 @@ class TPUReplicate(LocalReplicas):
 class EmulatedTPU(TPUReplicate):
   """Runs an emulated slice's replicas as local replicas on its CPU devices,
   in one traced step, and fails the step where XLA cannot compile it
-  (`tpu_compilation.check_compiles`), as a TPU does. A replica function
+  (`tpu_replication.check_compiles`), as a TPU does. A replica function
   traced with `jit_compile=True` runs as its Python function: one XLA
   program cannot span the CPU devices standing for the cores."""
 
@@ -179,7 +171,7 @@ class EmulatedTPU(TPUReplicate):
       return created[-1]
     with tf.variable_creator_scope(record_variable):
       result = self._run_replicas(fn, args, kwargs)
-    tpu_compilation.check_compiles(self._strategy(), fn, args, kwargs, created)
+    tpu_replication.check_compiles(self._strategy(), fn, args, kwargs, created)
     return result
 
   def refuse_pure_eager(self, fn):

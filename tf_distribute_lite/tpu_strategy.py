@@ -7,14 +7,10 @@ Replicas and their cores come from a `tf.tpu.experimental.DeviceAssignment`
 device as a `MirroredStrategy` replica does; variables are mirrored on
 those devices. The logical-device annotations are checked as on a TPU; an
 emulated slice computes annotated tensors unsplit (a CPU cannot partition
-them), with the same values. On an emulated slice the step always runs as a
-`tf.function` (an eager `run` of a `tf.function` is wrapped, as on a TPU), on
-the CPU devices with TensorFlow's kernels, and XLA must compile it, as on a
-TPU (`tpu_compilation`). The emulation refuses what a TPU refuses, with
-TensorFlow's errors: an eager `run` of a plain Python function (unless the
-environment variable `TFD_EMULATED_TPU_EAGER=1` asks for it, for
-debugging), ops XLA cannot compile, sparse or ragged input fetched to the
-cores.
+them), with the same values. The strategy's executor runs the step
+(`executors.TPUReplicate`, or `executors.EmulatedTPU`, which refuses what a
+TPU refuses, with TensorFlow's errors); sparse or ragged input fetched to the
+cores is refused here.
 """
 
 import contextlib
@@ -41,6 +37,11 @@ from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_reso
 
 class _TPUStrategyMethods:
   """What the TPU strategies add: run options and logical devices."""
+
+  @property
+  def cluster_resolver(self):
+    """The `TPUClusterResolver` the strategy runs on."""
+    return self._extended._tpu_cluster_resolver  # pylint: disable=protected-access
 
   def run(self, fn, args=(), kwargs=None, options=None):
     """Runs `fn` on each replica, as one step compiled by XLA (see
@@ -165,11 +166,6 @@ class TPUStrategyV2(_TPUStrategyMethods, strategy_v1.TF1Methods, distribute_lib.
                                  experimental_device_assignment,
                                  experimental_spmd_xla_partitioning))
 
-  @property
-  def cluster_resolver(self):
-    """The `TPUClusterResolver` the strategy runs on."""
-    return self._extended._tpu_cluster_resolver  # pylint: disable=protected-access
-
   def experimental_run_v2(self, fn, args=(), kwargs=None, options=None):
     """`run` under its TF 2.0 name.
 
@@ -225,11 +221,6 @@ class TPUStrategyV1(_TPUStrategyMethods, strategy_v1.StrategyV1,
   def steps_per_run(self):
     """Steps each host loop runs."""
     return self._extended.steps_per_run
-
-  @property
-  def cluster_resolver(self):
-    """The `TPUClusterResolver` the strategy runs on."""
-    return self._extended._tpu_cluster_resolver  # pylint: disable=protected-access
 
 
 TPUStrategyV1.__name__ = "TPUStrategyV1"
