@@ -199,10 +199,7 @@ class ReplicaRunner:
     self._merges_in_branches = []  # per such merge_call, each replica's graph
     self._shared = set()  # names of the tensors merges handed to replicas
     self.aborting = False
-
-  @property
-  def num_replicas(self):
-    return len(self._inputs)
+    self.num_replicas = len(replica_inputs)
 
   def run(self):
     with conversion_guard(), _tf_bridge.VariableCreatorScope(self._share_variable):

@@ -69,10 +69,6 @@ class TPUReplicaContext(LogicalDevices, replica_context.ReplicaContext):
       self._replicated_variables[key] = _tf_bridge.variable_of_handle(handle, variable)
     return self._replicated_variables[key]
 
-  def reduce_shared(self, reduce_op, value):
-    """`value`, which is not a distributed value, reduced across replicas."""
-    return cross_replica(reduce_op, value, self.num_replicas_in_sync)
-
   def logical_device_scope(self, logical_device_id):
     """Places the ops made in it on the replica's core `logical_device_id`."""
     return tf.device(tf.compat.v1.tpu.core(logical_device_id))
@@ -236,10 +232,6 @@ class XlaCheckReplicaContext(TPUReplicaContext):
 
   def local_variable(self, variable):
     return variable.values[0]
-
-  def reduce_shared(self, reduce_op, value):
-    del reduce_op
-    return value
 
   def logical_device_scope(self, logical_device_id):
     del logical_device_id  # replica 0 computes on one device

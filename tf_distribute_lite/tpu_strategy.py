@@ -46,15 +46,11 @@ class _TPUStrategyMethods:
   def run(self, fn, args=(), kwargs=None, options=None):
     """Runs `fn` on each replica, as one step compiled by XLA (see
     `tf_distribute_lite.Strategy.run`). `options`, a `RunOptions`, say how
-    `tpu.replicate` pads dynamic shapes and partitions the step.
-
-    As in TensorFlow, eagerly `fn` must be a `tf.function` (or a concrete
-    function, or an object whose `__call__` is a `tf.function`): a plain
-    Python function raises `NotImplementedError` ("pure eager"), on an
-    emulated slice too, so that what runs on the emulation runs on a TPU.
-    For debugging, an emulated slice runs such a step (as one traced step,
-    compiled by the XLA check) where the environment variable
-    `TFD_EMULATED_TPU_EAGER` is `1`.
+    `tpu.replicate` pads dynamic shapes and partitions the step. As in
+    TensorFlow, eagerly `fn` must be a `tf.function` (or a concrete function,
+    or an object whose `__call__` is one): a plain Python function raises
+    `NotImplementedError` ("pure eager"), on an emulated slice too unless the
+    environment variable `TFD_EMULATED_TPU_EAGER` is `1` (for debugging).
 
     >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
     >>> options = tf_distribute_lite.RunOptions(experimental_enable_dynamic_batch_size=False)
@@ -356,7 +352,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
   def _reduce_to(self, reduce_op, value, destinations, options):
     step = self._tpu_step()
     if step is not None and not isinstance(value, tf.distribute.DistributedValues):
-      return step.reduce_shared(reduce_op, value)
+      return step.all_reduce(reduce_op, value)
     return super()._reduce_to(reduce_op, value, destinations, options)
 
   def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
@@ -397,9 +393,7 @@ def _check_run_arguments(fn, args, kwargs):
   named = kinds.count(inspect.Parameter.POSITIONAL_OR_KEYWORD)
   star = inspect.Parameter.VAR_POSITIONAL in kinds
   variables_named = any(is_variable(a) for a in args[:named])
-  for i, arg in enumerate(args):
-    if i < named:
-      continue
+  for arg in args[named:]:
     if not star:
       raise ValueError("Too many positional arguments passed to call to TPUStrategy.run().")
     if is_variable(arg):
