@@ -120,6 +120,26 @@ def test_update_in_replica_without_aggregation_raises_value_error():
   assert _both(snippet) is True
 
 
+@pytest.mark.parametrize("method", ["batch_scatter_update", "scatter_nd_update",
+                                    "scatter_nd_add", "scatter_nd_sub"])
+@pytest.mark.parametrize("aggregation", ["NONE", "MEAN"])
+def test_sparse_updates_in_replicas_apply_as_they_are_like_tf(method, aggregation, run_mode):
+  """As in TensorFlow, each replica's sparse update reaches the one variable
+  as it is, whatever its aggregation."""
+  def snippet(mod, strategy):
+    with strategy.scope():
+      v = tf.Variable([1.0, 2.0], aggregation=getattr(tf.VariableAggregation, aggregation))
+    if method == "batch_scatter_update":
+      update = lambda: v.batch_scatter_update(tf.IndexedSlices(tf.constant([5.0]), tf.constant([0])))
+    else:
+      update = lambda: getattr(v, method)(tf.constant([[0]]), tf.constant([5.0]))
+    update()
+    run_mode(lambda: strategy.run(update))
+    return v.numpy().tolist()
+  assert _both(snippet) == {"batch_scatter_update": [5.0, 2.0], "scatter_nd_update": [5.0, 2.0],
+                            "scatter_nd_add": [26.0, 2.0], "scatter_nd_sub": [-24.0, 2.0]}[method]
+
+
 def test_cross_replica_update_and_colocated_variables():
   def snippet(mod, strategy):
     with strategy.scope():

@@ -249,6 +249,24 @@ def test_variables_made_after_merge_call_are_shared_by_the_replicas():
     assert [c.device[-5:] for c in variable.values] == ["CPU:0", "CPU:1"]
 
 
+def test_replica_threads_keep_the_callers_variable_scope_eagerly():
+  """Replicas that run on threads after a merge_call create their variables
+  in the variable scope `call_for_each_replica` was called in, and share
+  replica 0's, as in TensorFlow."""
+  def snippet(a):
+    def replica_fn():
+      first = tf.compat.v1.get_variable("first", [1])
+      with tf.compat.v1.variable_scope("inner"):
+        a.mod.get_replica_context().merge_call(lambda strategy: None)
+        after = tf.compat.v1.get_variable("after", [1])
+      return first, after, tf.Variable(1.0, name="plain")
+    with a.pair.scope(), tf.compat.v1.variable_scope("outer"):
+      made = a.pair.extended.call_for_each_replica(replica_fn)
+    return [[c.name for c in variable.values] for variable in made]
+  assert both(snippet) == [[f"outer/{name}:0", f"outer/{name}/replica_1:0"]
+                           for name in ("first", "inner/after", "plain")]
+
+
 # --- experimental_distribute_values_from_function.
 
 def test_distribute_values_from_function_passes_a_value_context():

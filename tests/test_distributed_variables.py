@@ -578,6 +578,44 @@ def test_scatter_update_in_cross_replica_context():
                               [[1.0, 9.0, 3.0]] * NUM_DEVICES)
 
 
+@pytest.mark.parametrize("synchronization", [SYNC.ON_WRITE, SYNC.ON_READ])
+@pytest.mark.parametrize("aggregation", ALL_AGGREGATIONS)
+@pytest.mark.parametrize("where", ["cross_replica", "replica", "function_replica"])
+def test_scatter_methods_in_every_context_and_aggregation_like_tf(
+    synchronization, aggregation, where):
+  """Each scatter method on each kind of variable: TF's values, or TF's
+  NotImplementedError (scatter_min/max/update of a SUM or MEAN mirrored
+  variable; batch_scatter_update of any distributed variable). In a
+  replica, the replicas' slices of a SUM or MEAN variable are combined
+  (concatenated, divided for MEAN) and applied once."""
+  def snippet(dist, strategy):
+    outcomes = {}
+    for method in ("scatter_add", "scatter_sub", "scatter_mul", "scatter_div",
+                   "scatter_min", "scatter_max", "scatter_update", "batch_scatter_update"):
+      with strategy.scope():
+        v = tf.Variable([1.0, 2.0], synchronization=synchronization, aggregation=aggregation)
+      update = lambda v=v, method=method: getattr(v, method)(
+          tf.IndexedSlices(tf.constant([5.0]), tf.constant([0])))
+      try:
+        if where == "cross_replica":
+          update()
+        elif where == "replica":
+          strategy.run(update)
+        else:
+          tf.function(lambda update=update: strategy.run(update))()
+        outcomes[method] = _components(v)
+      except (NotImplementedError, ValueError) as e:
+        outcomes[method] = type(e).__name__
+    return outcomes
+
+  outcomes = compare(snippet, num_devices=2)
+  assert outcomes["batch_scatter_update"] in ("NotImplementedError", "ValueError")
+  if synchronization == SYNC.ON_WRITE and aggregation in (AGG.SUM, AGG.MEAN):
+    assert outcomes["scatter_update"] == "NotImplementedError"
+    if where != "cross_replica":
+      assert outcomes["scatter_add"] == [[11.0, 2.0] if aggregation == AGG.SUM else [6.0, 2.0]] * 2
+
+
 def test_new_variable_from_distributed_initial_value():
   """A variable initialised from a mirrored variable copies its value."""
   def snippet(dist, strategy):

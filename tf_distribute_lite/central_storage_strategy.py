@@ -176,7 +176,7 @@ class AggregatingVariable(distributed_variables.ComponentsVariable):
     return self._primary.device
 
   def _update_in_replica(self, update_fn, value, method):
-    if method.startswith("scatter"):  # as in TensorFlow: applied as it is
+    if "scatter" in method:  # as in TensorFlow: applied as it is
       return update_fn(self._primary, value)
     if self._aggregation == tf.VariableAggregation.NONE:
       raise ValueError(
@@ -198,3 +198,15 @@ class AggregatingVariable(distributed_variables.ComponentsVariable):
 
   def __str__(self):
     return str(self._primary)
+
+
+def _on_the_variable(method):
+  def call(self, *args, **kwargs):
+    return getattr(self._primary, method)(*args, **kwargs)  # pylint: disable=protected-access
+  call.__name__ = method
+  call.__doc__ = f"`tf.Variable.{method}` of the one variable, applied as it is (as in TensorFlow)."
+  return call
+
+
+for _method in ("scatter_nd_sub", "scatter_nd_add", "scatter_nd_update"):
+  setattr(AggregatingVariable, _method, _on_the_variable(_method))

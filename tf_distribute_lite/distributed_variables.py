@@ -493,14 +493,25 @@ class MirroredVariable(DistributedVariable, tf.types.experimental.distributed.Mi
   def _get_cross_replica(self):
     return self._get_on_device_or_primary()
 
+  def _update(self, method, value, **kwargs):
+    # As in TensorFlow, in every context: replicas' sparse updates combined
+    # by SUM or MEAN mean nothing to these.
+    if method == "batch_scatter_update":
+      raise NotImplementedError(
+          f"`batch_scatter_update` is not supported for MirroredVariable "
+          f"'{self.name}'; use `scatter_update`.")
+    if (method in ("scatter_min", "scatter_max", "scatter_update") and
+        self._aggregation not in (tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                                  tf.VariableAggregation.NONE) and
+        not _tf_bridge.saving_without_distribution()):
+      raise NotImplementedError(
+          f"`{method}` is only supported for a MirroredVariable with NONE or "
+          f"ONLY_FIRST_REPLICA aggregation; '{self.name}' has {self._aggregation}.")
+    return super()._update(method, value, **kwargs)
+
   def _update_in_replica(self, update_fn, value, method):
     if self._aggregation == tf.VariableAggregation.NONE:
       return update_fn(self._get(), value)
-    if method.startswith("scatter") and self._aggregation != tf.VariableAggregation.ONLY_FIRST_REPLICA:
-      raise NotImplementedError(
-          f"`{method}` is not supported for MirroredVariable '{self.name}' "
-          f"with aggregation {self._aggregation} in a replica context: only "
-          f"ONLY_FIRST_REPLICA and NONE are.")
 
     def merge_fn(strategy, value):
       aggregated = aggregate(strategy, value, self._aggregation, self)
@@ -591,13 +602,13 @@ class SyncOnReadVariable(DistributedVariable):
     return value._as_graph_element() if isinstance(value, tf.Variable) else value  # pylint: disable=protected-access
 
   def _update_in_replica(self, update_fn, value, method):
-    if method.startswith("scatter"):
+    if "scatter" in method:
       raise NotImplementedError(
           f"`{method}` is not supported for SyncOnReadVariable '{self.name}'.")
     return update_fn(self._get(), value)
 
   def _update_cross_replica(self, update_fn, value, method):
-    if method.startswith("scatter"):
+    if "scatter" in method:
       raise NotImplementedError(
           f"`{method}` is not supported for SyncOnReadVariable '{self.name}'.")
     _unsaveable_when_traced(self, f"updates ({method})")

@@ -33,7 +33,7 @@ class _ThreadState:
     self.eager = tf.executing_eagerly()
     self.graph = tf.compat.v1.get_default_graph()
     self.name_scope = "" if self.eager else self.graph.get_name_scope()
-    self.variable_scope = None if self.eager else tf.compat.v1.get_variable_scope()
+    self.variable_scope = tf.compat.v1.get_variable_scope()
     self.creators = list(_tf_bridge.variable_creator_stack(self.graph))
     summaries = _tf_bridge.summary_state()
     self.summaries = (summaries.writer, summaries.step, summaries.is_recording)
@@ -246,17 +246,18 @@ class ReplicaRunner:
     try:
       with replica_context, tf.device(self._devices[replica_id]), \
           tf.control_dependencies(self._input_barrier):
-        if replica_id > 0 and not tf.executing_eagerly():
-          # Every `run` in a graph shares one scope per replica, as in
-          # TensorFlow: the trailing "/" re-enters it rather than adding
-          # "replica_1_1". `tf.compat.v1.get_variable` in replicas after the
-          # first reuses the first's variables, in the caller's variable scope.
-          outer = tf.compat.v1.get_default_graph().get_name_scope()
-          with tf.compat.v1.variable_scope(self._state.variable_scope, reuse=True,
-                                           auxiliary_name_scope=False), \
-              tf.name_scope(f"{outer}/replica_{replica_id}/".lstrip("/")):
-            return self._fn(*args, **kwargs)
-        return self._fn(*args, **kwargs)
+        if replica_id == 0:
+          return self._fn(*args, **kwargs)
+        # `tf.compat.v1.get_variable` in replicas after the first reuses the
+        # first's variables, in the caller's variable scope (which eagerly a
+        # replica thread does not inherit). Every `run` in a graph shares
+        # one name scope per replica, as in TensorFlow: the trailing "/"
+        # re-enters it rather than adding "replica_1_1".
+        name_scope = contextlib.nullcontext() if tf.executing_eagerly() else tf.name_scope(
+            f"{tf.compat.v1.get_default_graph().get_name_scope()}/replica_{replica_id}/".lstrip("/"))
+        with tf.compat.v1.variable_scope(self._state.variable_scope, reuse=True,
+                                         auxiliary_name_scope=False), name_scope:
+          return self._fn(*args, **kwargs)
     finally:
       self._running.replica_id = None
 
