@@ -36,6 +36,7 @@ from tf_distribute_lite import input_lib
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import values as values_lib
+from tf_distribute_lite import variable_policy
 from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 from tf_distribute_lite.collective_util import CommunicationImplementation
@@ -205,7 +206,10 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     group_key = next(_group_keys) if self._num_workers > 1 else None
     super().__init__(container_strategy, devices,
                      cross_device_ops_lib.CollectiveAllReduce(
-                         devices, len(devices) * self._num_workers, options, group_key))
+                         devices, len(devices) * self._num_workers, options, group_key),
+                     variable_policy.MirroredPolicy(
+                         container_strategy,
+                         self._chief_value if self._num_workers > 1 else None))
     self.experimental_enable_get_next_as_optional = True  # also in TF1 graphs
     self._worker_ops = self._worker_sync = None
     if self._num_workers > 1:
@@ -288,14 +292,9 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
 
   # --- Variables: every worker starts from the chief's initial values.
 
-  def _create_variable(self, next_creator, **kwargs):
-    if self._num_workers > 1 and kwargs.get("initial_value") is not None:
-      kwargs["initial_value"] = self._chief_value(kwargs["initial_value"],
-                                                  kwargs.get("dtype"))
-    return super()._create_variable(next_creator, **kwargs)
-
   def _chief_value(self, initial_value, dtype):
-    """A callable giving the chief's `initial_value` on every worker."""
+    """A callable giving the chief's `initial_value` on every worker (the
+    variable policy's initial value)."""
     def value():
       given = initial_value() if callable(initial_value) else initial_value
       if isinstance(given, tf.__internal__.tracking.CheckpointInitialValue):

@@ -14,6 +14,7 @@ base, `ComponentsVariable`, also serves `CentralStorageStrategy`'s
 value.
 """
 
+import contextlib
 import copy
 import weakref
 
@@ -281,9 +282,18 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   def _update_in_replica(self, update_fn, value, method):
     raise NotImplementedError
 
+  def _update_aggregated(self, update_fn, value):
+    """Waits for every replica (`merge_call`), aggregates their `value`s by
+    the variable's aggregation and applies the result as an update."""
+    def merge_fn(strategy, value):
+      aggregated = aggregate(strategy, value, self._aggregation, self)
+      return strategy.extended.update(self, update_fn, args=(aggregated,), group=True)
+
+    return contexts.get_replica_context().merge_call(merge_fn, args=(value,))
+
   def _strategy_scope(self):
     if contexts.has_strategy():
-      return _NullContext()
+      return contextlib.nullcontext()
     return self._distribute_strategy.scope()
 
   def _check_assignable(self, value):
@@ -437,15 +447,6 @@ def _unsaveable_when_traced(variable, action):
       f"tf.saved_model.save(..., signatures=f_with_input_signature)")
 
 
-class _NullContext:
-
-  def __enter__(self):
-    return None
-
-  def __exit__(self, *exc_info):
-    return False
-
-
 class _VariableTraceType(tf.types.experimental.TraceType):
   """A `tf.function` traces once per distributed variable and captures it."""
 
@@ -501,12 +502,7 @@ class MirroredVariable(DistributedVariable, tf.types.experimental.distributed.Mi
           f"`{method}` is not supported for MirroredVariable '{self.name}' "
           f"with aggregation {self._aggregation} in a replica context: only "
           f"ONLY_FIRST_REPLICA and NONE are.")
-
-    def merge_fn(strategy, value):
-      aggregated = aggregate(strategy, value, self._aggregation, self)
-      return strategy.extended.update(self, update_fn, args=(aggregated,), group=True)
-
-    return contexts.get_replica_context().merge_call(merge_fn, args=(value,))
+    return self._update_aggregated(update_fn, value)
 
 
 def checked_aggregation(aggregation, name):
@@ -613,3 +609,53 @@ class SyncOnReadVariable(DistributedVariable):
       replicas = self._distribute_strategy.num_replicas_in_sync
       return tf.cast(restored / replicas, self.dtype)
     return restored
+
+
+class AggregatingVariable(ComponentsVariable):
+  """The one variable of `CentralStorageStrategy` with several replicas.
+
+  Every replica reads the same variable. An update inside `strategy.run`
+  waits for all replicas, combines their values by the variable's
+  `aggregation` and applies the result once; a variable with aggregation
+  NONE cannot be updated there. Its repr is that of the variable it wraps.
+  As in TensorFlow it is not a `tf.distribute.DistributedValues`: it has no
+  `values`, `strategy.reduce` takes it as a value every replica shares
+  (MEAN gives it back, SUM raises `ValueError`).
+
+  >>> strategy = tf_distribute_lite.experimental.CentralStorageStrategy(
+  ...     ["CPU:0", "CPU:1"], parameter_device="CPU:1")
+  >>> with strategy.scope():
+  ...   v = tf.Variable(0.0, aggregation=tf.VariableAggregation.MEAN)
+  >>> _ = strategy.run(lambda: v.assign(tf.cast(
+  ...     tf_distribute_lite.get_replica_context().replica_id_in_sync_group, tf.float32)))
+  >>> v.numpy().item(), v.device[-5:]
+  (0.5, 'CPU:1')
+  """
+
+  def _get(self):
+    return self._primary
+
+  def _get_on_device_or_primary(self):
+    return self._primary
+
+  @property
+  def device(self):
+    return self._primary.device
+
+  def _update_in_replica(self, update_fn, value, method):
+    if method.startswith("scatter"):  # as in TensorFlow: applied as it is
+      return update_fn(self._primary, value)
+    if self._aggregation == tf.VariableAggregation.NONE:
+      raise ValueError(
+          f"You must specify an aggregation method to update the "
+          f"AggregatingVariable '{self.name}' in a replica context, e.g. "
+          f"`tf.Variable(..., aggregation=tf.VariableAggregation.SUM)`: each "
+          f"replica's update is aggregated before it is applied once. Or "
+          f"update it in a cross-replica context (inside `merge_call`).")
+    return self._update_aggregated(update_fn, value)
+
+  def __repr__(self):
+    return repr(self._primary)
+
+  def __str__(self):
+    return str(self._primary)

@@ -4,12 +4,12 @@ computation, traced once and compiled by XLA for every replica.
 Inside the computation the code is the same for all replicas (SPMD): the
 replica context's all-reduce is TensorFlow's `CrossReplicaSum`, the replica id
 is a replicated input, reductions in `merge_call` sum across replicas, and a
-distributed variable is one replicated handle, each replica's own component.
+distributed variable is one replicated handle, each replica's own component
+(`variable_policy.TPUPolicy`).
 """
 
 import tensorflow as tf
 
-from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import replica_context
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
@@ -89,16 +89,6 @@ _CROSS_REPLICA_SUM_DTYPES = (tf.bfloat16, tf.float16, tf.float32, tf.float64,
                              tf.int32, tf.uint32)
 
 
-def replicated_variable(variable):
-  """Distributed `variable` inside a TPU computation: a variable whose one
-  resource handle is each replica's own component (`TPUReplicatedInput` of
-  the components' handles)."""
-  handle = tf.raw_ops.TPUReplicatedInput(
-      inputs=[component.handle for component in variable.values],
-      is_mirrored_variable=True)
-  return _tf_bridge.variable_of_handle(handle, variable)
-
-
 def cross_replica(reduce_op, value, num_replicas):
   """`value` summed (or averaged) over the replicas of a TPU computation."""
   total = tf.compat.v1.tpu.cross_replica_sum(tf.convert_to_tensor(value))
@@ -131,7 +121,7 @@ def replicate(strategy, fn, args, kwargs, device_assignment, options):
       flat[position] = tensor
     replica_args, replica_kwargs = tf.nest.pack_sequence_as(per_replica[0], flat)
     extended._tpu_mode = "replicate"  # pylint: disable=protected-access
-    extended._replicated_variables = {}  # pylint: disable=protected-access
+    extended._variables.begin_computation()  # pylint: disable=protected-access
     try:
       with TPUReplicaContext(strategy):
         result = fn(*replica_args, **replica_kwargs)

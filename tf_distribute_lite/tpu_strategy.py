@@ -38,6 +38,7 @@ from tf_distribute_lite import tpu_compilation
 from tf_distribute_lite import tpu_replication
 from tf_distribute_lite import tpu_system
 from tf_distribute_lite import values as values_lib
+from tf_distribute_lite import variable_policy
 from tf_distribute_lite.cluster_resolver import TPUClusterResolver
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 
@@ -265,17 +266,15 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     self._step_functions = weakref.WeakKeyDictionary()
     self._tpu_mode = None  # "replicate" or "xla_check" while tracing those
     self._run_options = distribute_lib.RunOptions()  # those of the current `run`
-    self._replicated_variables = {}
     self._logical_device = 0  # where variables go (`experimental_logical_device`)
-    super().__init__(container_strategy, [cores[0] for cores in self._tpu_devices], None)
+    super().__init__(container_strategy, [cores[0] for cores in self._tpu_devices], None,
+                     variable_policy.TPUPolicy(container_strategy, lambda: self._tpu_mode))
 
   @property
   def worker_devices(self):
     """Each replica's core of the current logical device (0 outside
     `experimental_logical_device`)."""
     return tuple(cores[self._logical_device] for cores in self._tpu_devices)
-
-  parameter_devices = worker_devices
 
   @contextlib.contextmanager
   def experimental_logical_device(self, logical_device_id):
@@ -372,12 +371,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     leaves = tf.nest.flatten(values_lib.select_replica(0, (args, kwargs)))
     tpu_replication.check_input_ranks(
         [leaves[i] for i in tpu_replication.input_positions(leaves)], options)
-    created = []
-
-    def record_variable(next_creator, **kwargs):
-      created.append(next_creator(**kwargs))
-      return created[-1]
-    with tf.variable_creator_scope(record_variable):
+    with self._variables.recording() as created:
       result = super()._call_for_each_replica(fn, args, kwargs)
     tpu_compilation.check_compiles(self._container_strategy(), fn, args, kwargs, created)
     return result
@@ -394,24 +388,6 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
         return self._call_for_each_replica(fn, args, kwargs)
       steps[options] = tf.function(replicated_step)
     return steps[options]
-
-  def _replica_local_variable(self, variable):
-    if self._tpu_mode == "xla_check":
-      return variable.values[0]
-    if self._tpu_mode != "replicate":
-      return None
-    key = id(variable)
-    if key not in self._replicated_variables:
-      self._replicated_variables[key] = tpu_replication.replicated_variable(variable)
-    return self._replicated_variables[key]
-
-  def _update(self, var, fn, args, kwargs, group):
-    if self._tpu_mode:  # each replica updates its own component
-      result = fn(self._replica_local_variable(var), *args, **kwargs)
-      # Ungrouped, the one replica's result comes as a 1-tuple, as in
-      # TensorFlow (Keras legacy optimizers extend a list with it).
-      return result if group else (result,)
-    return super()._update(var, fn, args, kwargs, group)
 
   def _reduce_to(self, reduce_op, value, destinations, options):
     if self._tpu_mode and not isinstance(value, tf.distribute.DistributedValues):
