@@ -293,8 +293,7 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
   # --- Variables: every worker starts from the chief's initial values.
 
   def _chief_value(self, initial_value, dtype):
-    """A callable giving the chief's `initial_value` on every worker (the
-    variable policy's initial value)."""
+    """A callable giving the chief's `initial_value` on every worker."""
     def value():
       given = initial_value() if callable(initial_value) else initial_value
       if isinstance(given, tf.__internal__.tracking.CheckpointInitialValue):

@@ -115,9 +115,6 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   _unique_id = property(lambda self: self._primary._unique_id)  # pylint: disable=protected-access
   _graph_key = property(lambda self: self._primary._graph_key)  # pylint: disable=protected-access
 
-  def get_shape(self):
-    return self.shape
-
   # In a TF1 graph, TensorFlow's SavedModel loader sets this to the op that
   # restores the loaded value, the variable's initializer from then on
   # (docs/client_private_names.md).

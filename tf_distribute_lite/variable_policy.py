@@ -1,11 +1,9 @@
 """Variable policies: how a strategy makes, places and updates its variables.
 
-A strategy's `extended._variables` is one of these; `extended` hands it
-`_create_variable` (the variables made in `scope()`), `update`,
-`update_non_slot`, `parameter_devices`, `non_slot_devices` and
-`_replica_local_variable`. A policy reads the replicas' devices from its
-strategy (held weakly), so it follows them where they change (a TPU's
-`experimental_logical_device`).
+`extended._variables` is one; `extended` hands it `_create_variable`,
+`update`, `update_non_slot`, `parameter_devices`, `non_slot_devices` and
+`_replica_local_variable`. It reads the replicas' devices from its strategy,
+so it follows them (a TPU's `experimental_logical_device`).
 """
 
 import contextlib
@@ -49,14 +47,12 @@ class VariablePolicy:
       return next_creator(**kwargs)
 
   def update(self, var, fn, args, kwargs, group):
-    """`extended.update` in the cross-replica context (as TensorFlow does,
-    an update of one variable colocated with it)."""
+    """`extended.update`, in the cross-replica context."""
     return self.update_non_slot(var, fn, (var, *args), kwargs, group)
 
   def update_non_slot(self, colocate_with, fn, args, kwargs, group):
-    """`extended.update_non_slot`: `fn` once, in TensorFlow's update
-    context; ungrouped, each value of the result as the tuple of its
-    per-replica values, as TensorFlow returns it."""
+    """`fn` once, in TensorFlow's update context; ungrouped, each value of
+    the result as the tuple of its per-replica values, as in TensorFlow."""
     with _on(self._update_device(colocate_with)), contexts.UpdateContext(0):
       result = fn(*args, **kwargs)
     return result if group else _ungrouped(result)
@@ -66,8 +62,7 @@ class VariablePolicy:
     return self._device
 
   def replica_local_variable(self, variable):
-    """What a replica reads and writes for distributed `variable` where
-    that is not one of its components; None here."""
+    """What a replica uses for distributed `variable`, if not a component."""
     del variable
     return None
 
@@ -81,12 +76,10 @@ def _ungrouped(result):
 
 
 class MirroredPolicy(VariablePolicy):
-  """A component on each replica device, in a `MirroredVariable` (its
-  components kept equal) or a `SyncOnReadVariable` (synchronization
-  ON_READ); an update applies to each component on its device.
-  `initial_value`, if given, maps a variable's initial value and dtype to
-  the one its components take (`MultiWorkerMirroredStrategy`: the chief's).
-  """
+  """A component per replica device, in a `MirroredVariable` or (ON_READ) a
+  `SyncOnReadVariable`; updates apply to each component. `initial_value`,
+  if given, maps a variable's initial value and dtype to the one its
+  components take (`MultiWorkerMirroredStrategy`: the chief's)."""
 
   def __init__(self, strategy, initial_value=None):
     super().__init__(strategy)
@@ -207,11 +200,10 @@ def _copy_of(primary):
 
 
 class TPUPolicy(MirroredPolicy):
-  """Mirrored, and inside a TPU computation each replica reads and updates
-  its own component. `computation()` says which is traced: "replicate"
-  (`tpu.replicate`: a variable over the components' replicated handle,
-  made once per computation), "xla_check" (the emulation's compile check
-  of replica 0: its component) or None."""
+  """Mirrored; inside a TPU computation a replica uses its own component.
+  `computation()` says which is traced: "replicate" (`tpu.replicate`: a
+  variable over the components' replicated handle, one per computation),
+  "xla_check" (the emulation's compile check of replica 0) or None."""
 
   def __init__(self, strategy, computation):
     super().__init__(strategy)
@@ -239,9 +231,7 @@ class TPUPolicy(MirroredPolicy):
     if not self._computation():
       return super().update(var, fn, args, kwargs, group)
     result = fn(self.replica_local_variable(var), *args, **kwargs)
-    # Ungrouped, the one replica's result comes as a 1-tuple, as in
-    # TensorFlow (Keras legacy optimizers extend a list with it).
-    return result if group else (result,)
+    return result if group else (result,)  # as TensorFlow (Keras extends a list with it)
 
   @contextlib.contextmanager
   def recording(self):
@@ -257,10 +247,9 @@ class TPUPolicy(MirroredPolicy):
 
 
 class CentralStoragePolicy(VariablePolicy):
-  """Each variable once, where `device` (a device, or a device function such
-  as `replica_device_setter`) puts it: by default on the only replica
-  device, or the CPU. With several replicas it is an `AggregatingVariable`.
-  `parameter_devices` default to that device."""
+  """Each variable once, where `device` (or a device function) puts it: by
+  default the only replica device, or the CPU; for several replicas an
+  `AggregatingVariable`. `parameter_devices` default to that device."""
 
   def __init__(self, strategy, device=None, parameter_devices=None):
     super().__init__(strategy)
@@ -316,11 +305,10 @@ class CentralStoragePolicy(VariablePolicy):
 
 
 class ParameterServerPolicy(VariablePolicy):
-  """Variables on the CPUs of `num_ps` ps tasks in turn; a variable that
-  `partitioner` (or None) splits is a `ShardedVariable` with its shards on
-  successive ps tasks. An optimizer's slot goes with its variable; that of a
-  `ShardedVariable` to `coordinator_device`, where the whole value is read,
-  as in TensorFlow."""
+  """Variables on `num_ps` ps tasks in turn; one that `partitioner` (or
+  None) splits is a `ShardedVariable`, its shards on successive ps tasks. A
+  slot goes with its variable; that of a `ShardedVariable` to
+  `coordinator_device`, where the whole value is read, as in TensorFlow."""
 
   def __init__(self, strategy, num_ps, partitioner, coordinator_device):
     super().__init__(strategy)
