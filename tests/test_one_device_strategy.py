@@ -178,20 +178,6 @@ def test_update_assigns_the_variable(run_mode):
   assert float(_both(snippet)) == 6.0
 
 
-def test_ungrouped_updates_give_each_result_per_replica_like_tensorflow(run_mode):
-  def snippet(mod, strategy):
-    with strategy.scope():
-      v = tf.Variable(1.0)
-    updated = run_mode(lambda: strategy.extended.update(
-        v, lambda c: (c.assign(2.0), tf.constant(3.0)), group=False))
-    non_slot = run_mode(lambda: strategy.extended.update_non_slot(
-        v, lambda: {"a": tf.constant(4.0)}, group=False))
-    return [type(x).__name__ for x in updated], float(updated[1][0]), non_slot
-  kinds, value, non_slot = _both(snippet)
-  assert kinds == ["tuple", "tuple"] and value == 3.0
-  assert float(non_slot["a"][0]) == 4.0
-
-
 def test_reduce_to_and_broadcast_to_return_the_value():
   def snippet(mod, strategy):
     x = tf.constant(1.0)
