@@ -1170,7 +1170,7 @@ def test_replica_context_update(run_mode):
 
 
 def test_replica_context_update_outside_run_raises():
-  context = TFD.pair.extended._make_replica_context(0, None)  # pylint: disable=protected-access
+  context = TFD.pair.extended._executor.replica_context(0)  # pylint: disable=protected-access
   with TFD.pair.scope():
     v = tf.Variable(1.0)
   with pytest.raises(RuntimeError, match="Mismatching tf.distribute.Strategy objects"):

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import tf_distribute_lite as tfd
-from tf_distribute_lite import tpu_strategy
+from tf_distribute_lite import executors
 
 from oracle import TF, TFD
 
@@ -199,7 +199,7 @@ def _tf_keras_moving_average_update(api, strategy, run, zero_debias):
 def _allow_eager_tpu_steps(monkeypatch):
   """The "eager" runs take the emulated TPU's debugging option: a TPU refuses
   an eager step."""
-  monkeypatch.setenv(tpu_strategy.EAGER_RUN_VARIABLE, "1")
+  monkeypatch.setenv(executors.EAGER_RUN_VARIABLE, "1")
 
 
 @pytest.mark.parametrize("zero_debias", [False, True], ids=["biased", "zero_debias"])

@@ -2,6 +2,7 @@
 spec's examples traced for a v3-8 topology, checked for `tpu.replicate`'s
 metadata, replicated inputs and outputs, and XLA sharding attributes."""
 
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -272,6 +273,48 @@ def test_inputs_of_unknown_rank_are_refused_with_dynamic_batches():
   graph, _ = _traced_run(lambda x: x * 2.0, None,
                          options=tfd.RunOptions(experimental_enable_dynamic_batch_size=False))
   assert _metadata(graph)["num_replicas"].i == 8
+
+
+def test_a_step_being_traced_leaves_other_threads_runs_alone():
+  """What a TPU step needs while it is traced lives in its replica context,
+  and its options come with the call: while one thread is inside its step,
+  another's `run` keeps its own options and its reduction is an ordinary
+  one (not a `CrossReplicaSum`, which would belong in a TPU computation)."""
+  strategy = tfd.TPUStrategy(_tpu_resolver())
+  inside, resume = threading.Event(), threading.Event()
+  traced = {}
+
+  def paused_step(x):
+    inside.set()
+    assert resume.wait(timeout=60)
+    return x * 2.0
+
+  def run_paused_step():
+    with tf.Graph().as_default() as graph:
+      x = strategy.extended._distribute_values_from_function(  # pylint: disable=protected-access
+          lambda ctx: tf.compat.v1.placeholder(tf.float32, [None, 3]))
+      strategy.run(paused_step, args=(x,),
+                   options=tfd.RunOptions(experimental_enable_dynamic_batch_size=False))
+    traced["graph"] = graph
+
+  thread = threading.Thread(target=run_paused_step, daemon=True)
+  thread.start()
+  try:
+    assert inside.wait(timeout=60)
+    with tf.Graph().as_default() as graph:
+      value = tf.constant(1.0)
+      assert strategy.reduce("MEAN", value, axis=None) is value
+      x = strategy.extended._distribute_values_from_function(  # pylint: disable=protected-access
+          lambda ctx: tf.compat.v1.placeholder(tf.float32, None))
+      with pytest.raises(ValueError, match="has unknown rank"):  # default options
+        strategy.run(lambda x: x, args=(x,))
+    assert not _ops(graph, "CrossReplicaSum")
+  finally:
+    resume.set()
+    thread.join(timeout=60)
+  assert not thread.is_alive()
+  assert not _ops(traced["graph"], "XlaSetDynamicDimensionSize")  # its own options
+  assert _metadata(traced["graph"])["num_replicas"].i == 8
 
 
 def test_run_options_must_be_run_options():

@@ -545,6 +545,21 @@ def test_an_input_of_unknown_rank_needs_a_static_batch_as_on_a_tpu(strategy):
   assert [r.numpy().tolist() for r in results] == [[2.0, 4.0]] * 4
 
 
+def test_a_step_function_is_checked_for_the_options_of_each_run(strategy):
+  """Run options reach the step through the call: a `tf.function` step run
+  under other options is traced again under them, not reused unchecked."""
+  step = tf.function(lambda x: x * 2.0)
+
+  def run_with(options):
+    return tf.function(lambda x: strategy.run(step, args=(x,), options=options),
+                       input_signature=[tf.TensorSpec(None, tf.float32)])
+  static = tfd.RunOptions(experimental_enable_dynamic_batch_size=False)
+  results = strategy.experimental_local_results(run_with(static)(tf.constant([1.0])))
+  assert [r.numpy().tolist() for r in results] == [[2.0]] * 4
+  with pytest.raises(ValueError, match="has unknown rank, which is not allowed"):
+    run_with(tfd.RunOptions())(tf.constant([1.0]))
+
+
 def test_a_string_input_fails_saying_so(strategy):
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match=r"a TPU computes no strings.*tf.string inputs"):

@@ -20,6 +20,7 @@ Without a cluster (no `TF_CONFIG`) the strategy runs on this machine alone.
 """
 
 import copy
+import functools
 import itertools
 
 import tensorflow as tf
@@ -31,6 +32,7 @@ from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import distributed_variables
+from tf_distribute_lite import executors
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import mirrored_strategy
@@ -210,6 +212,10 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
                      variable_policy.MirroredPolicy(
                          container_strategy,
                          self._chief_value if self._num_workers > 1 else None))
+    self._executor = executors.LocalReplicas(
+        container_strategy, self._devices,
+        functools.partial(_MirroredReplicaContext, first_replica=self._first_replica),
+        self._first_replica, self._num_replicas_in_sync)
     self.experimental_enable_get_next_as_optional = True  # also in TF1 graphs
     self._worker_ops = self._worker_sync = None
     if self._num_workers > 1:
@@ -254,16 +260,6 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     return updated
 
   # --- Replicas and input.
-
-  def _make_replica_context(self, replica_id, runner):
-    return _MirroredReplicaContext(self._container_strategy(), replica_id, runner,
-                                   self._first_replica)
-
-  def _distribute_values_from_function(self, value_fn):
-    return values_lib.regroup(
-        [value_fn(distribute_lib.ValueContext(self._first_replica + i,
-                                              self._num_replicas_in_sync))
-         for i in range(len(self._devices))], always_wrap=True)
 
   def _input_context(self):
     return input_context_lib.InputContext(
@@ -429,7 +425,7 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     return placed[0] if len(placed) == 1 else values_lib.Mirrored(placed)
 
 
-class _MirroredReplicaContext(mirrored_strategy._MirroredReplicaContext):  # pylint: disable=protected-access
+class _MirroredReplicaContext(executors._MirroredReplicaContext):  # pylint: disable=protected-access
   """A replica context whose `replica_id_in_sync_group` counts the replicas
   of the workers before this one (named as in TensorFlow)."""
 

@@ -121,6 +121,15 @@ def get_replica_context():
   return current().replica_context
 
 
+def enclosing_replica_context():
+  """The innermost replica context on the stack, also inside its
+  `merge_call` (a cross-replica entry above it); None outside every one."""
+  for entry in reversed(_tf_bridge.strategy_stack()):
+    if entry.replica_context is not None:
+      return entry.replica_context
+  return None
+
+
 def require_cross_replica_or_default(strategy):
   """Raises unless `strategy` may act here: its cross-replica context, or none."""
   entry = current()

@@ -175,14 +175,13 @@ class StrategyBase(StandsFor):
       1: <tf.Tensor: shape=(), dtype=int32, numpy=2>
     }
     """
-    del options  # Only TPU strategies have run options.
     kwargs = {} if kwargs is None else kwargs
     _check_run_arguments(args, kwargs)
     _check_replica_counts(self, args, "args")
     if kwargs:
       _check_replica_counts(self, kwargs, "kwargs")
     with self.scope():
-      return self._extended._call_for_each_replica(fn, args, kwargs)  # pylint: disable=protected-access
+      return self._extended._run(fn, args, kwargs, options)  # pylint: disable=protected-access
 
   def reduce(self, reduce_op, value, axis):
     """Reduces `value` across replicas, and along `axis` within each.
@@ -608,6 +607,12 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     """Runs `fn` once per replica (the TF 1.x name of `strategy.run`)."""
     with self._container_strategy().scope():
       return self._call_for_each_replica(fn, args, kwargs or {})
+
+  def _run(self, fn, args, kwargs, options):
+    """`strategy.run` in the strategy's scope; only TPU strategies take
+    `options` (`RunOptions`)."""
+    del options
+    return self._call_for_each_replica(fn, args, kwargs)
 
   def _call_for_each_replica(self, fn, args, kwargs):
     with replica_context.ReplicaContext(self._container_strategy(), 0):

@@ -5,18 +5,14 @@ Every variable is mirrored on all devices; each step runs once per device
 are all-reduced so the copies stay equal.
 """
 
-import weakref
-
 import numpy as np
 import tensorflow as tf
 
-from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import distributed_variables
-from tf_distribute_lite import replica_context
-from tf_distribute_lite import replica_runner
+from tf_distribute_lite import executors
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite import variable_policy
@@ -62,7 +58,7 @@ class MirroredExtended(strategy_v1.StrategyExtendedV1):
     cross_device_ops_lib.check_cross_device_ops(cross_device_ops)
     self._cross_device_ops = cross_device_ops or _default_cross_device_ops(self._devices)
     self._host_ops = cross_device_ops_lib.ReductionToOneDevice()
-    self._function_cache = weakref.WeakKeyDictionary()
+    self._executor = executors.LocalReplicas(container_strategy, self._devices)
     # As in TensorFlow: a strategy made in a TF1 graph ends the input at a
     # partial last step of its input functions' pipelines. Users may set it.
     self.experimental_enable_get_next_as_optional = (
@@ -84,42 +80,10 @@ class MirroredExtended(strategy_v1.StrategyExtendedV1):
   # --- Running replicas.
 
   def _call_for_each_replica(self, fn, args, kwargs):
-    if isinstance(fn, _TF_FUNCTION):
-      return self._as_one_function(fn)(*args, **kwargs)
-    if not tf.executing_eagerly():
-      fn = tf.__internal__.autograph.tf_convert(
-          fn, tf.__internal__.autograph.control_status_ctx(),
-          convert_by_default=False)
-    inputs = [(values_lib.select_replica(i, args), values_lib.select_replica(i, kwargs))
-              for i in range(len(self._devices))]
-    if len(inputs) == 1:  # Nothing to wait for at merge_call: no runner.
-      (args, kwargs), = inputs
-      with replica_runner.conversion_guard(), \
-          self._make_replica_context(0, None), tf.device(self._devices[0]):
-        return values_lib.regroup([fn(*args, **kwargs)])
-    runner = replica_runner.ReplicaRunner(
-        self._container_strategy(), fn, inputs, self._devices,
-        self._make_replica_context)
-    return values_lib.regroup(runner.run())
-
-  def _as_one_function(self, function):
-    """`function` run on every replica inside one traced function."""
-    wrapped = self._function_cache.get(function)
-    if wrapped is None:
-      def run_replicas(*args, **kwargs):
-        return self._call_for_each_replica(function.python_function, args, kwargs)
-      wrapped = _tf_bridge.clone_function(function, run_replicas)
-      self._function_cache[function] = wrapped
-    return wrapped
-
-  def _make_replica_context(self, replica_id, runner):
-    return _MirroredReplicaContext(self._container_strategy(), replica_id, runner)
+    return self._executor.run(fn, args, kwargs)
 
   def _distribute_values_from_function(self, value_fn):
-    n = len(self._devices)
-    return values_lib.regroup(
-        [value_fn(distribute_lib.ValueContext(i, n)) for i in range(n)],
-        always_wrap=True)
+    return self._executor.distribute_values_from_function(value_fn)
 
   # --- Reductions.
 
@@ -236,11 +200,6 @@ class MirroredExtended(strategy_v1.StrategyExtendedV1):
     return updated
 
 
-# The type of `tf.function` objects (named GenericFunction before TF 2.15).
-_TF_FUNCTION = getattr(tf.types.experimental, "PolymorphicFunction", None) or (
-    tf.types.experimental.GenericFunction)
-
-
 def _shared_value_on(value, destinations):
   """What batch reduction makes of a value that is not distributed.
 
@@ -284,10 +243,6 @@ def _resolve_devices(devices):
           f"and {given!r} both name {canonical}.")
     seen[canonical] = given
   return resolved
-
-
-class _MirroredReplicaContext(replica_context.ReplicaContext):
-  """The replica context of `MirroredStrategy.run`, named as in TensorFlow."""
 
 
 def _default_cross_device_ops(devices):

@@ -18,6 +18,7 @@ from tf_distribute_lite import central_storage_strategy
 from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import device_util
+from tf_distribute_lite import executors
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import strategy_v1
@@ -135,6 +136,7 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
     self._devices = tuple(device_util.canonicalize(d) for d in
                           cluster_runtime.replica_devices(task, self._num_gpus_per_worker))
     self._retrace_functions_for_each_device = len(self._devices) > 1
+    self._executor = executors.LocalReplicas(self._container_strategy(), self._devices)
     self._cross_device_ops = self._host_ops = cross_device_ops_lib.ReductionToOneDevice(
         reduce_to_device=device_util.canonicalize(task))
     self._variables = variable_policy.CentralStoragePolicy(

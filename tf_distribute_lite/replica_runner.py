@@ -72,14 +72,11 @@ class _ReplicaThread(threading.Thread):
   def run(self):
     self._go.wait()
     self._go.clear()
-    if self.runner.aborting:
-      self.done = True
-      self._paused.set()
-      return
     try:
-      with contextlib.ExitStack() as stack:
-        self.state.enter(stack)
-        self.result = self.runner.call_replica(self.replica_id)
+      if not self.runner.aborting:
+        with contextlib.ExitStack() as stack:
+          self.state.enter(stack)
+          self.result = self.runner.call_replica(self.replica_id)
       self.done = True
     except _Abort:
       self.done = True
@@ -181,15 +178,9 @@ def _branch_condition(branch):
 
 
 class ReplicaRunner:
-  """Calls `fn` once per replica and returns the per-replica results.
-
-  Args:
-    strategy: the strategy the replicas belong to.
-    fn: the function to run.
-    replica_inputs: per replica, the `(args, kwargs)` it is called with.
-    devices: per replica, its device.
-    make_replica_context: `(replica_id, runner) -> ReplicaContext`.
-  """
+  """Calls `fn` once per replica of `strategy`, with its `(args, kwargs)`
+  from `replica_inputs`, on its device from `devices`, in the context
+  `make_replica_context(replica_id, runner)`; returns their results."""
 
   def __init__(self, strategy, fn, replica_inputs, devices, make_replica_context):
     self._strategy = strategy
@@ -208,10 +199,7 @@ class ReplicaRunner:
     self._merges_in_branches = []  # per such merge_call, each replica's graph
     self._shared = set()  # names of the tensors merges handed to replicas
     self.aborting = False
-
-  @property
-  def num_replicas(self):
-    return len(self._inputs)
+    self.num_replicas = len(replica_inputs)
 
   def run(self):
     with conversion_guard(), _tf_bridge.VariableCreatorScope(self._share_variable):

@@ -1,15 +1,22 @@
-"""The step of a `TPUStrategy` on a real TPU: one `tpu.replicate`
-computation, traced once and compiled by XLA for every replica.
+"""The step of a `TPUStrategy`: on a TPU one `tpu.replicate` computation,
+traced once and compiled by XLA for every replica; on an emulated slice, the
+check that XLA compiles it (`check_compiles`).
 
 Inside the computation the code is the same for all replicas (SPMD): the
 replica context's all-reduce is TensorFlow's `CrossReplicaSum`, the replica id
 is a replicated input, reductions in `merge_call` sum across replicas, and a
-distributed variable is one replicated handle, each replica's own component
-(`variable_policy.TPUPolicy`).
+distributed variable is one replicated handle, each replica's own component.
+The computation's `TPUReplicaContext` keeps what its trace needs; the
+strategy finds it with `enclosing_step`.
 """
+
+import contextlib
 
 import tensorflow as tf
 
+from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import contexts
+from tf_distribute_lite import device_util
 from tf_distribute_lite import replica_context
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
@@ -31,6 +38,7 @@ class TPUReplicaContext(LogicalDevices, replica_context.ReplicaContext):
   def __init__(self, strategy):
     super().__init__(strategy, 0)
     self._replica_id_tensor = None
+    self._replicated_variables = {}
 
   @property
   def replica_id_in_sync_group(self):
@@ -48,6 +56,22 @@ class TPUReplicaContext(LogicalDevices, replica_context.ReplicaContext):
         lambda v: cross_replica(ReduceOp.from_any(reduce_op), v,
                                 self.num_replicas_in_sync), value)
 
+  def local_variable(self, variable):
+    """What the replicas read and write for distributed `variable`: a
+    variable whose one resource handle is each replica's own component
+    (`TPUReplicatedInput` of the components' handles), made once per
+    computation."""
+    key = id(variable)
+    if key not in self._replicated_variables:
+      handle = tf.raw_ops.TPUReplicatedInput(
+          inputs=[component.handle for component in variable.values],
+          is_mirrored_variable=True)
+      self._replicated_variables[key] = _tf_bridge.variable_of_handle(handle, variable)
+    return self._replicated_variables[key]
+
+  def logical_device_scope(self, logical_device_id):
+    """Places the ops made in it on the replica's core `logical_device_id`."""
+    return tf.device(tf.compat.v1.tpu.core(logical_device_id))
 
   def all_gather(self, value, axis, options=None):
     """Each tensor of `value` concatenated along `axis` over the replicas:
@@ -89,6 +113,15 @@ _CROSS_REPLICA_SUM_DTYPES = (tf.bfloat16, tf.float16, tf.float32, tf.float64,
                              tf.int32, tf.uint32)
 
 
+def enclosing_step(strategy):
+  """The `TPUReplicaContext` of `strategy`'s TPU computation (or XLA check)
+  being traced here, its `merge_call`s included; None elsewhere."""
+  context = contexts.enclosing_replica_context()
+  if isinstance(context, TPUReplicaContext) and context.strategy is strategy:
+    return context
+  return None
+
+
 def cross_replica(reduce_op, value, num_replicas):
   """`value` summed (or averaged) over the replicas of a TPU computation."""
   total = tf.compat.v1.tpu.cross_replica_sum(tf.convert_to_tensor(value))
@@ -97,7 +130,8 @@ def cross_replica(reduce_op, value, num_replicas):
   return total
 
 
-def replicate(strategy, fn, args, kwargs, device_assignment, options):
+def replicate(strategy, fn, args, kwargs, device_assignment, options,
+              use_spmd_for_xla_partitioning):
   """`fn(*args, **kwargs)` as one `tpu.replicate` computation; returns the
   replicas' results grouped into distributed values.
 
@@ -105,30 +139,20 @@ def replicate(strategy, fn, args, kwargs, device_assignment, options):
   every dimension of the inputs may vary (XLA pads them), with
   `experimental_bucketizing_dynamic_shape` to the next power of two;
   `experimental_xla_options` default to partitioning with SPMD exactly when
-  the strategy was made with `experimental_spmd_xla_partitioning`.
+  `use_spmd_for_xla_partitioning`.
   """
-  extended = strategy.extended
   count = strategy.num_replicas_in_sync
   per_replica = [values_lib.select_replica(i, (args, kwargs)) for i in range(count)]
-  leaves = tf.nest.flatten(per_replica[0])
-  positions = input_positions(leaves)
-  inputs = [[tf.nest.flatten(p)[i] for i in positions] for p in per_replica]
+  inputs = [split_inputs(p)[0] for p in per_replica]
+  with_tensors = split_inputs(per_replica[0])[1]
   results = []
 
   def computation(*tensors):
-    flat = list(leaves)
-    for position, tensor in zip(positions, tensors):
-      flat[position] = tensor
-    replica_args, replica_kwargs = tf.nest.pack_sequence_as(per_replica[0], flat)
-    extended._tpu_mode = "replicate"  # pylint: disable=protected-access
-    extended._variables.begin_computation()  # pylint: disable=protected-access
-    try:
-      with TPUReplicaContext(strategy):
-        result = fn(*replica_args, **replica_kwargs)
-    finally:
-      extended._tpu_mode = None  # pylint: disable=protected-access
+    replica_args, replica_kwargs = with_tensors(tensors)
+    with TPUReplicaContext(strategy):
+      result = fn(*replica_args, **replica_kwargs)
     results.append(result)
-    return [t for t in tf.nest.flatten(result, expand_composites=True) if tf.is_tensor(t)]
+    return output_tensors(result)
 
   outputs = tf.compat.v1.tpu.replicate(
       computation, inputs=inputs, device_assignment=device_assignment,
@@ -136,21 +160,35 @@ def replicate(strategy, fn, args, kwargs, device_assignment, options):
       padding_spec=(tf.compat.v1.tpu.PaddingSpec.POWER_OF_TWO
                     if options.experimental_bucketizing_dynamic_shape else None),
       xla_options=options.experimental_xla_options or tf.tpu.XLAOptions(
-          use_spmd_for_xla_partitioning=extended._use_spmd_for_xla_partitioning))  # pylint: disable=protected-access
+          use_spmd_for_xla_partitioning=use_spmd_for_xla_partitioning))
   structure = results[0]
-  if not [t for t in tf.nest.flatten(structure, expand_composites=True) if tf.is_tensor(t)]:
+  if not output_tensors(structure):
     return structure
   return values_lib.regroup(
       [tf.nest.pack_sequence_as(structure, replica_outputs, expand_composites=True)
        for replica_outputs in outputs])
 
 
-def input_positions(leaves):
-  """Where in a replica's flattened arguments `leaves` the inputs of its TPU
-  computation are: the tensors. Variables stay variables, captured by the
-  computation, as in TensorFlow's `TPUStrategy`."""
-  return [i for i, leaf in enumerate(leaves)
-          if tf.is_tensor(leaf) and not isinstance(leaf, tf.Variable)]
+def split_inputs(inputs):
+  """The tensors of the nest `inputs`, which a TPU computation takes as its
+  inputs (variables stay variables, captured by the computation, as in
+  TensorFlow's `TPUStrategy`), and a function that puts other tensors in
+  their places."""
+  leaves = tf.nest.flatten(inputs)
+  positions = [i for i, leaf in enumerate(leaves)
+               if tf.is_tensor(leaf) and not isinstance(leaf, tf.Variable)]
+
+  def with_tensors(tensors):
+    flat = list(leaves)
+    for position, tensor in zip(positions, tensors):
+      flat[position] = tensor
+    return tf.nest.pack_sequence_as(inputs, flat)
+  return [leaves[i] for i in positions], with_tensors
+
+
+def output_tensors(result):
+  """The tensors of the nest `result`, composites' components too."""
+  return [t for t in tf.nest.flatten(result, expand_composites=True) if tf.is_tensor(t)]
 
 
 def check_input_ranks(replica_inputs, options):
@@ -172,3 +210,150 @@ def _maximum_shapes(replica_inputs, options):
     return None
   check_input_ranks(replica_inputs, options)
   return [tf.TensorShape([None] * t.shape.rank) for t in replica_inputs]
+
+
+class XlaCheckReplicaContext(TPUReplicaContext):
+  """Replica 0 of the compile check: collectives give results of the right
+  shapes (the input itself, or replica 0's value for every replica), and
+  distributed variables are replica 0's components."""
+
+  @property
+  def replica_id_in_sync_group(self):
+    return tf.constant(0, tf.int32)
+
+  def all_reduce(self, reduce_op, value, options=None):
+    del reduce_op, options
+    return tf.nest.map_structure(tf.identity, value)
+
+  def all_gather(self, value, axis, options=None):
+    del options
+    count = self.num_replicas_in_sync
+    return tf.nest.map_structure(lambda v: tf.concat([v] * count, axis), value)
+
+  def local_variable(self, variable):
+    return variable.values[0]
+
+  def logical_device_scope(self, logical_device_id):
+    del logical_device_id  # replica 0 computes on one device
+    return contextlib.nullcontext()
+
+
+def check_compiles(strategy, fn, args, kwargs, created_variables=()):
+  """Raises `tf.errors.InvalidArgumentError`, with XLA's message, where XLA
+  cannot compile `fn(*args, **kwargs)` as replica 0 runs it: an emulated
+  slice checks each step as a TPU compiles it. `created_variables` are the
+  variables the replicas' trace of `fn` created, in order.
+
+  `fn` is traced once more, for replica 0, in a `tf.function(jit_compile=True)`
+  with the replicas' input shapes (unknown dimensions as 1, as a TPU pads a
+  dynamic batch), and lowered to HLO without running. In that trace the
+  collectives are stand-ins of the same shapes, variables are replica 0's
+  components, and a variable the step creates is the one its replicas
+  created: the check creates nothing and never stops the step partway. An
+  error of the step's own code comes earlier, from the replicas' trace, with
+  its own class. The emulation computes with TensorFlow's kernels (XLA on a
+  CPU has no collectives), so where XLA is laxer (it clamps an out-of-range
+  gather index) it is the stricter of the two. Not checked: TF 1.x graphs
+  (XLA cannot capture their variables), inputs that are not dense tensors of
+  known rank, and resources made inside the step (a table, an iterator).
+
+  >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
+  >>> strategy = tf_distribute_lite.TPUStrategy(resolver)
+  >>> check_compiles(strategy, lambda x: x * 2.0, (tf.constant(1.0),), {})
+  >>> check_compiles(strategy, lambda x: tf.strings.length(tf.strings.as_string(x)),
+  ...                (tf.constant(1.0),), {})
+  Traceback (most recent call last):
+  ...
+  tensorflow.python.framework.errors_impl.InvalidArgumentError: ...AsString...
+  """
+  if not tf.compat.v1.get_default_graph().building_function and not tf.executing_eagerly():
+    return  # a TF 1.x graph
+  inputs, with_tensors = split_inputs(
+      values_lib.select_replica(0, (tuple(args), dict(kwargs))))
+  specs = [tf.type_spec_from_value(tensor) for tensor in inputs]
+  strings = [tensor for tensor, spec in zip(inputs, specs)
+             if getattr(spec, "dtype", None) == tf.string]  # composites have none
+  if strings:
+    raise tf.errors.InvalidArgumentError(
+        None, None,
+        f"XLA cannot compile the step, as a TPU must: a TPU computes no strings, "
+        f"and the step takes tf.string inputs {strings}. Turn them into numbers "
+        f"before `strategy.run` (in the input pipeline).")
+  static_specs = [_static(spec) for spec in specs]
+  if None in static_specs:
+    return
+  reused = iter(created_variables)
+
+  def reuse_variable(next_creator, **kwargs):
+    variable = next(reused, None)
+    return next_creator(**kwargs) if variable is None else variable
+
+  def replica_step(unused, *tensors):
+    del unused
+    replica_args, replica_kwargs = with_tensors(tensors)
+    with tf.variable_creator_scope(reuse_variable), XlaCheckReplicaContext(strategy):
+      result = fn(*replica_args, **replica_kwargs)
+    return output_tensors(result)
+
+  traced = tf.function(replica_step, jit_compile=True).get_concrete_function(
+      _UNUSED, *specs)
+  device = strategy.extended.worker_devices[0]
+  captured = _lowerable(traced, device)
+  if captured is None:
+    return
+  try:
+    _tf_bridge.hlo_text(traced, [_UNUSED] + static_specs, captured, device)
+  except (ValueError, tf.errors.OpError) as e:
+    message = str(e).split("Failed getting HLO text: ", 1)[-1]
+    raise tf.errors.InvalidArgumentError(
+        None, None,
+        f"XLA cannot compile the step, as a TPU must: {message}") from None
+
+
+# Given argument specs, XLA compiles a step's captured values as inputs, as a
+# TPU does; given none, as constants. So every checked step takes one.
+_UNUSED = tf.TensorSpec([], tf.int32)
+
+
+def _static(spec):
+  """`spec` with its unknown dimensions as 1: a TPU pads a dynamic batch to
+  a static shape, so any size shows whether the step compiles. None where
+  the spec is not a dense tensor's of known rank."""
+  if not isinstance(spec, tf.TensorSpec) or spec.shape.rank is None:
+    return None
+  return tf.TensorSpec([1 if d is None else d for d in spec.shape.as_list()], spec.dtype)
+
+
+def _lowerable(traced, device):
+  """The values to compile `traced` with on `device`, for what it captured
+  (XLA needs their shapes, not their values); None where a capture has no
+  stand-in."""
+  variables = {id(v.handle): v for v in traced.variables}
+  with tf.init_scope():
+    values = [_lowerable_value(value, variables.get(id(value)), device)
+              for value in traced.captured_inputs]
+  return None if any(value is None for value in values) else values
+
+
+def _lowerable_value(value, variable, device):
+  """An eager `value` itself, unless it is a variable (`variable`) not yet
+  initialized or on another device than `device` (as replica 0's variables
+  on its other logical devices are): a variable of zeros of its shape on
+  `device`. A tensor of the enclosing trace: zeros of its shape (a TPU
+  computation takes such a tensor as an input, not a constant). None for a
+  resource of the enclosing trace, or a shape of unknown rank."""
+  if tf.is_symbolic_tensor(value):
+    spec = _static(tf.TensorSpec(value.shape, value.dtype))
+    if spec is None or value.dtype in (tf.resource, tf.variant):
+      return None
+    return tf.zeros(spec.shape, spec.dtype)
+  if value.dtype != tf.resource or (
+      tf.raw_ops.VarIsInitializedOp(resource=value) and
+      device_util.canonicalize(value.device) == device_util.canonicalize(device)):
+    return value
+  spec = None if variable is None else _static(tf.TensorSpec(variable.shape, variable.dtype))
+  if spec is None:
+    return None
+  return _tf_bridge.plain_variable(tf.zeros(spec.shape, spec.dtype), device,
+                                   "stand_in").handle
+

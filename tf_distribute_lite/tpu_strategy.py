@@ -7,20 +7,14 @@ Replicas and their cores come from a `tf.tpu.experimental.DeviceAssignment`
 device as a `MirroredStrategy` replica does; variables are mirrored on
 those devices. The logical-device annotations are checked as on a TPU; an
 emulated slice computes annotated tensors unsplit (a CPU cannot partition
-them), with the same values. On an emulated slice the step always runs as a
-`tf.function` (an eager `run` of a `tf.function` is wrapped, as on a TPU), on
-the CPU devices with TensorFlow's kernels, and XLA must compile it, as on a
-TPU (`tpu_compilation`). The emulation refuses what a TPU refuses, with
-TensorFlow's errors: an eager `run` of a plain Python function (unless the
-environment variable `TFD_EMULATED_TPU_EAGER=1` asks for it, for
-debugging), ops XLA cannot compile, sparse or ragged input fetched to the
-cores.
+them), with the same values. The strategy's executor runs the step
+(`executors.TPUReplicate`, or `executors.EmulatedTPU`, which refuses what a
+TPU refuses, with TensorFlow's errors); sparse or ragged input fetched to the
+cores is refused here.
 """
 
 import contextlib
 import inspect
-import os
-import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -30,11 +24,10 @@ from tf_distribute_lite import contexts
 from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
+from tf_distribute_lite import executors
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import mirrored_strategy
-from tf_distribute_lite import replica_context
 from tf_distribute_lite import strategy_v1
-from tf_distribute_lite import tpu_compilation
 from tf_distribute_lite import tpu_replication
 from tf_distribute_lite import tpu_system
 from tf_distribute_lite import values as values_lib
@@ -46,18 +39,19 @@ from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_reso
 class _TPUStrategyMethods:
   """What the TPU strategies add: run options and logical devices."""
 
+  @property
+  def cluster_resolver(self):
+    """The `TPUClusterResolver` the strategy runs on."""
+    return self._extended._tpu_cluster_resolver  # pylint: disable=protected-access
+
   def run(self, fn, args=(), kwargs=None, options=None):
     """Runs `fn` on each replica, as one step compiled by XLA (see
     `tf_distribute_lite.Strategy.run`). `options`, a `RunOptions`, say how
-    `tpu.replicate` pads dynamic shapes and partitions the step.
-
-    As in TensorFlow, eagerly `fn` must be a `tf.function` (or a concrete
-    function, or an object whose `__call__` is a `tf.function`): a plain
-    Python function raises `NotImplementedError` ("pure eager"), on an
-    emulated slice too, so that what runs on the emulation runs on a TPU.
-    For debugging, an emulated slice runs such a step (as one traced step,
-    compiled by the XLA check) where the environment variable
-    `TFD_EMULATED_TPU_EAGER` is `1`.
+    `tpu.replicate` pads dynamic shapes and partitions the step. As in
+    TensorFlow, eagerly `fn` must be a `tf.function` (or a concrete function,
+    or an object whose `__call__` is one): a plain Python function raises
+    `NotImplementedError` ("pure eager"), on an emulated slice too unless the
+    environment variable `TFD_EMULATED_TPU_EAGER` is `1` (for debugging).
 
     >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
     >>> options = tf_distribute_lite.RunOptions(experimental_enable_dynamic_batch_size=False)
@@ -68,17 +62,12 @@ class _TPUStrategyMethods:
     ...
     NotImplementedError: TPUStrategy.run(fn, ...) does not support pure eager execution...
     """
-    _check_not_pure_eager(self.extended, fn)
+    self.extended._executor.refuse_pure_eager(fn)  # pylint: disable=protected-access
     _check_run_arguments(fn, args, kwargs)
     options = options or distribute_lib.RunOptions()
     if not all(hasattr(options, field) for field in distribute_lib.RunOptions._fields):
       raise TypeError(f"`options` must be a tf_distribute_lite.RunOptions; got {options!r}.")
-    extended = self.extended
-    extended._run_options = options  # pylint: disable=protected-access
-    try:
-      return super().run(fn, args, kwargs)
-    finally:
-      extended._run_options = distribute_lib.RunOptions()  # pylint: disable=protected-access
+    return super().run(fn, args, kwargs, options)
 
   def experimental_assign_to_logical_device(self, tensor, logical_device_id):
     """Places the ops on `tensor` on logical device `logical_device_id` of
@@ -174,11 +163,6 @@ class TPUStrategyV2(_TPUStrategyMethods, strategy_v1.TF1Methods, distribute_lib.
                                  experimental_device_assignment,
                                  experimental_spmd_xla_partitioning))
 
-  @property
-  def cluster_resolver(self):
-    """The `TPUClusterResolver` the strategy runs on."""
-    return self._extended._tpu_cluster_resolver  # pylint: disable=protected-access
-
   def experimental_run_v2(self, fn, args=(), kwargs=None, options=None):
     """`run` under its TF 2.0 name.
 
@@ -235,11 +219,6 @@ class TPUStrategyV1(_TPUStrategyMethods, strategy_v1.StrategyV1,
     """Steps each host loop runs."""
     return self._extended.steps_per_run
 
-  @property
-  def cluster_resolver(self):
-    """The `TPUClusterResolver` the strategy runs on."""
-    return self._extended._tpu_cluster_resolver  # pylint: disable=protected-access
-
 
 TPUStrategyV1.__name__ = "TPUStrategyV1"
 
@@ -263,12 +242,12 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     self._use_spmd_for_xla_partitioning = use_spmd_for_xla_partitioning
     self._emulated = getattr(resolver, "emulated_slice", None) is not None
     self.steps_per_run = 1 if steps_per_run is None else steps_per_run
-    self._step_functions = weakref.WeakKeyDictionary()
-    self._tpu_mode = None  # "replicate" or "xla_check" while tracing those
-    self._run_options = distribute_lib.RunOptions()  # those of the current `run`
     self._logical_device = 0  # where variables go (`experimental_logical_device`)
     super().__init__(container_strategy, [cores[0] for cores in self._tpu_devices], None,
-                     variable_policy.TPUPolicy(container_strategy, lambda: self._tpu_mode))
+                     variable_policy.TPUPolicy(container_strategy, self._tpu_step))
+    executor = executors.EmulatedTPU if self._emulated else executors.TPUReplicate
+    self._executor = executor(container_strategy, self._devices, device_assignment,
+                              use_spmd_for_xla_partitioning)
 
   @property
   def worker_devices(self):
@@ -293,8 +272,9 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     if not 0 <= logical_device_id < count:
       raise ValueError(f"`logical_device_id` not in range (was {logical_device_id}, "
                        f"but there are only {count} logical devices per replica).")
-    if self._tpu_mode == "replicate":
-      with tf.device(tf.compat.v1.tpu.core(logical_device_id)):
+    step = self._tpu_step()
+    if step is not None:
+      with step.logical_device_scope(logical_device_id):
         yield
     elif contexts.in_cross_replica_context():
       previous, self._logical_device = self._logical_device, logical_device_id
@@ -304,9 +284,6 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
         self._logical_device = previous
     else:
       yield
-
-  def _make_replica_context(self, replica_id, runner):
-    return _EmulatedReplicaContext(self._container_strategy(), replica_id, runner)
 
   def _experimental_distribute_dataset(self, dataset, options):
     _check_fetchable(dataset.element_spec, options)
@@ -352,52 +329,21 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
                 self._device_assignment.num_cores_per_replica)
     return min(self._device_assignment.num_replicas, per_host)
 
-  def _call_for_each_replica(self, fn, args, kwargs):
-    options = self._run_options
-    function = isinstance(fn, tf.types.experimental.PolymorphicFunction)
-    if self._emulated and function and not fn.function_spec.jit_compile:
-      # Run as one function, which calls this with its Python function.
-      return super()._call_for_each_replica(fn, args, kwargs)
-    if tf.executing_eagerly():
-      # As on a TPU, an eager `run` runs the step as a function, compiled.
-      return self._step_function(fn, options)(args, kwargs)
-    if not self._emulated:
-      return tpu_replication.replicate(self._container_strategy(), fn, args, kwargs,
-                                       self._device_assignment, options)
-    if function:
-      # One XLA program cannot span the CPU devices standing for the cores:
-      # the step runs as its Python function, which the check compiles.
-      fn = fn.python_function
-    leaves = tf.nest.flatten(values_lib.select_replica(0, (args, kwargs)))
-    tpu_replication.check_input_ranks(
-        [leaves[i] for i in tpu_replication.input_positions(leaves)], options)
-    with self._variables.recording() as created:
-      result = super()._call_for_each_replica(fn, args, kwargs)
-    tpu_compilation.check_compiles(self._container_strategy(), fn, args, kwargs, created)
-    return result
+  def _run(self, fn, args, kwargs, options):
+    return self._executor.run(fn, args, kwargs, options)
 
-  def _step_function(self, fn, options):
-    """`fn`'s replicated step as a `tf.function`, made once per `fn` and
-    `options`."""
-    try:
-      steps = self._step_functions.setdefault(fn, {})
-    except TypeError:  # not weakly referenceable
-      steps = {}
-    if options not in steps:
-      def replicated_step(args, kwargs):
-        return self._call_for_each_replica(fn, args, kwargs)
-      steps[options] = tf.function(replicated_step)
-    return steps[options]
+  def _tpu_step(self):
+    """The context of the TPU computation (or XLA check) traced here, or None."""
+    return tpu_replication.enclosing_step(self._container_strategy())
 
   def _reduce_to(self, reduce_op, value, destinations, options):
-    if self._tpu_mode and not isinstance(value, tf.distribute.DistributedValues):
-      if self._tpu_mode == "xla_check":
-        return value
-      return tpu_replication.cross_replica(reduce_op, value, self._num_replicas_in_sync)
+    step = self._tpu_step()
+    if step is not None and not isinstance(value, tf.distribute.DistributedValues):
+      return step.all_reduce(reduce_op, value)
     return super()._reduce_to(reduce_op, value, destinations, options)
 
   def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
-    if self._tpu_mode:
+    if self._tpu_step() is not None:
       return [self._reduce_to(reduce_op, v, d, options) for v, d in value_destination_pairs]
     return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
 
@@ -407,31 +353,6 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     if self._emulated:
       return tensor
     return _tf_bridge.xla_sharding_annotation(tensor, kind, detail)
-
-
-# Set to 1, an emulated slice runs a plain Python function given to an eager
-# `run`, which a TPU refuses (for debugging; see `TPUStrategyV2.run`).
-EAGER_RUN_VARIABLE = "TFD_EMULATED_TPU_EAGER"
-
-
-def _check_not_pure_eager(extended, fn):
-  """Raises TensorFlow's NotImplementedError for an eager `run` of `fn`
-  that is not a `tf.function`, a concrete function or an object whose
-  `__call__` is a `tf.function`: a TPU runs only compiled steps."""
-  function_types = (tf.types.experimental.PolymorphicFunction,
-                    tf.types.experimental.ConcreteFunction)
-  if (not tf.executing_eagerly() or isinstance(fn, function_types) or
-      isinstance(getattr(fn, "__call__", None), tf.types.experimental.PolymorphicFunction)):
-    return
-  if extended._emulated and os.environ.get(EAGER_RUN_VARIABLE) == "1":  # pylint: disable=protected-access
-    return
-  hint = (f" (For debugging, an emulated slice runs it where the environment "
-          f"variable {EAGER_RUN_VARIABLE}=1.)" if extended._emulated else "")  # pylint: disable=protected-access
-  raise NotImplementedError(
-      f"TPUStrategy.run(fn, ...) does not support pure eager execution. "
-      f"please make sure the function passed into `strategy.run` is a "
-      f"`tf.function` or `strategy.run` is called inside a `tf.function` if "
-      f"eager behavior is enabled.{hint}")
 
 
 def _check_run_arguments(fn, args, kwargs):
@@ -459,9 +380,7 @@ def _check_run_arguments(fn, args, kwargs):
   named = kinds.count(inspect.Parameter.POSITIONAL_OR_KEYWORD)
   star = inspect.Parameter.VAR_POSITIONAL in kinds
   variables_named = any(is_variable(a) for a in args[:named])
-  for i, arg in enumerate(args):
-    if i < named:
-      continue
+  for arg in args[named:]:
     if not star:
       raise ValueError("Too many positional arguments passed to call to TPUStrategy.run().")
     if is_variable(arg):
@@ -473,33 +392,6 @@ def _check_run_arguments(fn, args, kwargs):
           "TPUStrategy.run() cannot handle both Variables and a mix of "
           "positional args and *args. Either remove the *args, or capture "
           "the Variable implicitly.")
-
-
-class _EmulatedReplicaContext(tpu_replication.LogicalDevices, replica_context.ReplicaContext):
-  """A replica's context on an emulated slice."""
-
-  def merge_call(self, merge_fn, args=(), kwargs=None):
-    """As `ReplicaContext.merge_call`, except that `merge_fn` gets one of
-    each Python object (not a tensor or variable) that the replicas pass:
-    replica 0's. On a TPU the replica function is traced once, so there is
-    only one, and a `merge_fn` may consume it (the Model Garden's EMA
-    optimizer passes a `zip` of variables); each emulated replica makes its
-    own."""
-    def merge_traced_once(strategy, *grouped_args, **grouped_kwargs):
-      grouped_args, grouped_kwargs = tf.nest.map_structure(
-          _replica_0_object, (grouped_args, grouped_kwargs))
-      return merge_fn(strategy, *grouped_args, **grouped_kwargs)
-    return super().merge_call(merge_traced_once, args, kwargs)
-
-
-def _replica_0_object(value):
-  """Replica 0's component of a PerReplica that groups Python objects; any
-  other `value` unchanged."""
-  if isinstance(value, values_lib.PerReplica) and not any(
-      tf.is_tensor(v) or isinstance(v, (tf.Variable, tf.distribute.DistributedValues))
-      for v in value.values):
-    return value.values[0]
-  return value
 
 
 def _check_fetchable(element_spec, options):

@@ -11,7 +11,6 @@ import weakref
 
 import tensorflow as tf
 
-from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import contexts
 from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import distributed_variables
@@ -200,50 +199,24 @@ def _copy_of(primary):
 
 
 class TPUPolicy(MirroredPolicy):
-  """Mirrored; inside a TPU computation a replica uses its own component.
-  `computation()` says which is traced: "replicate" (`tpu.replicate`: a
-  variable over the components' replicated handle, one per computation),
-  "xla_check" (the emulation's compile check of replica 0) or None."""
+  """Mirrored; inside a TPU computation, or its compile check, a replica
+  reads and updates the variable that the computation's replica context
+  (`step()`, None elsewhere) gives for its own component."""
 
-  def __init__(self, strategy, computation):
+  def __init__(self, strategy, step):
     super().__init__(strategy)
-    self._computation = computation
-    self._replicated = {}
-
-  def begin_computation(self):
-    """A new `tpu.replicate` computation reads through handles of its own."""
-    self._replicated = {}
+    self._step = step
 
   def replica_local_variable(self, variable):
-    computation = self._computation()
-    if computation == "xla_check":
-      return variable.values[0]
-    if computation != "replicate":
-      return None
-    if id(variable) not in self._replicated:
-      handle = tf.raw_ops.TPUReplicatedInput(
-          inputs=[component.handle for component in variable.values],
-          is_mirrored_variable=True)
-      self._replicated[id(variable)] = _tf_bridge.variable_of_handle(handle, variable)
-    return self._replicated[id(variable)]
+    step = self._step()
+    return None if step is None else step.local_variable(variable)
 
   def update(self, var, fn, args, kwargs, group):
-    if not self._computation():
+    step = self._step()
+    if step is None:
       return super().update(var, fn, args, kwargs, group)
-    result = fn(self.replica_local_variable(var), *args, **kwargs)
+    result = fn(step.local_variable(var), *args, **kwargs)
     return result if group else (result,)  # as TensorFlow (Keras extends a list with it)
-
-  @contextlib.contextmanager
-  def recording(self):
-    """Gives the list of the variables made in it, in order (the compile
-    check of an emulated step reuses them)."""
-    created = []
-
-    def record(next_creator, **kwargs):
-      created.append(next_creator(**kwargs))
-      return created[-1]
-    with tf.variable_creator_scope(record):
-      yield created
 
 
 class CentralStoragePolicy(VariablePolicy):
