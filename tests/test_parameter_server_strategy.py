@@ -16,6 +16,7 @@ import tf_keras
 
 import tf_distribute_lite as tfd
 from tf_distribute_lite.sharded_variable import ShardedVariable
+from tf_distribute_lite.sharded_variable import shard_arguments
 
 from multi_worker import LocalCluster
 from multi_worker import run_once
@@ -408,3 +409,26 @@ def test_sharded_variable_rejects_what_tensorflows_rejects():
       make([tf.Variable([1.0]), tf.Variable([1])])
     with pytest.raises(ValueError):
       make([tf.Variable([[1.0]]), tf.Variable([[1.0, 2.0]])])
+
+
+def test_shard_arguments_give_each_shard_its_rows_of_the_initial_value():
+  whole = np.arange(10.0, dtype=np.float32).reshape(5, 2)
+  made = []
+
+  def only_its_rows(partition_shape, partition_offset):
+    made.append((partition_shape, partition_offset))
+    return whole[partition_offset[0]:partition_offset[0] + partition_shape[0]]
+  partitioner = tfd.experimental.partitioners.FixedShardsPartitioner(2)
+  for initial_value, given in ((whole, {}), (only_its_rows, {"shape": (5, 2), "dtype": "float32"})):
+    shards = shard_arguments(dict(given, initial_value=initial_value, name="v"), partitioner)
+    assert [(s["name"], s["shape"]) for s in shards] == [("v/part_0", (3, 2)), ("v/part_1", (2, 2))]
+    np.testing.assert_equal(np.concatenate([s["initial_value"]() for s in shards]), whole)
+  assert made == [((3, 2), (0, 0)), ((2, 2), (3, 0))]
+  # Whole: no partitioner, a scalar, one row.
+  assert shard_arguments({"initial_value": whole}, None) is None
+  assert shard_arguments({"initial_value": 1.0}, partitioner) is None
+  assert shard_arguments({"initial_value": [[1.0, 2.0]]}, partitioner) is None
+  with pytest.raises(ValueError, match="without specifying `initial_value`"):
+    shard_arguments({"shape": (5, 2), "dtype": "float32"}, partitioner)
+  with pytest.raises(ValueError, match="elements are 1 besides the first element"):
+    shard_arguments({"initial_value": whole}, lambda shape, dtype: [2, 2])

@@ -183,6 +183,21 @@ def test_a_variable_passed_to_the_step_stays_a_variable():
   assert replicated == [True]
 
 
+def test_each_computation_reads_a_variable_through_its_own_replicated_handle():
+  with tf.Graph().as_default() as graph:
+    strategy = tfd.TPUStrategy(_tpu_resolver())
+    with strategy.scope():
+      v = tf.Variable(1.0)
+    for _ in range(2):
+      strategy.run(lambda: v.assign_add(1.0))
+  clusters = []
+  for replicated in graph.get_operations():
+    if replicated.type == "TPUReplicatedInput" and replicated.get_attr("is_mirrored_variable"):
+      clusters.append({op.get_attr("_tpu_replicate") for op in graph.get_operations()
+                       if replicated.outputs[0] in list(op.inputs)})
+  assert clusters == [{b"cluster"}, {b"cluster_1"}]
+
+
 def _traced_run(fn, shape, dtype=tf.float32, options=None, **strategy_kwargs):
   """The graph of `strategy.run(fn)` on a v3-8, each replica's input a
   placeholder of `shape`; and the replicas' results."""

@@ -38,6 +38,7 @@ from tf_distribute_lite import input_lib
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import values as values_lib
+from tf_distribute_lite import variable_policy
 from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 from tf_distribute_lite.collective_util import CommunicationImplementation
@@ -207,7 +208,10 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     group_key = next(_group_keys) if self._num_workers > 1 else None
     super().__init__(container_strategy, devices,
                      cross_device_ops_lib.CollectiveAllReduce(
-                         devices, len(devices) * self._num_workers, options, group_key))
+                         devices, len(devices) * self._num_workers, options, group_key),
+                     variable_policy.MirroredPolicy(
+                         container_strategy,
+                         self._chief_value if self._num_workers > 1 else None))
     self._executor = executors.LocalReplicas(
         container_strategy, self._devices,
         functools.partial(_MirroredReplicaContext, first_replica=self._first_replica),
@@ -283,12 +287,6 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     return total > 0
 
   # --- Variables: every worker starts from the chief's initial values.
-
-  def _create_variable(self, next_creator, **kwargs):
-    if self._num_workers > 1 and kwargs.get("initial_value") is not None:
-      kwargs["initial_value"] = self._chief_value(kwargs["initial_value"],
-                                                  kwargs.get("dtype"))
-    return super()._create_variable(next_creator, **kwargs)
 
   def _chief_value(self, initial_value, dtype):
     """A callable giving the chief's `initial_value` on every worker."""

@@ -3,9 +3,10 @@
 A strategy decides where variables live and how a step runs on several
 replicas. `Strategy` holds the user-facing methods (`scope`, `run`, `reduce`,
 ...); `StrategyExtended` the lower-level ones (`reduce_to`, `update`, ...).
-Concrete strategies subclass `StrategyExtended` and fill in its hooks:
-`_create_variable`, `_call_for_each_replica`, `_reduce_to`,
-`_batch_reduce_to`, `_update`, `_gather_to`. Code inside `run` sees a
+Concrete strategies subclass `StrategyExtended` and fill in its hooks
+(`_call_for_each_replica`, `_reduce_to`, `_batch_reduce_to`, `_gather_to`)
+and give it a variable policy (`variable_policy`), which makes, places and
+updates the variables. Code inside `run` sees a
 `replica_context.ReplicaContext`; the TF 1.x methods that strategies carry
 too are added by `strategy_v1`, which this module never imports.
 """
@@ -26,6 +27,7 @@ from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import replica_context
 from tf_distribute_lite import values as values_lib
+from tf_distribute_lite import variable_policy
 from tf_distribute_lite.reduce_util import ReduceOp
 from tf_distribute_lite.tf_classes import StandsFor
 
@@ -499,8 +501,10 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
   ('/job:localhost/replica:0/task:0/device:CPU:0', '/job:localhost/replica:0/task:0/device:CPU:1')
   """
 
-  def __init__(self, container_strategy):
+  def __init__(self, container_strategy, variables=None):
     self._container_strategy_ref = weakref.ref(container_strategy)
+    # How variables are made, placed and updated (`variable_policy`).
+    self._variables = variables or variable_policy.VariablePolicy(container_strategy)
 
   def _container_strategy(self):
     return self._container_strategy_ref()
@@ -579,8 +583,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     return tf.variable_creator_scope(create_colocated)
 
   def _create_variable(self, next_creator, **kwargs):
-    kwargs.pop("colocate_with", None)
-    return next_creator(**kwargs)
+    return self._variables.create(next_creator, **kwargs)
 
   def value_container(self, val):
     """The distributed variable `val` is a component of, else `val`."""
@@ -590,9 +593,8 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
   def _replica_local_variable(self, variable):
     """What a replica reads and writes for distributed `variable`, where
     that is not one of its components (a TPU computation's replicated
-    handle); None here."""
-    del variable
-    return None
+    handle), else None."""
+    return self._variables.replica_local_variable(variable)
 
   def read_var(self, replica_local_var):
     """`replica_local_var` as one tensor: for sync-on-read variables, the
@@ -664,8 +666,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
   @property
   def parameter_devices(self):
     """The devices variables are placed on."""
-    raise RuntimeError(
-        "parameter_devices() method unsupported by default tf.distribute.Strategy.")
+    return self._variables.parameter_devices
 
   @property
   def worker_devices_by_replica(self):
@@ -674,8 +675,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
 
   def non_slot_devices(self, var_list):
     """The devices for non-slot variables (such as an optimizer's step)."""
-    del var_list
-    return self.parameter_devices
+    return self._variables.non_slot_devices(var_list)
 
   def _local_results(self, value):
     return values_lib.local_results(value, self._num_local_replicas)
@@ -778,9 +778,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
       return self._update(var, fn, args, kwargs, group)
 
   def _update(self, var, fn, args, kwargs, group):
-    with contexts.UpdateContext(0):
-      result = fn(var, *args, **kwargs)
-    return result if group else self._local_results(result)
+    return self._variables.update(var, fn, args, kwargs, group)
 
   def update_non_slot(self, colocate_with, fn, args=(), kwargs=None, group=True):
     """Runs `fn(*args, **kwargs)` once per device of `colocate_with`."""
@@ -788,10 +786,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
       return self._update_non_slot(colocate_with, fn, args, kwargs or {}, group)
 
   def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
-    del colocate_with
-    with contexts.UpdateContext(0):
-      result = fn(*args, **kwargs)
-    return result if group else self._local_results(result)
+    return self._variables.update_non_slot(colocate_with, fn, args, kwargs, group)
 
   @property
   def _input_host(self):

@@ -14,6 +14,7 @@ base, `ComponentsVariable`, also serves `CentralStorageStrategy`'s
 value.
 """
 
+import contextlib
 import copy
 import weakref
 
@@ -113,9 +114,6 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   _shared_name = property(lambda self: self._primary._shared_name)  # pylint: disable=protected-access
   _unique_id = property(lambda self: self._primary._unique_id)  # pylint: disable=protected-access
   _graph_key = property(lambda self: self._primary._graph_key)  # pylint: disable=protected-access
-
-  def get_shape(self):
-    return self.shape
 
   # In a TF1 graph, TensorFlow's SavedModel loader sets this to the op that
   # restores the loaded value, the variable's initializer from then on
@@ -281,9 +279,18 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   def _update_in_replica(self, update_fn, value, method):
     raise NotImplementedError
 
+  def _update_aggregated(self, update_fn, value):
+    """Waits for every replica (`merge_call`), aggregates their `value`s by
+    the variable's aggregation and applies the result as an update."""
+    def merge_fn(strategy, value):
+      aggregated = aggregate(strategy, value, self._aggregation, self)
+      return strategy.extended.update(self, update_fn, args=(aggregated,), group=True)
+
+    return contexts.get_replica_context().merge_call(merge_fn, args=(value,))
+
   def _strategy_scope(self):
     if contexts.has_strategy():
-      return _NullContext()
+      return contextlib.nullcontext()
     return self._distribute_strategy.scope()
 
   def _check_assignable(self, value):
@@ -437,15 +444,6 @@ def _unsaveable_when_traced(variable, action):
       f"tf.saved_model.save(..., signatures=f_with_input_signature)")
 
 
-class _NullContext:
-
-  def __enter__(self):
-    return None
-
-  def __exit__(self, *exc_info):
-    return False
-
-
 class _VariableTraceType(tf.types.experimental.TraceType):
   """A `tf.function` traces once per distributed variable and captures it."""
 
@@ -512,12 +510,7 @@ class MirroredVariable(DistributedVariable, tf.types.experimental.distributed.Mi
   def _update_in_replica(self, update_fn, value, method):
     if self._aggregation == tf.VariableAggregation.NONE:
       return update_fn(self._get(), value)
-
-    def merge_fn(strategy, value):
-      aggregated = aggregate(strategy, value, self._aggregation, self)
-      return strategy.extended.update(self, update_fn, args=(aggregated,), group=True)
-
-    return contexts.get_replica_context().merge_call(merge_fn, args=(value,))
+    return self._update_aggregated(update_fn, value)
 
 
 def checked_aggregation(aggregation, name):
@@ -633,3 +626,65 @@ class SyncOnReadVariable(DistributedVariable):
       replicas = self._distribute_strategy.num_replicas_in_sync
       return tf.cast(restored / replicas, self.dtype)
     return restored
+
+
+class AggregatingVariable(ComponentsVariable):
+  """The one variable of `CentralStorageStrategy` with several replicas.
+
+  Every replica reads the same variable. An update inside `strategy.run`
+  waits for all replicas, combines their values by the variable's
+  `aggregation` and applies the result once; a variable with aggregation
+  NONE cannot be updated there. Its repr is that of the variable it wraps.
+  As in TensorFlow it is not a `tf.distribute.DistributedValues`: it has no
+  `values`, `strategy.reduce` takes it as a value every replica shares
+  (MEAN gives it back, SUM raises `ValueError`).
+
+  >>> strategy = tf_distribute_lite.experimental.CentralStorageStrategy(
+  ...     ["CPU:0", "CPU:1"], parameter_device="CPU:1")
+  >>> with strategy.scope():
+  ...   v = tf.Variable(0.0, aggregation=tf.VariableAggregation.MEAN)
+  >>> _ = strategy.run(lambda: v.assign(tf.cast(
+  ...     tf_distribute_lite.get_replica_context().replica_id_in_sync_group, tf.float32)))
+  >>> v.numpy().item(), v.device[-5:]
+  (0.5, 'CPU:1')
+  """
+
+  def _get(self):
+    return self._primary
+
+  def _get_on_device_or_primary(self):
+    return self._primary
+
+  @property
+  def device(self):
+    return self._primary.device
+
+  def _update_in_replica(self, update_fn, value, method):
+    if "scatter" in method:  # as in TensorFlow: applied as it is
+      return update_fn(self._primary, value)
+    if self._aggregation == tf.VariableAggregation.NONE:
+      raise ValueError(
+          f"You must specify an aggregation method to update the "
+          f"AggregatingVariable '{self.name}' in a replica context, e.g. "
+          f"`tf.Variable(..., aggregation=tf.VariableAggregation.SUM)`: each "
+          f"replica's update is aggregated before it is applied once. Or "
+          f"update it in a cross-replica context (inside `merge_call`).")
+    return self._update_aggregated(update_fn, value)
+
+  def __repr__(self):
+    return repr(self._primary)
+
+  def __str__(self):
+    return str(self._primary)
+
+
+def _on_the_variable(method):
+  def call(self, *args, **kwargs):
+    return getattr(self._primary, method)(*args, **kwargs)
+  call.__name__ = method
+  call.__doc__ = f"`tf.Variable.{method}` of the one variable, applied as it is (as in TensorFlow)."
+  return call
+
+
+for _method in ("scatter_nd_sub", "scatter_nd_add", "scatter_nd_update"):
+  setattr(AggregatingVariable, _method, _on_the_variable(_method))

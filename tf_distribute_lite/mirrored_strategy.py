@@ -5,12 +5,9 @@ Every variable is mirrored on all devices; each step runs once per device
 are all-reduced so the copies stay equal.
 """
 
-import contextlib
-
 import numpy as np
 import tensorflow as tf
 
-from tf_distribute_lite import contexts
 from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
@@ -18,6 +15,7 @@ from tf_distribute_lite import distributed_variables
 from tf_distribute_lite import executors
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import values as values_lib
+from tf_distribute_lite import variable_policy
 from tf_distribute_lite.collective_util import CommunicationImplementation
 from tf_distribute_lite.collective_util import CommunicationOptions
 from tf_distribute_lite.reduce_util import ReduceOp
@@ -52,8 +50,9 @@ class MirroredStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
 class MirroredExtended(strategy_v1.StrategyExtendedV1):
   """`strategy.extended` of `MirroredStrategy`."""
 
-  def __init__(self, container_strategy, devices, cross_device_ops):
-    super().__init__(container_strategy)
+  def __init__(self, container_strategy, devices, cross_device_ops, variables=None):
+    super().__init__(container_strategy,
+                     variables or variable_policy.MirroredPolicy(container_strategy))
     self._devices = _resolve_devices(devices)
     self._retrace_functions_for_each_device = len(self._devices) > 1
     cross_device_ops_lib.check_cross_device_ops(cross_device_ops)
@@ -72,51 +71,11 @@ class MirroredExtended(strategy_v1.StrategyExtendedV1):
     return self._devices
 
   @property
-  def parameter_devices(self):
-    return self._devices
-
-  @property
   def _num_replicas_in_sync(self):
     return len(self._devices)
 
   def _local_results(self, value):
     return values_lib.local_results(value, len(self._devices))
-
-  # --- Variables.
-
-  def _create_variable(self, next_creator, **kwargs):
-    colocate_with = kwargs.pop("colocate_with", None)
-    devices = self.parameter_devices if colocate_with is None else tuple(
-        v.device for v in colocate_with.values)
-    kwargs.pop("caching_device", None)
-    synchronization = kwargs.get("synchronization") or tf.VariableSynchronization.AUTO
-    if synchronization == tf.VariableSynchronization.AUTO:
-      synchronization = kwargs["synchronization"] = tf.VariableSynchronization.ON_WRITE
-    if synchronization == tf.VariableSynchronization.NONE:
-      raise ValueError(
-          "`NONE` variable synchronization mode is not supported with "
-          f"tf.distribute strategy. Please change the `synchronization` for "
-          f"variable: {kwargs.get('name')}")
-    # The components are created with the aggregation too, as in TensorFlow.
-    aggregation = kwargs["aggregation"] = distributed_variables.checked_aggregation(
-        kwargs.get("aggregation"), kwargs.get("name"))
-    components = []
-    for i, device in enumerate(devices):
-      with tf.device(device):
-        if i > 0:
-          primary = components[0]
-          kwargs["name"] = f"{primary.name.split(':')[0]}/replica_{i}/"
-          if kwargs.get("initial_value") is not None:
-            kwargs["initial_value"] = _copy_of(primary)
-        components.append(next_creator(**kwargs))
-    if synchronization == tf.VariableSynchronization.ON_READ:
-      cls = distributed_variables.SyncOnReadVariable
-    else:
-      cls = distributed_variables.MirroredVariable
-    variable = cls(self._container_strategy(), components, aggregation)
-    if not tf.executing_eagerly():
-      _collect_instead(components, variable)
-    return variable
 
   # --- Running replicas.
 
@@ -234,65 +193,11 @@ class MirroredExtended(strategy_v1.StrategyExtendedV1):
     return self._host_ops._gather(  # pylint: disable=protected-access
         value, self._destination_devices(destinations), axis, options)
 
-  # --- Updates.
-
-  def _update(self, var, fn, args, kwargs, group):
-    if not values_lib.is_distributed_variable(var):
-      raise ValueError(
-          f"strategy.extended.update of {type(self._container_strategy()).__name__} "
-          f"needs a variable created in its scope; got {var!r}.")
-    components = var.values
-    return self._update_each(
-        [c.device for c in components], fn,
-        [(c,) for c in components], args, kwargs, group)
-
-  def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
-    devices = cross_device_ops_lib.devices_of(colocate_with)
-    return self._update_each(devices, fn, [()] * len(devices), args, kwargs, group)
-
-  def _update_each(self, devices, fn, leading_args, args, kwargs, group):
-    """Each device's update, in TensorFlow's update context of its replica
-    and, in a graph, in name scope `update_<i>` as in TensorFlow (helpers
-    such as `assign_moving_average` name their ops after the scope)."""
-    results = []
-    in_graph = not tf.executing_eagerly()
-    for i, device in enumerate(devices):
-      with tf.device(device), contexts.UpdateContext(i), (
-          tf.name_scope(f"update_{i}") if in_graph else contextlib.nullcontext()):
-        results.append(fn(*leading_args[i], *values_lib.select_replica(i, args),
-                          **values_lib.select_replica(i, kwargs)))
-    return _regroup_updates(results, group, self._local_results)
-
-  def non_slot_devices(self, var_list):
-    del var_list
-    return self._devices
-
   def _update_config_proto(self, config_proto):
     updated = type(config_proto)()
     updated.CopyFrom(config_proto)
     updated.isolate_session_state = True
     return updated
-
-
-def _regroup_updates(results, group, local_results):
-  """Per-device update results as one value; with `group`, run all updates."""
-  grouped = values_lib.regroup(results, values_lib.Mirrored)
-  if not group:
-    return tf.nest.map_structure(local_results, grouped)
-
-  def join(value):
-    if not isinstance(value, values_lib.Mirrored) or len(value.values) == 1:
-      return value
-    parts = value.values
-    done = tf.group(parts)
-    if not all(tf.is_tensor(p) or isinstance(p, tf.Variable) for p in parts):
-      return done
-    joined = []
-    for part in parts:
-      with tf.device(part.device), tf.control_dependencies([done]):
-        joined.append(tf.identity(part))
-    return values_lib.Mirrored(joined)
-  return tf.nest.map_structure(join, grouped)
 
 
 def _shared_value_on(value, destinations):
@@ -309,39 +214,6 @@ def _shared_value_on(value, destinations):
       device_util.canonicalize(value.device),):
     return value
   return cross_device_ops_lib.simple_broadcast(value, destinations)
-
-
-def _collect_instead(components, variable):
-  """In a TF1 graph, puts `variable` where its components were put in the
-  graph's collections (`tf.compat.v1.trainable_variables()` and such)."""
-  graph = tf.compat.v1.get_default_graph()
-  for key in graph.get_all_collection_keys():
-    collection = graph.get_collection_ref(key)
-    kept = [v for v in collection if not any(v is c for c in components)]
-    if len(kept) < len(collection):
-      kept.insert(next(i for i, v in enumerate(collection)
-                       if any(v is c for c in components)), variable)
-      collection[:] = kept
-
-
-def _copy_of(primary):
-  """The initial value of components i > 0: the primary's value, read once
-  for all of them (each variable copies it onto its own device); in a TF1
-  graph, the primary's initial value."""
-  reads = {}
-
-  def initial_value():
-    graph = tf.compat.v1.get_default_graph()
-    if graph not in reads:
-      reads[graph] = primary.value()
-    return reads[graph]
-
-  if not tf.executing_eagerly() and not tf.compat.v1.get_default_graph().building_function:
-    # In a TF1 graph the initializers run together, in one `session.run`:
-    # the components take the primary's initial value tensor, which that run
-    # computes once for all of them.
-    return primary.initial_value
-  return initial_value
 
 
 def _is_mirrored(value):

@@ -11,6 +11,7 @@ from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import replica_context
 from tf_distribute_lite import strategy_v1
+from tf_distribute_lite import variable_policy
 
 
 class OneDeviceStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
@@ -37,21 +38,13 @@ class OneDeviceExtended(strategy_v1.StrategyExtendedV1):
   """`strategy.extended` of `OneDeviceStrategy`."""
 
   def __init__(self, container_strategy, device):
-    super().__init__(container_strategy)
     self._device = device_util.canonicalize(device)
+    super().__init__(container_strategy,
+                     variable_policy.VariablePolicy(container_strategy, self._device))
 
   @property
   def worker_devices(self):
     return (self._device,)
-
-  @property
-  def parameter_devices(self):
-    return (self._device,)
-
-  def _create_variable(self, next_creator, **kwargs):
-    colocate_with = kwargs.pop("colocate_with", None)
-    with tf.device(self._device if colocate_with is None else colocate_with.device):
-      return next_creator(**kwargs)
 
   def _call_for_each_replica(self, fn, args, kwargs):
     if not tf.executing_eagerly():
@@ -61,18 +54,6 @@ class OneDeviceExtended(strategy_v1.StrategyExtendedV1):
     with tf.device(self._device), _OneDeviceReplicaContext(
         self._container_strategy(), 0):
       return fn(*args, **kwargs)
-
-  def _update(self, var, fn, args, kwargs, group):
-    with tf.device(self._device):
-      return super()._update(var, fn, args, kwargs, group)
-
-  def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
-    with tf.device(self._device):
-      return super()._update_non_slot(colocate_with, fn, args, kwargs, group)
-
-  def non_slot_devices(self, var_list):
-    del var_list
-    return (self._device,)
 
 
 class _OneDeviceReplicaContext(replica_context.ReplicaContext):

@@ -22,8 +22,8 @@ from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import replica_context
-from tf_distribute_lite import sharded_variable
 from tf_distribute_lite import strategy_v1
+from tf_distribute_lite import variable_policy
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 
 # `cluster_coordinator` registers its `ClusterCoordinator` here when imported
@@ -160,19 +160,16 @@ class ParameterServerStrategyV2Extended(strategy_v1.StrategyExtendedV1):
   """`strategy.extended` of `ParameterServerStrategy`."""
 
   def __init__(self, container_strategy, cluster_spec, variable_partitioner):
-    super().__init__(container_strategy)
+    super().__init__(container_strategy, variable_policy.ParameterServerPolicy(
+        container_strategy, cluster_spec.num_tasks("ps"), variable_partitioner,
+        COORDINATOR_CPU))
     self._cluster_spec = cluster_spec
     self._num_workers = cluster_spec.num_tasks("worker")
-    self._num_ps = cluster_spec.num_tasks("ps")
-    self._variable_partitioner = variable_partitioner
-    self._variable_count = 0
     # Set by the ClusterCoordinator: whether one uses the strategy, and
     # whether a function is being traced for scheduling.
     self._used_with_coordinator = False
     self._being_scheduled = False
     self._allow_run_without_coordinator = False
-
-  # --- Devices.
 
   @property
   def worker_devices(self):
@@ -180,63 +177,8 @@ class ParameterServerStrategyV2Extended(strategy_v1.StrategyExtendedV1):
     return ("/device:CPU:0",)
 
   @property
-  def parameter_devices(self):
-    """The ps tasks' CPUs, where variables live. (TensorFlow 2.21 answers
-    the coordinator's CPU.)"""
-    return tuple(_ps_device(i) for i in range(self._num_ps))
-
-  @property
   def _num_replicas_in_sync(self):
     return 1
-
-  def non_slot_devices(self, var_list):
-    return min(var_list, key=lambda v: v.name)
-
-  # --- Variables.
-
-  def _create_variable(self, next_creator, **kwargs):
-    colocate_with = kwargs.pop("colocate_with", None)
-    if colocate_with is not None:  # an optimizer's slot: never split
-      # A ShardedVariable is on no one device: as in TensorFlow, a variable
-      # placed with it goes where its whole value is read, the coordinator.
-      device = (COORDINATOR_CPU if isinstance(colocate_with, sharded_variable.ShardedVariable)
-                else colocate_with.device)
-      with tf.device(device):
-        return next_creator(**kwargs)
-    if self._variable_partitioner is None:
-      return self._on_next_ps(next_creator, **kwargs)
-    initial_value, shape, dtype = _initial_value_shape_dtype(kwargs)
-    if shape.rank == 0:
-      return self._on_next_ps(next_creator, **kwargs)
-    partitions = self._variable_partitioner(shape=shape, dtype=dtype)
-    if (not partitions or partitions[0] == 0 or
-        any(p != 1 for p in list(partitions)[1:])):
-      raise ValueError(
-          f"variable_partitioner must return a list/tuple whose elements are 1 "
-          f"besides the first element (non-zero), got: {partitions!r}")
-    num_shards = min(partitions[0], shape[0])
-    if num_shards == 1:
-      return self._on_next_ps(next_creator, **kwargs)
-    name = kwargs.get("name")
-    sizes = sharded_variable.shard_sizes(shape[0], num_shards)
-    shards = []
-    offset = 0
-    for i, size in enumerate(sizes):
-      shard_kwargs = dict(kwargs, shape=(size,) + tuple(shape[1:]),
-                          initial_value=_shard_initial_value(
-                              initial_value, shape, offset, size))
-      if name is not None:
-        shard_kwargs["name"] = f"{name}/part_{i}"
-      shards.append(self._on_next_ps(next_creator, **shard_kwargs))
-      offset += size
-    return sharded_variable.ShardedVariable(shards)
-
-  def _on_next_ps(self, next_creator, **kwargs):
-    """Creates the variable on the next ps task, round-robin."""
-    with tf.device(_ps_device(self._variable_count % self._num_ps)):
-      variable = next_creator(**kwargs)
-    self._variable_count += 1
-    return variable
 
   # --- Replicas and input.
 
@@ -339,46 +281,3 @@ def dataset_remaker(dataset):
   element_spec = dataset.element_spec
   return lambda: tf.data.experimental.from_variant(
       tf.raw_ops.DatasetFromGraph(graph_def=graph_def), element_spec)
-
-
-def _ps_device(index):
-  return f"/job:ps/task:{index}/device:CPU:0"
-
-
-def _initial_value_shape_dtype(kwargs):
-  """The initial value (a callable where one was given with a shape and a
-  dtype), shape and dtype of the variable that `kwargs` describe."""
-  initial_value = kwargs.get("initial_value")
-  shape, dtype = kwargs.get("shape"), kwargs.get("dtype")
-  if initial_value is None:
-    raise ValueError(
-        "It looks like you are using `ParameterServerStrategy` with a "
-        "`variable_partitioner`, and trying to create a variable without "
-        "specifying `initial_value`. This is not allowed. Please specify the "
-        "`initial_value`.")
-  if callable(initial_value) and (shape is None or dtype is None):
-    initial_value = initial_value()
-  if not callable(initial_value):
-    initial_value = tf.convert_to_tensor(initial_value, dtype=dtype)
-    return initial_value, initial_value.shape, initial_value.dtype
-  return initial_value, tf.TensorShape(shape), tf.as_dtype(dtype)
-
-
-def _shard_initial_value(initial_value, shape, offset, size):
-  """A callable giving rows `offset` to `offset + size` of the initial value:
-  an initializer that takes `partition_shape` and `partition_offset` makes
-  only these; otherwise the whole value is made and sliced."""
-  def shard_value():
-    if not callable(initial_value):
-      return initial_value[offset:offset + size]
-    partition_shape = (size,) + tuple(shape[1:])
-    try:
-      value = initial_value(partition_shape=partition_shape,
-                            partition_offset=(offset,) + (0,) * (len(shape) - 1))
-    except (TypeError, ValueError):
-      value = initial_value()
-    value = tf.convert_to_tensor(value)
-    if value.shape == partition_shape:
-      return value
-    return value[offset:offset + size]
-  return shard_value

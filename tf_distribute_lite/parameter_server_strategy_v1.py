@@ -22,6 +22,7 @@ from tf_distribute_lite import executors
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import strategy_v1
+from tf_distribute_lite import variable_policy
 from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 
@@ -113,7 +114,6 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
     super().__init__(container_strategy,
                      cluster_runtime.replica_devices("", self._num_gpus_per_worker), None)
     self._cluster_spec = None
-    self._parameter_devices = (self._parameter_device,)
     cluster_spec = cluster_resolver.cluster_spec()
     if cluster_spec.jobs:
       self._join(cluster_spec, cluster_resolver.task_type, cluster_resolver.task_id)
@@ -139,9 +139,10 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
     self._executor = executors.LocalReplicas(self._container_strategy(), self._devices)
     self._cross_device_ops = self._host_ops = cross_device_ops_lib.ReductionToOneDevice(
         reduce_to_device=device_util.canonicalize(task))
-    self._variable_device = tf.compat.v1.train.replica_device_setter(
-        worker_device=task, cluster=cluster_spec)
-    self._parameter_devices = tuple(f"/job:ps/task:{i}" for i in range(num_ps))
+    self._variables = variable_policy.CentralStoragePolicy(
+        self._container_strategy(),
+        tf.compat.v1.train.replica_device_setter(worker_device=task, cluster=cluster_spec),
+        tuple(f"/job:ps/task:{i}" for i in range(num_ps)))
     self._default_device = task
     self._is_chief = cluster_runtime.is_chief(cluster_spec, task_type, task_id)
     self._cluster_spec, self._task_type, self._task_id = cluster_spec, task_type, task_id
@@ -150,10 +151,6 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
 
   def _in_multi_worker_mode(self):
     return self._cluster_spec is not None
-
-  @property
-  def parameter_devices(self):
-    return self._parameter_devices
 
   experimental_should_init = property(
       lambda self: self._is_chief, doc="Whether this task initializes the variables.")

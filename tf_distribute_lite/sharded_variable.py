@@ -11,7 +11,8 @@ recognise it by its class name or as an instance of TensorFlow's class, and
 iterate over its shards.
 
 Shard sizes follow TensorFlow: `shard_sizes(13, 5)` gives the first axis's
-13 rows to 5 shards as `[3, 3, 3, 2, 2]`.
+13 rows to 5 shards as `[3, 3, 3, 2, 2]`; `shard_arguments` makes the
+shards' creation arguments, each with its rows of the initial value.
 """
 
 import weakref
@@ -34,6 +35,73 @@ def shard_sizes(length, num_shards):
   """
   base, extra = divmod(length, num_shards)
   return [base + (1 if i < extra else 0) for i in range(num_shards)]
+
+
+def shard_arguments(kwargs, partitioner):
+  """The arguments of each shard of the variable that a variable creator's
+  `kwargs` describe, split along its first axis as `partitioner` says, each
+  with its rows of the initial value; None where it stays whole.
+
+  >>> [s["shape"] for s in shard_arguments({"initial_value": tf.zeros([3, 1])},
+  ...                                      lambda shape, dtype: [2, 1])]
+  [(2, 1), (1, 1)]
+  """
+  if partitioner is None:
+    return None
+  initial_value, shape, dtype = (kwargs.get(key) for key in ("initial_value", "shape", "dtype"))
+  if initial_value is None:
+    raise ValueError(
+        "It looks like you are using `ParameterServerStrategy` with a "
+        "`variable_partitioner`, and trying to create a variable without "
+        "specifying `initial_value`. This is not allowed. Please specify the "
+        "`initial_value`.")
+  if callable(initial_value) and (shape is None or dtype is None):
+    initial_value = initial_value()
+  if callable(initial_value):
+    shape, dtype = tf.TensorShape(shape), tf.as_dtype(dtype)
+  else:
+    initial_value = tf.convert_to_tensor(initial_value, dtype=dtype)
+    shape, dtype = initial_value.shape, initial_value.dtype
+  if shape.rank == 0:
+    return None
+  partitions = partitioner(shape=shape, dtype=dtype)
+  if (not partitions or partitions[0] == 0 or
+      any(p != 1 for p in list(partitions)[1:])):
+    raise ValueError(
+        f"variable_partitioner must return a list/tuple whose elements are 1 "
+        f"besides the first element (non-zero), got: {partitions!r}")
+  num_shards = min(partitions[0], shape[0])
+  if num_shards == 1:
+    return None
+  shards = []
+  offset = 0
+  for i, size in enumerate(shard_sizes(shape[0], num_shards)):
+    shards.append(dict(kwargs, shape=(size,) + tuple(shape[1:]),
+                       initial_value=_shard_initial_value(initial_value, shape, offset, size)))
+    if kwargs.get("name") is not None:
+      shards[-1]["name"] = f"{kwargs['name']}/part_{i}"
+    offset += size
+  return shards
+
+
+def _shard_initial_value(initial_value, shape, offset, size):
+  """A callable giving rows `offset` to `offset + size` of the initial value:
+  an initializer that takes `partition_shape` and `partition_offset` makes
+  only these; otherwise the whole value is made and sliced."""
+  def shard_value():
+    if not callable(initial_value):
+      return initial_value[offset:offset + size]
+    partition_shape = (size,) + tuple(shape[1:])
+    try:
+      value = initial_value(partition_shape=partition_shape,
+                            partition_offset=(offset,) + (0,) * (len(shape) - 1))
+    except (TypeError, ValueError):
+      value = initial_value()
+    value = tf.convert_to_tensor(value)
+    if value.shape == partition_shape:
+      return value
+    return value[offset:offset + size]
+  return shard_value
 
 
 class ShardedVariable(tf.__internal__.tracking.Trackable, tf.__internal__.CompositeTensor,

@@ -31,6 +31,7 @@ from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import tpu_replication
 from tf_distribute_lite import tpu_system
 from tf_distribute_lite import values as values_lib
+from tf_distribute_lite import variable_policy
 from tf_distribute_lite.cluster_resolver import TPUClusterResolver
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 
@@ -242,7 +243,8 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     self._emulated = getattr(resolver, "emulated_slice", None) is not None
     self.steps_per_run = 1 if steps_per_run is None else steps_per_run
     self._logical_device = 0  # where variables go (`experimental_logical_device`)
-    super().__init__(container_strategy, [cores[0] for cores in self._tpu_devices], None)
+    super().__init__(container_strategy, [cores[0] for cores in self._tpu_devices], None,
+                     variable_policy.TPUPolicy(container_strategy, self._tpu_step))
     executor = executors.EmulatedTPU if self._emulated else executors.TPUReplicate
     self._executor = executor(container_strategy, self._devices, device_assignment,
                               use_spmd_for_xla_partitioning)
@@ -252,8 +254,6 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     """Each replica's core of the current logical device (0 outside
     `experimental_logical_device`)."""
     return tuple(cores[self._logical_device] for cores in self._tpu_devices)
-
-  parameter_devices = worker_devices
 
   @contextlib.contextmanager
   def experimental_logical_device(self, logical_device_id):
@@ -335,19 +335,6 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
   def _tpu_step(self):
     """The context of the TPU computation (or XLA check) traced here, or None."""
     return tpu_replication.enclosing_step(self._container_strategy())
-
-  def _replica_local_variable(self, variable):
-    step = self._tpu_step()
-    return None if step is None else step.local_variable(variable)
-
-  def _update(self, var, fn, args, kwargs, group):
-    step = self._tpu_step()
-    if step is not None:  # each replica updates its own component
-      result = fn(step.local_variable(var), *args, **kwargs)
-      # Ungrouped, the one replica's result comes as a 1-tuple, as in
-      # TensorFlow (Keras legacy optimizers extend a list with it).
-      return result if group else (result,)
-    return super()._update(var, fn, args, kwargs, group)
 
   def _reduce_to(self, reduce_op, value, destinations, options):
     step = self._tpu_step()
