@@ -1,132 +1,229 @@
-"""The project's only contact with TensorFlow internals.
+"""The project's only contact with TensorFlow's private names.
 
-TensorFlow keeps "which strategy is current" in a per-graph, per-thread stack
-and copies it into every `tf.function` graph it traces. Pushing our entries
-onto that same stack is what makes `tf.distribute.get_strategy()`, Keras,
-`tf.nn.compute_average_loss` and tracing see our strategies. The stack lives
-behind a private attribute, so every private access sits here, behind a
-check that refuses a TensorFlow whose internals look different.
+Every name below `tf.__internal__`, in `tensorflow.python`, or private to a
+TensorFlow object that the package uses is reached here, as an operation
+(or, for classes that tfd's own classes subclass or check against, a
+re-exported name). `_REQUIRED` and `_OPTIONAL` list each of them; all are
+checked when the package is imported: a missing required name refuses the
+TensorFlow release with an `ImportError`, and a missing name that serves
+one feature (TPU, RPC, ...) makes that feature's operations raise an
+`ImportError` naming it. `tests/test_tf_bridge.py` holds a contract test
+for each operation.
 
-TensorFlow keeps "which replica's components an `extended.update` is
-updating" in a per-thread state of its own too, which its moving-average
-helper reads; our updates set that same state (`update_context`).
+The contacts, by what they serve:
 
-The other private contacts are `tf.summary`'s per-thread state (which
-replica records summaries, and what replica threads inherit), the classes
-of control-flow graphs (a `merge_call` may sit in a `tf.cond`, not in a
-nested `tf.function`), the saving
-context (a `tf.saved_model.save` in progress maps distributed variables onto
-single ones; a function traced before it that updates them across replicas
-is marked unsaveable, `mark_function_unsaveable`), the per-thread variable-creator stack that replica threads
-inherit, and AutoGraph's list of
-libraries it leaves alone: like TensorFlow's own `tf.distribute` (and Keras),
-this package is library code that AutoGraph must not rewrite when a user's
-`tf.function` calls into it (rewriting it costs seconds per trace).
+- Contexts. TensorFlow keeps "which strategy is current" in a per-graph,
+  per-thread stack that it copies into every `tf.function` graph; pushing
+  tfd's entries onto it (`strategy_stack`) is what makes
+  `tf.distribute.get_strategy()`, Keras and tracing see tfd's strategies.
+  Its per-thread update context (`update_context`) tells TensorFlow's
+  moving-average helper which replica an `extended.update` updates. The
+  variable creators (`VariableCreatorScope`, `plain_variable`) and
+  `tf.summary`'s state (`RecordSummariesIf`) are per thread too, and replica
+  threads inherit them (`ThreadState`).
+- Tracing. Control-flow graph kinds (a `merge_call` may sit in a `tf.cond`),
+  the TF 1.x control-flow context, AutoGraph (the package is exempt from
+  conversion, as TensorFlow's own `tf.distribute` is, and
+  `autograph_convert` converts a user's function as its caller would),
+  the tape check, function cloning and flags, device copies.
+- Variables. A distributed variable stands for its components: TensorFlow's
+  private variable interface (identity keys, graph element, SavedModel
+  export) is read off a component here, and the back-references TensorFlow
+  and Keras follow from a component to its container are set here.
+- Saving, parameter servers, the cluster runtime (collective ops, the
+  coordination service, the remote-execution knobs), TPU topology, XLA
+  sharding and HLO, and the RPC kernels and their structure encoding.
 
-A process that joins a cluster starts TensorFlow's gRPC server with
-collective ops through the eager context (`enable_collective_ops`, with the
-context's own config, `eager_context_config`), as TensorFlow's
-MultiWorkerMirroredStrategy does: there is no public call for it.
-
-`TPUClusterResolver.tpu_hardware_feature` reads TensorFlow's TPU topology
-proto (`parse_topology_proto`), and `TPUStrategy`'s logical-device
-annotations are XLA sharding ops (`xla_sharding_annotation`): no public
-module exports either. An emulated TPU lowers each step to XLA's HLO with
-the values it captured given explicitly (`hlo_text`). Inside a TPU computation a mirrored variable is a
-variable over a replicated handle (`variable_of_handle`).
-
-Parameter-server training stores a sharded variable in a SavedModel as one
-variable with no value of its own (`uninitialized_variable`,
-`write_variable_proto`), and a scheduled function reads the index of the
-worker it runs on as a value captured at each call (`call_time_value`).
-tfd's sharded variable stands for TensorFlow's, whose class only
-`tf.__internal__` exports (`TENSORFLOW_SHARDED_VARIABLE`).
-
-Four contacts answer Keras rather than TensorFlow: Keras 3 recognises a
-distributed dataset by the name and module of a base class
-(`KERAS_DATASET_BASES`), reduces its steps' outputs across workers only
-for TensorFlow's own multi-worker class (`route_keras_reduce_per_replica`),
-and saves checkpoints from every worker into the same files
-(`route_keras_checkpoint_writes`); tf_keras's backups save before
-preemption through tfd's handler (`route_tf_keras`).
-
-`tf.distribute.experimental.rpc` runs on TensorFlow's RPC ops, whose
-generated wrappers (`rpc_kernels`) and whose proto of a server's listed
-methods (`parse_registered_method`) only private modules export.
+Client libraries' private names (Keras 3, tf_keras) are not here: see
+`_client_shims.py`.
 """
 
 import functools
 import importlib
-import importlib.metadata
 import os
-import sys
-import tempfile
 import threading
+import weakref
 
 import tensorflow as tf
 
 _STACK_ATTRIBUTE = "_distribution_strategy_stack"
 _CREATOR_ATTRIBUTE = "_variable_creator_stack"
+_PY = "tensorflow.python."
 
-
-# (module under tensorflow.python, attribute path) of the internal names the
-# strategies need wherever they run, checked at import.
-_INTERNALS = (
-    ("saved_model.save_context", "in_save_context"),
-    ("autograph.core.config", "CONVERSION_RULES"),
-    ("eager.record", "could_possibly_record"),
-    ("ops.summary_ops_v2", "_summary_state.is_recording_distribution_strategy"),
-    ("ops.control_flow_v2_func_graphs", "CondBranchFuncGraph"),
-    ("ops.control_flow_v2_func_graphs", "WhileBodyFuncGraph"),
-    ("ops.control_flow_v2_func_graphs", "WhileCondFuncGraph"),
-    ("ops.resource_variable_ops", "UninitializedVariable"),
-    ("ops.resource_variable_ops", "write_object_proto_for_resource_variable"),
-    ("framework.func_graph", "FuncGraph.capture_call_time_value"),
-    ("framework.func_graph", "FuncGraph.mark_as_unsaveable"),
-    ("eager.executor", "new_executor"),
-    ("eager.context", "executor_scope"),
-    ("distribute.distribute_lib", "UpdateContext"),
-    ("distribute.distribute_lib", "get_update_replica_id"),
-    ("framework.ops", "Graph._get_control_flow_context"),
+# (module, path as `has_name` reads it) of every private name the package
+# needs wherever it runs.
+_REQUIRED = (
+    ("tensorflow", "__internal__.CompositeTensor"),
+    ("tensorflow", "__internal__.types.Tensor"),
+    ("tensorflow", "__internal__.tracking.Trackable"),
+    ("tensorflow", "__internal__.tracking.CheckpointInitialValue"),
+    ("tensorflow", "__internal__.EagerTensor"),
+    ("tensorflow", "__internal__.FuncGraph"),
+    ("tensorflow", "__internal__.autograph.tf_convert"),
+    ("tensorflow", "__internal__.autograph.control_status_ctx"),
+    ("tensorflow", "__internal__.distribute.ShardedVariable"),
+    (_PY + "framework.ops", f"Graph.{_STACK_ATTRIBUTE}"),
+    (_PY + "framework.ops", f"Graph.{_CREATOR_ATTRIBUTE}"),
+    (_PY + "framework.ops", "Graph._get_control_flow_context"),
+    (_PY + "framework.ops", "EagerTensor._copy_to_device"),
+    (_PY + "framework.type_spec", "TypeSpec._flat_tensor_specs"),
+    (_PY + "framework.func_graph", "FuncGraph.capture_call_time_value"),
+    (_PY + "framework.func_graph", "FuncGraph.mark_as_unsaveable"),
+    (_PY + "framework.func_graph", "FuncGraph.replace_capture"),
+    (_PY + "saved_model.save_context", "in_save_context"),
+    (_PY + "saved_model.save_context", "get_save_options"),
+    (_PY + "autograph.core.config", "CONVERSION_RULES"),
+    (_PY + "autograph.core.config", "DoNotConvert"),
+    (_PY + "eager.record", "could_possibly_record"),
+    (_PY + "eager.context", "context"),
+    (_PY + "eager.context", "executor_scope"),
+    (_PY + "eager.context", "Context.device_name"),
+    (_PY + "eager.executor", "new_executor"),
+    (_PY + "eager.polymorphic_function.polymorphic_function", "Function._clone"),
+    (_PY + "eager.polymorphic_function.polymorphic_function", "Function.function_spec"),
+    (_PY + "eager.polymorphic_function.function_type_utils", "FunctionSpec.jit_compile"),
+    (_PY + "ops.summary_ops_v2", "_summary_state.writer"),
+    (_PY + "ops.summary_ops_v2", "_summary_state.step"),
+    (_PY + "ops.summary_ops_v2", "_summary_state.is_recording"),
+    (_PY + "ops.summary_ops_v2", "_summary_state.is_recording_distribution_strategy"),
+    (_PY + "ops.control_flow_v2_func_graphs", "CondBranchFuncGraph"),
+    (_PY + "ops.control_flow_v2_func_graphs", "WhileBodyFuncGraph"),
+    (_PY + "ops.control_flow_v2_func_graphs", "WhileCondFuncGraph"),
+    (_PY + "ops.resource_variable_ops", "UninitializedVariable"),
+    (_PY + "ops.resource_variable_ops", "BaseResourceVariable"),
+    (_PY + "ops.resource_variable_ops", "write_object_proto_for_resource_variable"),
+    (_PY + "ops.resource_variable_ops", "ResourceVariable()._shared_name"),
+    (_PY + "ops.resource_variable_ops", "ResourceVariable()._unique_id"),
+    (_PY + "ops.resource_variable_ops", "ResourceVariable()._graph_key"),
+    (_PY + "ops.resource_variable_ops", "ResourceVariable()._distribute_strategy"),
+    (_PY + "ops.resource_variable_ops", "ResourceVariable._as_graph_element"),
+    (_PY + "ops.resource_variable_ops", "ResourceVariable._export_to_saved_model_graph"),
+    (_PY + "ops.resource_variable_ops", "ResourceVariable._write_object_proto"),
+    (_PY + "distribute.distribute_lib", "UpdateContext"),
+    (_PY + "distribute.distribute_lib", "get_update_replica_id"),
+    (_PY + "util.tf_stack", "_source_mapper_stacks"),
+    (_PY + "util.tf_stack", "_source_filter_stacks"),
 )
 
+# The names that serve one feature each: {feature: (what fails without it,
+# names)}. Without one, that feature's operations raise ImportError.
+_OPTIONAL = {
+    "cluster runtime": ("tfd cannot join or coordinate a cluster", (
+        (_PY + "eager.context", "Context.config"),
+        (_PY + "eager.context", "Context.enable_collective_ops"),
+        (_PY + "eager.context", "Context.set_config_key_value"),
+        (_PY + "eager.context", "Context.get_config_key_value"),
+        (_PY + "eager.context", "Context.report_error_to_cluster"),
+        (_PY + "eager.context", "Context.check_collective_ops_peer_health"),
+        # The knobs `remote_ops_run_synchronously` sets, read by these.
+        (_PY + "eager.context", "async_wait(TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY)"),
+        (_PY + "eager.context", "async_scope(TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE)"))),
+    "TPU topology proto": ("TPUClusterResolver cannot report the hardware", (
+        ("tensorflow.core.protobuf.tpu.topology_pb2", "TopologyProto"),)),
+    "XLA sharding ops": ("TPUStrategy cannot annotate logical devices", (
+        (_PY + "compiler.xla.experimental.xla_sharding", "assign_device"),
+        (_PY + "compiler.xla.experimental.xla_sharding", "tile"),
+        (_PY + "compiler.xla.experimental.xla_sharding", "replicate"))),
+    "compiler IR export": ("an emulated TPU cannot check that a step compiles", (
+        (_PY + "eager.context", "Context.get_compiler_ir"),)),
+    "saveable objects": (
+        "tf.compat.v1.train.Saver cannot save distributed variables", (
+            (_PY + "training.saving.saveable_object", "SaveableObject"),
+            (_PY + "training.saving.saveable_object", "SaveSpec"))),
+    "RPC ops": ("tf_distribute_lite.experimental.rpc cannot run", (
+        ("tensorflow.distribute.experimental.rpc.kernels.gen_rpc_ops", "rpc_server"),
+        ("tensorflow.distribute.experimental.rpc.proto.tf_rpc_service_pb2",
+         "RegisteredMethod"),
+        ("tensorflow", "__internal__.saved_model.encode_structure"),
+        ("tensorflow", "__internal__.saved_model.decode_proto"))),
+}
 
-def _has_internal(module, path):
+
+def _names_in_code(member, name):
+  """Whether function (or property) `member` uses `name` in its code: an
+  attribute it sets or reads, or a string such as an environment variable."""
+  function = getattr(member, "fget", member)
+  code = getattr(getattr(function, "__wrapped__", function), "__code__", None)
+  return code is not None and (name in code.co_names or name in code.co_consts)
+
+
+def has_name(module, path):
+  """Whether `module` (imported if need be) has `path`: attributes "A.b";
+  "A()._b", an attribute that the methods of class `A` give its instances;
+  "f(NAME)", a function whose code uses `NAME`. The client shims check
+  client libraries' names with it too."""
   try:
-    found = importlib.import_module(f"tensorflow.python.{module}")
-    for name in path.split("."):
-      found = getattr(found, name)
-  except (ImportError, AttributeError):
+    found = importlib.import_module(module)
+  except ImportError:
     return False
-  return True
+  *parents, last = path.split(".")
+  for name in parents:
+    if name.endswith("()"):
+      cls = getattr(found, name[:-2], None)
+      return isinstance(cls, type) and any(
+          _names_in_code(member, last) for c in cls.__mro__ for member in vars(c).values())
+    found = getattr(found, name, None)
+  function, _, used = last.partition("(")
+  if used:
+    return _names_in_code(getattr(found, function, None), used[:-1])
+  return hasattr(found, last)
+
+
+def missing_names(names):
+  """The "module.path" of each (module, path) of `names` not found (`has_name`)."""
+  return [f"{module}.{path}" for module, path in names if not has_name(module, path)]
 
 
 def _check_tensorflow():
-  graph = tf.Graph
-  missing = [a for a in (_STACK_ATTRIBUTE, _CREATOR_ATTRIBUTE)
-             if not hasattr(graph, a)]
-  missing += [f"{module}.{path}" for module, path in _INTERNALS
-              if not _has_internal(module, path)]
-  if not hasattr(getattr(tf.__internal__, "distribute", None), "ShardedVariable"):
-    missing.append("tf.__internal__.distribute.ShardedVariable")
+  """Raises ImportError unless TensorFlow has every required name; returns
+  {feature: its missing names} for the optional ones."""
+  missing = missing_names(_REQUIRED)
   if missing or not tf.__version__.startswith("2."):
     raise ImportError(
         f"tf_distribute_lite does not recognise the internals of TensorFlow "
         f"{tf.__version__} (missing: {', '.join(missing) or 'TF 2.x'}); "
         f"it needs a TensorFlow 2.x release that keeps the distribution "
         f"strategy stack on tf.Graph.")
+  return {feature: missing_names(names) for feature, (_, names) in _OPTIONAL.items()
+          if missing_names(names)}
 
 
-_check_tensorflow()
-from tensorflow.python.distribute import distribute_lib as _tf_distribute_lib  # pylint: disable=g-import-not-at-top,g-bad-import-order
-from tensorflow.python.saved_model import save_context as _save_context  # pylint: disable=g-import-not-at-top,g-bad-import-order
+_UNAVAILABLE = _check_tensorflow()
+
+
+def _require(feature):
+  """Raises ImportError where the installed TensorFlow lacks `feature`."""
+  if feature in _UNAVAILABLE:
+    raise ImportError(
+        f"TensorFlow {tf.__version__} has no {feature} "
+        f"({', '.join(_UNAVAILABLE[feature])}): {_OPTIONAL[feature][0]}.")
+
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order
+from tensorflow.python.autograph.core import config as _autograph_config
+from tensorflow.python.distribute import distribute_lib as _tf_distribute_lib
+from tensorflow.python.eager import context as _context
+from tensorflow.python.eager import executor as _executor
+from tensorflow.python.eager import record as _record
+from tensorflow.python.ops import control_flow_v2_func_graphs as _control_flow_graphs
+from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
+from tensorflow.python.ops import summary_ops_v2 as _summary_ops
+from tensorflow.python.saved_model import save_context as _save_context
+from tensorflow.python.util import tf_stack as _tf_stack
+# pylint: enable=g-import-not-at-top,g-bad-import-order
+
+# Base classes tfd's classes subclass or check against.
+CompositeTensor = tf.__internal__.CompositeTensor
+TensorBase = tf.__internal__.types.Tensor  # what `tf.is_tensor` accepts
+Trackable = tf.__internal__.tracking.Trackable
+CheckpointInitialValue = tf.__internal__.tracking.CheckpointInitialValue
+EagerTensor = tf.__internal__.EagerTensor
 
 
 def _exempt_from_autograph(package):
-  from tensorflow.python.autograph.core import config  # pylint: disable=g-import-not-at-top
-  rule = config.DoNotConvert(package)
-  if not any(str(r) == str(rule) for r in config.CONVERSION_RULES):
-    config.CONVERSION_RULES = (rule,) + tuple(config.CONVERSION_RULES)
+  rule = _autograph_config.DoNotConvert(package)
+  if not any(str(r) == str(rule) for r in _autograph_config.CONVERSION_RULES):
+    _autograph_config.CONVERSION_RULES = (rule,) + tuple(_autograph_config.CONVERSION_RULES)
 
 
 _exempt_from_autograph(__name__.split(".")[0])
@@ -137,7 +234,6 @@ def strategy_stack():
   return getattr(tf.compat.v1.get_default_graph(), _STACK_ATTRIBUTE)
 
 
-@functools.lru_cache(maxsize=None)
 @functools.lru_cache(maxsize=None)
 def tensorflow_default_strategy():
   """TensorFlow's own default strategy, one object per process.
@@ -194,12 +290,12 @@ def saving_without_distribution():
   return policy != tf.saved_model.experimental.VariablePolicy.EXPAND_DISTRIBUTED_VARIABLES
 
 
-def variable_creator_stack(graph):
+def _creator_stack(graph):
   """The variable creators active on `graph` in this thread."""
   return getattr(graph, _CREATOR_ATTRIBUTE)
 
 
-def set_variable_creator_stack(graph, stack):
+def _set_creator_stack(graph, stack):
   setattr(graph, _CREATOR_ATTRIBUTE, stack)
 
 
@@ -221,16 +317,16 @@ class VariableCreatorScope:
 
   def __enter__(self):
     self._graph = tf.compat.v1.get_default_graph()
-    self._outer = variable_creator_stack(self._graph)
+    self._outer = _creator_stack(self._graph)
     self._stack = self._outer + [(self._PRIORITY, self._creator)]
     if self._outer and self._outer[-1][0] > self._PRIORITY:
       self._stack.sort(key=lambda item: item[0])  # stable, as TensorFlow's
-    set_variable_creator_stack(self._graph, self._stack)
+    _set_creator_stack(self._graph, self._stack)
 
   def __exit__(self, *exc_info):
-    if variable_creator_stack(self._graph) is not self._stack:
+    if _creator_stack(self._graph) is not self._stack:
       raise RuntimeError("Exiting variable_creator_scope without proper nesting.")
-    set_variable_creator_stack(self._graph, self._outer)
+    _set_creator_stack(self._graph, self._outer)
 
 
 def control_flow_context():
@@ -240,32 +336,81 @@ def control_flow_context():
   return tf.compat.v1.get_default_graph()._get_control_flow_context()  # pylint: disable=protected-access
 
 
+def is_function_graph(graph):
+  """Whether `graph` is traced for a function (a `tf.function`'s, or a
+  control-flow branch or body), not a TF 1.x graph."""
+  return isinstance(graph, tf.__internal__.FuncGraph)
+
+
 def control_flow_kind(graph):
   """"cond" where `graph` is a branch of a `tf.cond` (or `tf.switch_case`),
   "while" where it is the body or condition of a `tf.while_loop` (control
   flow v2), None for any other graph (a function's, say)."""
-  from tensorflow.python.ops import control_flow_v2_func_graphs as graphs  # pylint: disable=g-import-not-at-top
-  if isinstance(graph, graphs.CondBranchFuncGraph):
+  if isinstance(graph, _control_flow_graphs.CondBranchFuncGraph):
     return "cond"
-  if isinstance(graph, (graphs.WhileBodyFuncGraph, graphs.WhileCondFuncGraph)):
+  if isinstance(graph, (_control_flow_graphs.WhileBodyFuncGraph,
+                        _control_flow_graphs.WhileCondFuncGraph)):
     return "while"
   return None
 
 
-@functools.lru_cache(maxsize=None)
-def summary_state():
-  """`tf.summary`'s state: one object whose attributes are per thread (the
-  default writer, its step and the conditions under which summaries record:
-  `is_recording`, and `is_recording_distribution_strategy`, which a replica
-  context sets so that only replica 0 writes, as TensorFlow's does)."""
-  from tensorflow.python.ops import summary_ops_v2  # pylint: disable=g-import-not-at-top
-  return summary_ops_v2._summary_state  # pylint: disable=protected-access
+# `tf.summary`'s state: one object whose attributes are per thread (the
+# default writer, its step, and the conditions under which summaries record).
+_summary_state = _summary_ops._summary_state  # pylint: disable=protected-access
+
+
+class RecordSummariesIf:
+  """A context manager: inside it `tf.summary` records only where
+  `condition()` (a boolean tensor) holds, as in a TensorFlow replica
+  context, where only replica 0 writes. It nests; reusable, not reentrant."""
+
+  __slots__ = ("_condition", "_outer")
+
+  def __init__(self, condition):
+    self._condition = condition
+
+  def __enter__(self):
+    self._outer = _summary_state.is_recording_distribution_strategy
+    _summary_state.is_recording_distribution_strategy = self._condition
+
+  def __exit__(self, *exc_info):
+    _summary_state.is_recording_distribution_strategy = self._outer
+
+
+class ThreadState:
+  """What of TensorFlow's per-thread state a replica thread takes from the
+  thread that made this object: the variable creators of its default graph
+  and `tf.summary`'s default writer, step and recording condition.
+
+  A context manager: inside it the current thread has them (the creators on
+  its default graph, entered before), and its own again after.
+  """
+
+  def __init__(self):
+    self._creators = list(_creator_stack(tf.compat.v1.get_default_graph()))
+    self._summaries = self._summary_values()
+    self._outer = None
+
+  @staticmethod
+  def _summary_values():
+    return (_summary_state.writer, _summary_state.step, _summary_state.is_recording)
+
+  def __enter__(self):
+    graph = tf.compat.v1.get_default_graph()
+    self._outer = (graph, _creator_stack(graph), self._summary_values())
+    _set_creator_stack(graph, list(self._creators))
+    _summary_state.writer, _summary_state.step, _summary_state.is_recording = self._summaries
+    return self
+
+  def __exit__(self, *exc_info):
+    graph, creators, summaries = self._outer
+    _set_creator_stack(graph, creators)
+    _summary_state.writer, _summary_state.step, _summary_state.is_recording = summaries
 
 
 def eager_device_name():
   """The device named by the innermost eager `tf.device` scope, or ""."""
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
-  return context.context().device_name or ""
+  return _context.context().device_name or ""
 
 
 def plain_variable(initial_value, device, name):
@@ -276,18 +421,34 @@ def plain_variable(initial_value, device, name):
   a strategy's scope.
   """
   graph = tf.compat.v1.get_default_graph()
-  creators = variable_creator_stack(graph)
-  set_variable_creator_stack(graph, [])
+  creators = _creator_stack(graph)
+  _set_creator_stack(graph, [])
   try:
     with tf.device(device):
       return tf.Variable(initial_value, trainable=False, name=name)
   finally:
-    set_variable_creator_stack(graph, creators)
+    _set_creator_stack(graph, creators)
 
 
 def clone_function(function, python_function):
   """A `tf.function` like `function` (same options) around `python_function`."""
   return function._clone(python_function=python_function)  # pylint: disable=protected-access
+
+
+def is_jit_compiled(function):
+  """Whether `tf.function` `function` was made with `jit_compile=True`."""
+  return bool(function.function_spec.jit_compile)
+
+
+def autograph_convert(fn):
+  """`fn` converted by AutoGraph where its caller is (in a converted
+  `tf.function`), else `fn`; eagerly always `fn`. What runs a user's replica
+  or merge function from library code, which AutoGraph leaves alone, calls
+  it through this, as TensorFlow's strategies do."""
+  if tf.executing_eagerly():
+    return fn
+  return tf.__internal__.autograph.tf_convert(
+      fn, tf.__internal__.autograph.control_status_ctx(), convert_by_default=False)
 
 
 class TraceMapperGuard:
@@ -302,10 +463,9 @@ class TraceMapperGuard:
   """
 
   def __init__(self):
-    from tensorflow.python.util import tf_stack  # pylint: disable=g-import-not-at-top
     key = threading.get_ident()
-    self._stacks = [tf_stack._source_mapper_stacks[key],  # pylint: disable=protected-access
-                    tf_stack._source_filter_stacks[key]]  # pylint: disable=protected-access
+    self._stacks = [_tf_stack._source_mapper_stacks[key],  # pylint: disable=protected-access
+                    _tf_stack._source_filter_stacks[key]]  # pylint: disable=protected-access
     self._depths = [len(s) for s in self._stacks]
 
   def __enter__(self):
@@ -320,8 +480,7 @@ class TraceMapperGuard:
 
 def gradient_tape_active():
   """Whether any `tf.GradientTape` is recording on this thread."""
-  from tensorflow.python.eager import record  # pylint: disable=g-import-not-at-top
-  return record.could_possibly_record()
+  return _record.could_possibly_record()
 
 
 def flat_tensor_specs(element_spec):
@@ -336,48 +495,14 @@ def copy_to_device(eager_tensor, device):
   return eager_tensor._copy_to_device(device)  # pylint: disable=protected-access
 
 
-def _keras_major_version():
-  """The installed Keras' major version (None without Keras), read from its
-  package metadata: importing Keras here would cost every user seconds."""
-  try:
-    return int(importlib.metadata.version("keras").split(".")[0])
-  except (importlib.metadata.PackageNotFoundError, ValueError):
-    return None
-
-
-def _keras_dataset_bases(keras_major_version):
-  """Extra base classes of our distributed datasets, for Keras to accept them.
-
-  Keras 3's `fit`, `evaluate` and `predict` choose a data adapter with
-  `keras.src.trainers.data_adapters.is_tf_dataset`, which accepts an object
-  only if a class in its MRO is named `DistributedDataset` (or `DatasetV2`,
-  `DistributedDatasetsFromFunction`) and has a module under
-  `tensorflow.python.`; `isinstance(x, tf.distribute.DistributedDataset)`
-  is not enough. Past that check Keras uses only the public interface
-  (`isinstance` against `tf.distribute.DistributedDataset` and
-  `DistributedIterator`, iteration, `get_next_as_optional`, `cardinality`,
-  `element_spec`, `strategy.run`). An empty class named like TensorFlow's
-  own distributed dataset answers the check. Keras 2 checks with
-  `isinstance` and needs none.
-  """
-  if keras_major_version is None or keras_major_version < 3:
-    return ()
-  return (type("DistributedDataset", (), {
-      "__module__": "tensorflow.python.distribute.input_lib",
-      "__doc__": "Marks a distributed dataset for Keras 3's data adapters."}),)
-
-
-KERAS_DATASET_BASES = _keras_dataset_bases(_keras_major_version())
-
-
 def eager_context_config():
   """A copy of the `tf.compat.v1.ConfigProto` this process's eager context
   was configured with (logical devices, threads, placement), read without
   starting the context: a process joining a cluster hands it to its server,
   which would otherwise start with defaults (one device per type)."""
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  _require("cluster runtime")
   config = tf.compat.v1.ConfigProto()
-  config.CopyFrom(context.context().config)
+  config.CopyFrom(_context.context().config)
   return config
 
 
@@ -389,199 +514,18 @@ def enable_collective_ops(server_def):
   server that eager ops do not use); its own MultiWorkerMirroredStrategy
   makes this one. Call it before any op runs, as TensorFlow asks.
   """
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
-  context.context().enable_collective_ops(server_def)
+  _require("cluster runtime")
+  _context.context().enable_collective_ops(server_def)
 
 
-_KERAS_TRAINER = "keras.src.backend.tensorflow.trainer"
-
-
-def route_keras_reduce_per_replica(takes, reduce):
-  """Makes Keras 3 reduce the per-replica outputs of its training,
-  evaluation and prediction steps with `reduce(values, strategy, reduction)`
-  for strategies where `takes(strategy)`, and as before for the others.
-
-  Keras treats a multi-worker strategy specially only if it is an instance
-  of TensorFlow's own class (`_collective_all_reduce_multi_worker`);
-  otherwise each worker averages its own replicas' metrics and logs values
-  that differ from worker to worker. Keras calls its module-level
-  `reduce_per_replica` by name, so wrapping that name is enough. Without
-  Keras 3 this does nothing; it imports Keras, so call it only when a
-  multi-worker strategy is made.
-  """
-  if _keras_major_version() != 3:
-    return
-  trainer = importlib.import_module(_KERAS_TRAINER)
-  original = trainer.reduce_per_replica
-  if getattr(original, "routes", None) is not None:
-    if (takes, reduce) not in original.routes:
-      original.routes.append((takes, reduce))
-    return
-  routes = [(takes, reduce)]
-
-  def reduce_per_replica(values, strategy, reduction):
-    for route_takes, route_reduce in routes:
-      if route_takes(strategy):
-        return route_reduce(values, strategy, reduction)
-    return original(values, strategy, reduction)
-  reduce_per_replica.routes = routes
-  trainer.reduce_per_replica = reduce_per_replica
-
-
-# The paths each Keras 3 callback that saves writes to, by class.
-_KERAS_CHECKPOINT_PATHS = {
-    "BackupAndRestore": ("backup_dir", "_weights_path", "_training_metadata_path",
-                         "_prev_weights_path", "_prev_training_metadata_path"),
-    "ModelCheckpoint": ("filepath",),
-}
-
-
-def route_keras_checkpoint_writes(takes):
-  """Makes Keras 3's `BackupAndRestore` and `ModelCheckpoint` callbacks
-  save into a temporary directory, removed at once, when `takes(strategy)`
-  for the strategy of the model they serve; there `BackupAndRestore` also
-  leaves the backup alone at the end of training. Elsewhere they work as
-  before.
-
-  Keras 3 has no check for multi-worker training in these callbacks (tf.keras
-  asked `distributed_file_utils.write_dirpath`, that is the strategy's
-  `extended.should_checkpoint`): every worker saves into the same files (two
-  processes writing one HDF5 file fail with `BlockingIOError`) and deletes
-  the backup. Every worker must still save, as saving reads variables that
-  all workers take part in; as in TensorFlow's multi-worker tutorial, the
-  other workers' files go to a temporary directory that is removed. While
-  `_save_model` runs, the callback's paths (`_KERAS_CHECKPOINT_PATHS`)
-  point into that directory. Without Keras 3 this does nothing; it imports
-  Keras, so call it only when a multi-worker strategy is made.
-  """
-  if _keras_major_version() != 3:
-    return
-  callbacks = importlib.import_module("keras.callbacks")
-  for name, paths in _KERAS_CHECKPOINT_PATHS.items():
-    callback_class = getattr(callbacks, name)
-    routes = getattr(callback_class._save_model, "routes", None)  # pylint: disable=protected-access
-    if routes is None:
-      routes = []
-      callback_class._save_model = _saving_elsewhere(  # pylint: disable=protected-access
-          callback_class._save_model, paths, routes)  # pylint: disable=protected-access
-      if name == "BackupAndRestore":
-        callback_class.on_train_end = _skipped_where(callback_class.on_train_end, routes)
-    if takes not in routes:
-      routes.append(takes)
-
-
-def _routed(callback, routes):
-  strategy = getattr(callback.model, "distribute_strategy", None)
-  return any(takes(strategy) for takes in routes)
-
-
-def _saving_elsewhere(save_model, paths, routes):
-  @functools.wraps(save_model)
-  def _save_model(self, *args, **kwargs):
-    if not _routed(self, routes):
-      return save_model(self, *args, **kwargs)
-    given = {name: getattr(self, name) for name in paths}
-    with tempfile.TemporaryDirectory() as temporary:
-      for name, path in given.items():
-        setattr(self, name, os.path.join(temporary, os.path.basename(path)))
-      try:
-        return save_model(self, *args, **kwargs)
-      finally:
-        for name, path in given.items():
-          setattr(self, name, path)
-  _save_model.routes = routes
-  return _save_model
-
-
-def _skipped_where(method, routes):
-  @functools.wraps(method)
-  def skipped(self, *args, **kwargs):
-    if not _routed(self, routes):
-      return method(self, *args, **kwargs)
-    return None
-  return skipped
-
-
-# The module tf_keras keeps its backup state in, and whose
-# `WorkerTrainingState` it looks up by name when `BackupAndRestore` starts.
-_TF_KERAS_TRAINING_STATE = "tf_keras.src.distribute.worker_training_state"
-_TF_KERAS_CALLBACKS = "tf_keras.src.callbacks"
-
-
-# tfd's `PreemptionCheckpointHandler`, which `failure_handling` registers
-# when imported (the package's `__init__` imports it): tf_keras's backups
-# save before preemption through it.
-_preemption_handler = {}
-
-
-def register_preemption_handler(handler_class):
-  """Called once by `failure_handling` with its `PreemptionCheckpointHandler`."""
-  _preemption_handler["class"] = handler_class
-
-
-def route_tf_keras(saves_before_preemption):
-  """Makes tf_keras's `BackupAndRestore(..., save_before_preemption=True)`
-  save at a termination notice through tfd's `PreemptionCheckpointHandler`
-  (as registered) for the strategies where `saves_before_preemption(strategy)`.
-
-  tf_keras turns the feature on for TensorFlow's MultiWorkerMirroredStrategy
-  on Google Cloud, with TensorFlow's handler, which TensorFlow 2.21 switches
-  off on VMs without GPUs (tf_keras then fails at the first batch). Call it
-  whenever a strategy becomes current: it changes nothing until tf_keras is
-  imported, routes once, and costs two dictionary look-ups after.
-  """
-  callbacks = sys.modules.get(_TF_KERAS_CALLBACKS)
-  if callbacks is not None and getattr(
-      callbacks.BackupAndRestore, "_tfd_routed", None) is not saves_before_preemption:
-    _route_backup(callbacks.BackupAndRestore, saves_before_preemption)
-  state = sys.modules.get(_TF_KERAS_TRAINING_STATE)
-  if state is not None and getattr(
-      state.WorkerTrainingState, "_tfd_routed", None) is not saves_before_preemption:
-    _route_training_state(state, saves_before_preemption)
-
-
-def _route_backup(callback_class, saves_before_preemption):
-  """With `save_before_preemption`, `BackupAndRestore` asks for the batch
-  hooks, in which tf_keras checks for a notice, wherever
-  `saves_before_preemption` (tf_keras asks for them only to save every
-  `save_freq` batches, so with `save_freq="epoch"` and no other callback
-  that wants them, such as `verbose=0`, it never checks)."""
-  implements_batch_hooks = callback_class._implements_train_batch_hooks  # pylint: disable=protected-access
-
-  @functools.wraps(implements_batch_hooks)
-  def batch_hooks(self):
-    model = getattr(self, "model", None)
-    return implements_batch_hooks(self) or bool(
-        self.save_before_preemption and model is not None
-        and saves_before_preemption(model.distribute_strategy))
-
-  callback_class._implements_train_batch_hooks = batch_hooks  # pylint: disable=protected-access
-  callback_class._tfd_routed = saves_before_preemption  # pylint: disable=protected-access
-
-
-def _route_training_state(module, saves_before_preemption):
-  """tf_keras's backup state builds TensorFlow's handler for
-  `save_before_preemption`, from the manager that writes this worker's
-  backup (a temporary folder on workers other than the chief), and turns it
-  on only on Google Cloud (`distributed_file_utils._on_gcp`). Where
-  `saves_before_preemption` the state is built without it, and on Google
-  Cloud it is driven by the registered handler over the manager that reads
-  the backup, so every worker restores the chief's backup."""
-  state_class = module.WorkerTrainingState
-  init = state_class.__init__
-
-  @functools.wraps(init)
-  def routed(self, model, checkpoint_dir, save_freq="epoch", save_before_preemption_arg=None):
-    strategy = model.distribute_strategy
-    ours = bool(save_before_preemption_arg) and saves_before_preemption(strategy)
-    init(self, model, checkpoint_dir, save_freq, False if ours else save_before_preemption_arg)
-    if ours and module.distributed_file_utils._on_gcp():  # pylint: disable=protected-access
-      self._enable_save_before_preemption = True  # pylint: disable=protected-access
-      self.preemption_handler = _preemption_handler["class"](
-          strategy.cluster_resolver, self.read_checkpoint_manager)
-      model._preemption_handler = self.preemption_handler  # pylint: disable=protected-access
-  state_class.__init__ = routed
-  state_class._tfd_routed = saves_before_preemption  # pylint: disable=protected-access
+def remote_ops_run_synchronously():
+  """Makes the remote ops of a process connecting to a cluster go one
+  request at a time and run synchronously, so that an error reaches the
+  call that caused it: two environment variables that TensorFlow's runtime
+  reads (its ParameterServerStrategy sets them too), documented nowhere."""
+  _require("cluster runtime")
+  os.environ["TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"] = "False"
+  os.environ["TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY"] = "True"
 
 
 def parse_topology_proto(serialized):
@@ -589,11 +533,8 @@ def parse_topology_proto(serialized):
   (serialized), whose `tpu_hardware_feature` `TPUClusterResolver` reports:
   `tf.tpu.experimental.Topology` parses the same bytes but keeps only the
   mesh."""
-  try:
-    from tensorflow.core.protobuf.tpu import topology_pb2  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise ImportError(f"TensorFlow {tf.__version__} has no TPU topology proto "
-                      "(tensorflow.core.protobuf.tpu.topology_pb2).") from None
+  _require("TPU topology proto")
+  from tensorflow.core.protobuf.tpu import topology_pb2  # pylint: disable=g-import-not-at-top
   proto = topology_pb2.TopologyProto()
   proto.ParseFromString(serialized)
   return proto
@@ -606,6 +547,7 @@ def xla_sharding_annotation(tensor, kind, detail):
   TensorFlow's TPU strategy annotates through its private `xla_sharding`
   module; there is no public one.
   """
+  _require("XLA sharding ops")
   from tensorflow.python.compiler.xla.experimental import xla_sharding  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   if kind == "maximal":
@@ -626,11 +568,8 @@ def hlo_text(concrete_function, arg_specs, captured_inputs, device):
   `tf.function.experimental_get_compiler_ir` lowers with the captured values
   themselves, which inside another function's trace are symbolic.
   """
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
-  if not hasattr(context.Context, "get_compiler_ir"):
-    raise ImportError(f"TensorFlow {tf.__version__} has no compiler IR export "
-                      "(tensorflow.python.eager.context.Context.get_compiler_ir).")
-  return context.context().get_compiler_ir(
+  _require("compiler IR export")
+  return _context.context().get_compiler_ir(
       device_name=device, platform_name=None, function_name=concrete_function.name,
       flat_args=list(arg_specs), captured_inputs=list(captured_inputs),
       stage="hlo").decode("utf-8")
@@ -642,8 +581,7 @@ def variable_of_handle(handle, like):
   it are variable ops on `handle` that `tf.GradientTape` records, as for any
   variable. TensorFlow builds its TPU variables on this private base class;
   there is no public constructor taking a handle."""
-  from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-import-not-at-top
-  return resource_variable_ops.BaseResourceVariable(
+  return _resource_variable_ops.BaseResourceVariable(
       trainable=like.trainable, shape=like.shape, dtype=like.dtype, handle=handle,
       name=like.name.split(":")[0], unique_id=f"{like.name}_replicated",
       handle_name=like.name.split(":")[0], in_graph_mode=True)
@@ -658,13 +596,8 @@ def tf1_saveable(variable, name, device, read, restore):
   `_gather_saveables_for_checkpoint`, whose entries must subclass a private
   base class; given the variable itself it recurses without end.
   """
-  try:
-    from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise ImportError(f"TensorFlow {tf.__version__} has no saveable objects "
-                      "(tensorflow.python.training.saving.saveable_object); "
-                      "tf.compat.v1.train.Saver cannot save distributed "
-                      "variables.") from None
+  _require("saveable objects")
+  from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-import-not-at-top
 
   class VariableSaveable(saveable_object.SaveableObject):
 
@@ -675,6 +608,80 @@ def tf1_saveable(variable, name, device, read, restore):
   spec = saveable_object.SaveSpec(read, "", name, dtype=variable.dtype,
                                   device=device)
   return VariableSaveable(variable, [spec], name)
+
+
+# --- A variable standing for others: TensorFlow's private variable interface.
+
+def variable_key(variable, name):
+  """`variable`'s `name`, one of "_shared_name", "_unique_id" and
+  "_graph_key": the keys TensorFlow and Keras (optimizer slots, TF 1.x
+  graph collections) tell variables apart by, which a distributed variable
+  takes from a component."""
+  if name not in _VARIABLE_KEYS:
+    raise ValueError(f"`name` must be one of {_VARIABLE_KEYS}; got {name!r}.")
+  return getattr(variable, name)
+
+
+_VARIABLE_KEYS = ("_shared_name", "_unique_id", "_graph_key")
+
+
+def variable_strategy(variable):
+  """The strategy TensorFlow recorded `variable` as created under (a tfd
+  distributed variable: its own), or None."""
+  return getattr(variable, "_distribute_strategy", None)
+
+
+def graph_element(value):
+  """What `tf.group` and a TF 1.x `Session.run` take `value` for: a
+  variable's graph element (its value), else `value` itself."""
+  as_element = getattr(value, "_as_graph_element", None)
+  return as_element() if callable(as_element) else value
+
+
+def export_to_saved_model(variable, object_map, tensor_map, options, **kwargs):
+  """Adds `variable` to a SavedModel being written, as TensorFlow's saving
+  asks every trackable: its resources (`object_map`, `tensor_map` map it
+  and its handle onto their copies)."""
+  return variable._export_to_saved_model_graph(  # pylint: disable=protected-access
+      object_map=object_map, tensor_map=tensor_map, options=options, **kwargs)
+
+
+def write_object_proto(variable, proto, options):
+  """Writes `variable` into its SavedModel object proto, as it writes itself."""
+  variable._write_object_proto(proto, options)  # pylint: disable=protected-access
+
+
+def replace_capture(concrete_function, value, placeholder):
+  """Makes the loaded `concrete_function` capture `placeholder` where it
+  captured `value` (restoring a SavedModel's captures)."""
+  concrete_function.graph.replace_capture(value, placeholder)
+
+
+def _container_holder(component):
+  # A composite variable (made inside a `tf.function`) keeps it on its handle.
+  return component.handle if isinstance(component, CompositeTensor) else component
+
+
+def set_distributed_container(component, container):
+  """Records on variable `component` the distributed variable it is a
+  component of, where TensorFlow's distribution utilities and Keras's
+  optimizers look for it (`_distributed_container`, a weak reference)."""
+  _container_holder(component)._distributed_container = weakref.ref(container)  # pylint: disable=protected-access
+
+
+def distributed_container_of(component):
+  """What `set_distributed_container` recorded on `component`, or None. Read
+  from `__dict__`: a missing attribute of an eager tensor is slow to look
+  up, and variables are looked up on every read under a strategy."""
+  holder = getattr(_container_holder(component), "__dict__", {})
+  reference = holder.get("_distributed_container")
+  return reference() if reference is not None else None
+
+
+def set_sharded_container(shard, container):
+  """Records on `shard` the sharded variable it is a part of, where
+  tf_keras's optimizers and saving look for it (`_sharded_container`)."""
+  shard._sharded_container = weakref.ref(container)  # pylint: disable=protected-access
 
 
 # --- Parameter-server training.
@@ -696,9 +703,8 @@ def uninitialized_variable(shape, dtype, name, trainable):
   """A variable with no value yet: what a SavedModel stores for a sharded
   variable, whose value the checkpoint inside the SavedModel supplies. It is
   made outside every variable creator (a strategy's would shard it)."""
-  from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-import-not-at-top
   with tf.init_scope(), tf.device(None):
-    return resource_variable_ops.UninitializedVariable(
+    return _resource_variable_ops.UninitializedVariable(
         shape=shape, dtype=dtype, name=name, trainable=trainable,
         synchronization=tf.VariableSynchronization.NONE,
         aggregation=tf.VariableAggregation.NONE)
@@ -706,8 +712,7 @@ def uninitialized_variable(shape, dtype, name, trainable):
 
 def write_variable_proto(variable, proto, options):
   """Writes `variable` into a SavedModel object proto, as a variable."""
-  from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-import-not-at-top
-  resource_variable_ops.write_object_proto_for_resource_variable(
+  _resource_variable_ops.write_object_proto_for_resource_variable(
       variable, proto, options, enforce_naming=False)
 
 
@@ -720,10 +725,8 @@ def call_time_value(closure, spec):
 def worker_executor():
   """A context manager factory: the eager ops run inside it go through one
   synchronous executor of their own, whose errors stay its own."""
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
-  from tensorflow.python.eager import executor  # pylint: disable=g-import-not-at-top
-  own = executor.new_executor(enable_async=False)
-  return lambda: context.executor_scope(own)
+  own = _executor.new_executor(enable_async=False)
+  return lambda: _context.executor_scope(own)
 
 
 # --- The coordination service of a cluster's runtime.
@@ -736,31 +739,31 @@ def coordination_set(key, value):
 
   TensorFlow reaches the store only through its eager context.
   """
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
-  context.context().set_config_key_value(key, value)
+  _require("cluster runtime")
+  _context.context().set_config_key_value(key, value)
 
 
 def coordination_get(key, timeout_seconds):
   """The value stored under `key`, waiting at most `timeout_seconds` (> 0)
   for a task to set it: `tf.errors.DeadlineExceededError` after that."""
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
-  return context.context().get_config_key_value(key, max(int(timeout_seconds * 1000), 1))
+  _require("cluster runtime")
+  return _context.context().get_config_key_value(key, max(int(timeout_seconds * 1000), 1))
 
 
 def report_error_to_cluster(error):
   """Makes the coordination service fail every task of the cluster with
   `error` (a `tf.errors.OpError`), so that the others' waits end at once."""
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
-  context.context().report_error_to_cluster(error.error_code, error.message)
+  _require("cluster runtime")
+  _context.context().report_error_to_cluster(error.error_code, error.message)
 
 
 def task_answers(task, timeout_seconds):
   """Whether `task` ("/job:worker/replica:0/task:1") is alive, as the
   cluster's runtime sees it (a restarted task is another one), asking for
   at most `timeout_seconds`."""
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  _require("cluster runtime")
   try:
-    context.context().check_collective_ops_peer_health(
+    _context.context().check_collective_ops_peer_health(
         task, max(int(timeout_seconds * 1000), 1))
   except (tf.errors.UnavailableError, tf.errors.FailedPreconditionError,
           tf.errors.AbortedError, tf.errors.NotFoundError):
@@ -773,28 +776,33 @@ def task_answers(task, timeout_seconds):
 _RPC_PACKAGE = "tensorflow.distribute.experimental.rpc"
 
 
-@functools.lru_cache(maxsize=None)
-def _rpc_module(name):
-  try:
-    return importlib.import_module(f"{_RPC_PACKAGE}.{name}")
-  except ImportError:
-    raise ImportError(f"TensorFlow {tf.__version__} has no RPC ops "
-                      f"({_RPC_PACKAGE}.{name}), which "
-                      "tf_distribute_lite.experimental.rpc runs on.") from None
-
-
 def rpc_kernels():
   """TensorFlow's generated wrappers of its RPC ops: `rpc_server`,
   `rpc_server_register`, `rpc_server_start`, `rpc_client`, `rpc_call`,
   `rpc_check_status`, `rpc_get_value` and `delete_rpc_future_resource`.
   `tf.raw_ops` does not list them."""
-  return _rpc_module("kernels.gen_rpc_ops")
+  _require("RPC ops")
+  return importlib.import_module(f"{_RPC_PACKAGE}.kernels.gen_rpc_ops")
 
 
 def parse_registered_method(serialized):
   """The `RegisteredMethod` proto (`method`, and its `input_specs` and
   `output_specs` as `StructuredValue`s) that the `RpcClient` op lists, one
   serialized string per method of the server."""
-  proto = _rpc_module("proto.tf_rpc_service_pb2").RegisteredMethod()
+  _require("RPC ops")
+  proto = importlib.import_module(f"{_RPC_PACKAGE}.proto.tf_rpc_service_pb2").RegisteredMethod()
   proto.ParseFromString(serialized)
   return proto
+
+
+def encode_specs(structure):
+  """`structure` (a nest of `tf.TypeSpec`s) as the serialized
+  `StructuredValue` an RPC server registers a method's signature with."""
+  _require("RPC ops")
+  return tf.__internal__.saved_model.encode_structure(structure).SerializeToString()
+
+
+def decode_specs(proto):
+  """The nest of `tf.TypeSpec`s a `StructuredValue` proto holds."""
+  _require("RPC ops")
+  return tf.__internal__.saved_model.decode_proto(proto)

@@ -239,10 +239,10 @@ class GrpcClient(Client):
     self._output_specs = {}
     for serialized in listed.numpy():
       method = _tf_bridge.parse_registered_method(serialized)
-      output_specs = tf.__internal__.saved_model.decode_proto(method.output_specs)
+      output_specs = _tf_bridge.decode_specs(method.output_specs)
       self._output_specs[method.method] = output_specs
       self._add_method(method.method, output_specs,
-                       tf.__internal__.saved_model.decode_proto(method.input_specs))
+                       _tf_bridge.decode_specs(method.input_specs))
 
   def _add_method(self, method_name, output_specs, input_specs):
     """Adds `client.NAME(*args, timeout_in_ms=0)` and `NAME_blocking`.
@@ -386,7 +386,7 @@ def _positional_parameters(python_function):
 
 
 def _encoded(structure):
-  return tf.__internal__.saved_model.encode_structure(structure).SerializeToString()
+  return _tf_bridge.encode_specs(structure)
 
 
 def _check_rpc_layer(rpc_layer):

@@ -356,7 +356,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
   def _call_for_each_replica(self, fn, args, kwargs):
     options = self._run_options
     function = isinstance(fn, tf.types.experimental.PolymorphicFunction)
-    if self._emulated and function and not fn.function_spec.jit_compile:
+    if self._emulated and function and not _tf_bridge.is_jit_compiled(fn):
       # Run as one function, which calls this with its Python function.
       return super()._call_for_each_replica(fn, args, kwargs)
     if tf.executing_eagerly():
