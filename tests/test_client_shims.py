@@ -23,6 +23,7 @@ def test_install_adds_the_dataset_base_and_the_scope_entry_hook():
   assert (base.__module__, base.__name__) == (
       "tensorflow.python.distribute.input_lib", "DistributedDataset")
   assert not vars(base).keys() - {"__module__", "__doc__", "__dict__", "__weakref__"}
+  assert _client_shims._keras_major_version() >= 3  # pylint: disable=protected-access
   assert issubclass(input_lib.DistributedDatasetsFromFunction, base)
 
 
@@ -48,22 +49,16 @@ def test_keras_3_takes_our_distributed_datasets_for_tensorflows():
   assert not data_adapters.is_tf_dataset(PublicInterfaceOnly())
 
 
-def test_keras_2_and_no_keras_need_no_extra_base():
-  assert _client_shims._keras_dataset_bases(None) == ()
-  assert _client_shims._keras_dataset_bases(2) == ()
-  (base,) = _client_shims._keras_dataset_bases(3)
-  assert base.__name__ == "DistributedDataset"
-  assert "tensorflow.python." in base.__module__
-
-
-def test_keras_reduce_per_replica_is_routed_for_chosen_strategies():
-  import inspect  # pylint: disable=g-import-not-at-top
+def test_keras_reduce_per_replica_is_routed_for_multi_worker_strategies(monkeypatch):
   trainer = __import__(_client_shims._KERAS_TRAINER, fromlist=["_"])  # pylint: disable=protected-access
   for make in ("_make_function", "make_predict_function"):
     assert "reduce_per_replica(" in inspect.getsource(getattr(trainer.TensorFlowTrainer, make))
   chosen = tfd.OneDeviceStrategy("CPU:0")
-  _client_shims.route_keras_reduce_per_replica(
-      lambda strategy: strategy is chosen, lambda values, strategy, reduction: ("ours", reduction))
+  monkeypatch.setattr(_client_shims, "_is_multi_worker", lambda strategy: strategy is chosen)
+  monkeypatch.setattr(_client_shims, "_keras_reduce",
+                      lambda values, strategy, reduction: ("ours", reduction))
+  _client_shims.route_keras_reduce_per_replica()
+  _client_shims.route_keras_reduce_per_replica()  # once only
   assert trainer.reduce_per_replica({"loss": 1.0}, chosen, "auto") == ("ours", "auto")
   other = tfd.OneDeviceStrategy("CPU:1")
   assert trainer.reduce_per_replica({"loss": tf.constant(2.0)}, other, "auto")["loss"] == 2.0
@@ -108,7 +103,8 @@ def test_tf_keras_save_before_preemption_is_routed_for_chosen_strategies(tmp_pat
       yield
 
   monkeypatch.setattr(failure_handling, "PreemptionCheckpointHandler", Handler)
-  _client_shims.route_tf_keras(lambda strategy: True)
+  monkeypatch.setattr(_client_shims, "_saves_before_preemption", lambda strategy: True)
+  _client_shims.route_tf_keras()
   model = tf_keras.Sequential([tf_keras.Input((1,)), tf_keras.layers.Dense(1)])
   backup = tf_keras.callbacks.BackupAndRestore(str(tmp_path), save_before_preemption=True)
   backup.set_model(model)
@@ -134,7 +130,8 @@ def test_keras_checkpoint_writes_are_routed_for_chosen_strategies(tmp_path, monk
   import keras  # pylint: disable=g-import-not-at-top
   from keras_models import classification_data, classifier  # pylint: disable=g-import-not-at-top
   chosen = tfd.OneDeviceStrategy("CPU:0")
-  _client_shims.route_keras_checkpoint_writes(lambda strategy: strategy is chosen)
+  monkeypatch.setattr(_client_shims, "_saves_elsewhere", lambda strategy: strategy is chosen)
+  _client_shims.route_keras_checkpoint_writes()
   scratch = tmp_path / "scratch"
   scratch.mkdir()
   monkeypatch.setattr(tempfile, "tempdir", str(scratch))
@@ -174,14 +171,15 @@ def test_keras_checkpoint_writes_are_routed_for_chosen_strategies(tmp_path, monk
 @pytest.fixture
 def degraded(monkeypatch):
   """Each test starts with no feature degraded, and leaves none."""
-  monkeypatch.setattr(_client_shims, "_DEGRADED", set())
+  monkeypatch.setattr(_client_shims, "_CHECKED", {})
 
 
 def test_a_missing_tf_keras_name_degrades_its_backups_with_one_warning(monkeypatch, degraded):
   import tf_keras  # pylint: disable=g-import-not-at-top
   feature, names = _client_shims._TF_KERAS_BACKUPS  # pylint: disable=protected-access
-  monkeypatch.setattr(_client_shims, "_TF_KERAS_BACKUPS", (feature, names + (
-      (_client_shims._TF_KERAS_CALLBACKS, "BackupAndRestore._renamed_helper"),)))  # pylint: disable=protected-access
+  callbacks = _client_shims._TF_KERAS_CALLBACKS  # pylint: disable=protected-access
+  monkeypatch.setattr(_client_shims, "_TF_KERAS_BACKUPS", (feature, {
+      **names, callbacks: names[callbacks] + " BackupAndRestore._renamed_helper"}))
   for routed in ((tf_keras.callbacks.BackupAndRestore, "_implements_train_batch_hooks"),
                  (tf_keras.callbacks.BackupAndRestore, "_tfd_routed")):
     monkeypatch.setattr(*routed, getattr(*routed, None), raising=False)
@@ -205,9 +203,9 @@ def test_a_missing_keras_name_leaves_keras_reduction_as_it_is(monkeypatch, degra
   original = trainer.reduce_per_replica
   monkeypatch.setattr(trainer, "reduce_per_replica", original)
   monkeypatch.setattr(_client_shims, "_KERAS_REDUCE", (
-      "Keras 3's reduction", ((_client_shims._KERAS_TRAINER, "renamed_reduce"),)))  # pylint: disable=protected-access
+      "Keras 3's reduction", {_client_shims._KERAS_TRAINER: "renamed_reduce"}))  # pylint: disable=protected-access
   with pytest.warns(RuntimeWarning, match=r"Keras 3's reduction.*trainer\.renamed_reduce"):
-    _client_shims.route_keras_reduce_per_replica(lambda s: True, lambda *a: "ours")
+    _client_shims.route_keras_reduce_per_replica()
   assert trainer.reduce_per_replica is original
 
 
@@ -215,10 +213,10 @@ def test_a_missing_keras_callback_name_leaves_checkpoint_writes_as_they_are(
     monkeypatch, degraded):
   import keras  # pylint: disable=g-import-not-at-top
   feature, names = _client_shims._KERAS_CHECKPOINTS  # pylint: disable=protected-access
-  assert ("keras.callbacks", "BackupAndRestore()._weights_path") in names
-  monkeypatch.setattr(_client_shims, "_KERAS_CHECKPOINTS", (feature, names + (
-      ("keras.callbacks", "BackupAndRestore()._renamed_path"),)))
+  assert "BackupAndRestore()._weights_path" in names["keras.callbacks"].split()
+  monkeypatch.setattr(_client_shims, "_KERAS_CHECKPOINTS", (feature, {
+      "keras.callbacks": names["keras.callbacks"] + " BackupAndRestore()._renamed_path"}))
   save_model = keras.callbacks.ModelCheckpoint._save_model  # pylint: disable=protected-access
   with pytest.warns(RuntimeWarning, match=r"keras\.callbacks\.BackupAndRestore\(\)\._renamed_path"):
-    _client_shims.route_keras_checkpoint_writes(lambda strategy: False)
+    _client_shims.route_keras_checkpoint_writes()
   assert keras.callbacks.ModelCheckpoint._save_model is save_model  # pylint: disable=protected-access

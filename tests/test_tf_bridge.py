@@ -477,19 +477,19 @@ def test_has_name_reads_attributes_instance_attributes_and_names_in_code():
                              "async_wait(TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY)")
   assert not _tf_bridge.has_name("tensorflow.python.eager.context", "async_wait(TF_GONE)")
   assert not _tf_bridge.has_name("tensorflow.python.gone", "anything")
-  assert _tf_bridge.missing_names([(module, "gone"), (module, "UninitializedVariable")]) == [
-      f"{module}.gone"]
+  assert _tf_bridge.missing_names({module: "gone UninitializedVariable"}) == [f"{module}.gone"]
 
 
 def test_a_missing_required_name_refuses_tensorflow_naming_it(monkeypatch):
-  monkeypatch.setattr(_tf_bridge, "_REQUIRED", _tf_bridge._REQUIRED + (  # pylint: disable=protected-access
-      ("tensorflow.python.framework.ops", "Graph._gone"),))
-  with pytest.raises(ImportError, match=r"missing: tensorflow\.python\.framework\.ops\.Graph\._gone"):
+  monkeypatch.setitem(_tf_bridge._REQUIRED, "tensorflow.python.framework.tensor_shape",  # pylint: disable=protected-access
+                      "Graph._gone")
+  with pytest.raises(ImportError, match=r"missing: tensorflow\.python\.framework\.tensor_shape\.Graph\._gone"):
     _tf_bridge._check_tensorflow()  # pylint: disable=protected-access
 
 
 def test_a_missing_optional_name_fails_only_its_feature_naming_it(monkeypatch):
-  names = _tf_bridge._OPTIONAL["RPC ops"][1] + (("tensorflow", "__internal__.gone"),)  # pylint: disable=protected-access
+  names = dict(_tf_bridge._OPTIONAL["RPC ops"][1])  # pylint: disable=protected-access
+  names["tensorflow"] += " __internal__.gone"
   monkeypatch.setitem(_tf_bridge._OPTIONAL, "RPC ops", ("RPC cannot run", names))  # pylint: disable=protected-access
   unavailable = _tf_bridge._check_tensorflow()  # pylint: disable=protected-access
   assert unavailable == {"RPC ops": ["tensorflow.__internal__.gone"]}

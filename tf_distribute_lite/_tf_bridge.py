@@ -1,41 +1,17 @@
 """The project's only contact with TensorFlow's private names.
 
-Every name below `tf.__internal__`, in `tensorflow.python`, or private to a
-TensorFlow object that the package uses is reached here, as an operation
-(or, for classes that tfd's own classes subclass or check against, a
-re-exported name). `_REQUIRED` and `_OPTIONAL` list each of them; all are
-checked when the package is imported: a missing required name refuses the
-TensorFlow release with an `ImportError`, and a missing name that serves
-one feature (TPU, RPC, ...) makes that feature's operations raise an
-`ImportError` naming it. `tests/test_tf_bridge.py` holds a contract test
-for each operation.
+Every name under `tf.__internal__` or `tensorflow.python`, and every private
+attribute of a TensorFlow object, that the package uses is reached here: as
+an operation, or as a re-exported class that tfd's classes subclass or check
+against. `_REQUIRED` and `_OPTIONAL` list them all, and the package's import
+checks them: a missing required name refuses the TensorFlow release; a
+missing optional one makes its one feature's operations raise ImportError
+naming it. `tests/test_tf_bridge.py` holds a contract test for each.
 
-The contacts, by what they serve:
-
-- Contexts. TensorFlow keeps "which strategy is current" in a per-graph,
-  per-thread stack that it copies into every `tf.function` graph; pushing
-  tfd's entries onto it (`strategy_stack`) is what makes
-  `tf.distribute.get_strategy()`, Keras and tracing see tfd's strategies.
-  Its per-thread update context (`update_context`) tells TensorFlow's
-  moving-average helper which replica an `extended.update` updates. The
-  variable creators (`VariableCreatorScope`, `plain_variable`) and
-  `tf.summary`'s state (`RecordSummariesIf`) are per thread too, and replica
-  threads inherit them (`ThreadState`).
-- Tracing. Control-flow graph kinds (a `merge_call` may sit in a `tf.cond`),
-  the TF 1.x control-flow context, AutoGraph (the package is exempt from
-  conversion, as TensorFlow's own `tf.distribute` is, and
-  `autograph_convert` converts a user's function as its caller would),
-  the tape check, function cloning and flags, device copies.
-- Variables. A distributed variable stands for its components: TensorFlow's
-  private variable interface (identity keys, graph element, SavedModel
-  export) is read off a component here, and the back-references TensorFlow
-  and Keras follow from a component to its container are set here.
-- Saving, parameter servers, the cluster runtime (collective ops, the
-  coordination service, the remote-execution knobs), TPU topology, XLA
-  sharding and HLO, and the RPC kernels and their structure encoding.
-
-Client libraries' private names (Keras 3, tf_keras) are not here: see
-`_client_shims.py`.
+Above all, tfd's contexts go onto TensorFlow's own per-graph, per-thread
+strategy stack, which `tf.distribute.get_strategy()`, Keras and tracing
+read. Like TensorFlow's `tf.distribute`, the package is exempt from
+AutoGraph. Client libraries' private names are in `_client_shims.py`.
 """
 
 import functools
@@ -50,92 +26,63 @@ _STACK_ATTRIBUTE = "_distribution_strategy_stack"
 _CREATOR_ATTRIBUTE = "_variable_creator_stack"
 _PY = "tensorflow.python."
 
-# (module, path as `has_name` reads it) of every private name the package
-# needs wherever it runs.
-_REQUIRED = (
-    ("tensorflow", "__internal__.CompositeTensor"),
-    ("tensorflow", "__internal__.types.Tensor"),
-    ("tensorflow", "__internal__.tracking.Trackable"),
-    ("tensorflow", "__internal__.tracking.CheckpointInitialValue"),
-    ("tensorflow", "__internal__.EagerTensor"),
-    ("tensorflow", "__internal__.FuncGraph"),
-    ("tensorflow", "__internal__.autograph.tf_convert"),
-    ("tensorflow", "__internal__.autograph.control_status_ctx"),
-    ("tensorflow", "__internal__.distribute.ShardedVariable"),
-    (_PY + "framework.ops", f"Graph.{_STACK_ATTRIBUTE}"),
-    (_PY + "framework.ops", f"Graph.{_CREATOR_ATTRIBUTE}"),
-    (_PY + "framework.ops", "Graph._get_control_flow_context"),
-    (_PY + "framework.ops", "EagerTensor._copy_to_device"),
-    (_PY + "framework.type_spec", "TypeSpec._flat_tensor_specs"),
-    (_PY + "framework.func_graph", "FuncGraph.capture_call_time_value"),
-    (_PY + "framework.func_graph", "FuncGraph.mark_as_unsaveable"),
-    (_PY + "framework.func_graph", "FuncGraph.replace_capture"),
-    (_PY + "saved_model.save_context", "in_save_context"),
-    (_PY + "saved_model.save_context", "get_save_options"),
-    (_PY + "autograph.core.config", "CONVERSION_RULES"),
-    (_PY + "autograph.core.config", "DoNotConvert"),
-    (_PY + "eager.record", "could_possibly_record"),
-    (_PY + "eager.context", "context"),
-    (_PY + "eager.context", "executor_scope"),
-    (_PY + "eager.context", "Context.device_name"),
-    (_PY + "eager.executor", "new_executor"),
-    (_PY + "eager.polymorphic_function.polymorphic_function", "Function._clone"),
-    (_PY + "eager.polymorphic_function.polymorphic_function", "Function.function_spec"),
-    (_PY + "eager.polymorphic_function.function_type_utils", "FunctionSpec.jit_compile"),
-    (_PY + "ops.summary_ops_v2", "_summary_state.writer"),
-    (_PY + "ops.summary_ops_v2", "_summary_state.step"),
-    (_PY + "ops.summary_ops_v2", "_summary_state.is_recording"),
-    (_PY + "ops.summary_ops_v2", "_summary_state.is_recording_distribution_strategy"),
-    (_PY + "ops.control_flow_v2_func_graphs", "CondBranchFuncGraph"),
-    (_PY + "ops.control_flow_v2_func_graphs", "WhileBodyFuncGraph"),
-    (_PY + "ops.control_flow_v2_func_graphs", "WhileCondFuncGraph"),
-    (_PY + "ops.resource_variable_ops", "UninitializedVariable"),
-    (_PY + "ops.resource_variable_ops", "BaseResourceVariable"),
-    (_PY + "ops.resource_variable_ops", "write_object_proto_for_resource_variable"),
-    (_PY + "ops.resource_variable_ops", "ResourceVariable()._shared_name"),
-    (_PY + "ops.resource_variable_ops", "ResourceVariable()._unique_id"),
-    (_PY + "ops.resource_variable_ops", "ResourceVariable()._graph_key"),
-    (_PY + "ops.resource_variable_ops", "ResourceVariable()._distribute_strategy"),
-    (_PY + "ops.resource_variable_ops", "ResourceVariable._as_graph_element"),
-    (_PY + "ops.resource_variable_ops", "ResourceVariable._export_to_saved_model_graph"),
-    (_PY + "ops.resource_variable_ops", "ResourceVariable._write_object_proto"),
-    (_PY + "distribute.distribute_lib", "UpdateContext"),
-    (_PY + "distribute.distribute_lib", "get_update_replica_id"),
-    (_PY + "util.tf_stack", "_source_mapper_stacks"),
-    (_PY + "util.tf_stack", "_source_filter_stacks"),
-)
+# {module: its names the package needs wherever it runs, as `has_name` reads them}.
+_REQUIRED = {
+    "tensorflow": "__internal__.CompositeTensor __internal__.types.Tensor "
+                  "__internal__.tracking.Trackable __internal__.EagerTensor "
+                  "__internal__.tracking.CheckpointInitialValue __internal__.FuncGraph "
+                  "__internal__.autograph.tf_convert __internal__.autograph.control_status_ctx "
+                  "__internal__.distribute.ShardedVariable",
+    _PY + "framework.ops": f"Graph.{_STACK_ATTRIBUTE} Graph.{_CREATOR_ATTRIBUTE} "
+                           "Graph._get_control_flow_context EagerTensor._copy_to_device",
+    _PY + "framework.type_spec": "TypeSpec._flat_tensor_specs",
+    _PY + "framework.func_graph": "FuncGraph.capture_call_time_value "
+                                  "FuncGraph.mark_as_unsaveable FuncGraph.replace_capture",
+    _PY + "saved_model.save_context": "in_save_context get_save_options",
+    _PY + "autograph.core.config": "CONVERSION_RULES DoNotConvert",
+    _PY + "eager.record": "could_possibly_record",
+    _PY + "eager.context": "context executor_scope Context.device_name",
+    _PY + "eager.executor": "new_executor",
+    _PY + "eager.polymorphic_function.polymorphic_function": "Function._clone Function.function_spec",
+    _PY + "eager.polymorphic_function.function_type_utils": "FunctionSpec.jit_compile",
+    _PY + "ops.summary_ops_v2": "_summary_state.writer _summary_state.step "
+                                "_summary_state.is_recording "
+                                "_summary_state.is_recording_distribution_strategy",
+    _PY + "ops.control_flow_v2_func_graphs": "CondBranchFuncGraph WhileBodyFuncGraph "
+                                             "WhileCondFuncGraph",
+    _PY + "ops.resource_variable_ops": (
+        "UninitializedVariable BaseResourceVariable write_object_proto_for_resource_variable "
+        "ResourceVariable()._shared_name ResourceVariable()._unique_id "
+        "ResourceVariable()._graph_key ResourceVariable()._distribute_strategy "
+        "ResourceVariable._as_graph_element ResourceVariable._export_to_saved_model_graph "
+        "ResourceVariable._write_object_proto"),
+    _PY + "distribute.distribute_lib": "UpdateContext get_update_replica_id",
+    _PY + "util.tf_stack": "_source_mapper_stacks _source_filter_stacks",
+}
 
-# The names that serve one feature each: {feature: (what fails without it,
-# names)}. Without one, that feature's operations raise ImportError.
+# {feature: (what fails without it, {module: names})}.
 _OPTIONAL = {
-    "cluster runtime": ("tfd cannot join or coordinate a cluster", (
-        (_PY + "eager.context", "Context.config"),
-        (_PY + "eager.context", "Context.enable_collective_ops"),
-        (_PY + "eager.context", "Context.set_config_key_value"),
-        (_PY + "eager.context", "Context.get_config_key_value"),
-        (_PY + "eager.context", "Context.report_error_to_cluster"),
-        (_PY + "eager.context", "Context.check_collective_ops_peer_health"),
-        # The knobs `remote_ops_run_synchronously` sets, read by these.
-        (_PY + "eager.context", "async_wait(TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY)"),
-        (_PY + "eager.context", "async_scope(TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE)"))),
-    "TPU topology proto": ("TPUClusterResolver cannot report the hardware", (
-        ("tensorflow.core.protobuf.tpu.topology_pb2", "TopologyProto"),)),
-    "XLA sharding ops": ("TPUStrategy cannot annotate logical devices", (
-        (_PY + "compiler.xla.experimental.xla_sharding", "assign_device"),
-        (_PY + "compiler.xla.experimental.xla_sharding", "tile"),
-        (_PY + "compiler.xla.experimental.xla_sharding", "replicate"))),
-    "compiler IR export": ("an emulated TPU cannot check that a step compiles", (
-        (_PY + "eager.context", "Context.get_compiler_ir"),)),
-    "saveable objects": (
-        "tf.compat.v1.train.Saver cannot save distributed variables", (
-            (_PY + "training.saving.saveable_object", "SaveableObject"),
-            (_PY + "training.saving.saveable_object", "SaveSpec"))),
-    "RPC ops": ("tf_distribute_lite.experimental.rpc cannot run", (
-        ("tensorflow.distribute.experimental.rpc.kernels.gen_rpc_ops", "rpc_server"),
-        ("tensorflow.distribute.experimental.rpc.proto.tf_rpc_service_pb2",
-         "RegisteredMethod"),
-        ("tensorflow", "__internal__.saved_model.encode_structure"),
-        ("tensorflow", "__internal__.saved_model.decode_proto"))),
+    "cluster runtime": ("tfd cannot join or coordinate a cluster", {
+        # The two knobs of `remote_ops_run_synchronously`: functions that read them.
+        _PY + "eager.context": "Context.config Context.enable_collective_ops "
+                               "Context.set_config_key_value Context.get_config_key_value "
+                               "Context.report_error_to_cluster "
+                               "Context.check_collective_ops_peer_health "
+                               "async_wait(TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY) "
+                               "async_scope(TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE)"}),
+    "TPU topology proto": ("TPUClusterResolver cannot report the hardware", {
+        "tensorflow.core.protobuf.tpu.topology_pb2": "TopologyProto"}),
+    "XLA sharding ops": ("TPUStrategy cannot annotate logical devices", {
+        _PY + "compiler.xla.experimental.xla_sharding": "assign_device tile replicate"}),
+    "compiler IR export": ("an emulated TPU cannot check that a step compiles", {
+        _PY + "eager.context": "Context.get_compiler_ir"}),
+    "saveable objects": ("tf.compat.v1.train.Saver cannot save distributed variables", {
+        _PY + "training.saving.saveable_object": "SaveableObject SaveSpec"}),
+    "RPC ops": ("tf_distribute_lite.experimental.rpc cannot run", {
+        "tensorflow.distribute.experimental.rpc.kernels.gen_rpc_ops": "rpc_server",
+        "tensorflow.distribute.experimental.rpc.proto.tf_rpc_service_pb2": "RegisteredMethod",
+        "tensorflow": "__internal__.saved_model.encode_structure "
+                      "__internal__.saved_model.decode_proto"}),
 }
 
 
@@ -170,8 +117,10 @@ def has_name(module, path):
 
 
 def missing_names(names):
-  """The "module.path" of each (module, path) of `names` not found (`has_name`)."""
-  return [f"{module}.{path}" for module, path in names if not has_name(module, path)]
+  """The "module.path" of each name of `names` ({module: "path path ..."})
+  that `has_name` does not find."""
+  return [f"{module}.{path}" for module, paths in names.items()
+          for path in paths.split() if not has_name(module, path)]
 
 
 def _check_tensorflow():
@@ -220,13 +169,9 @@ CheckpointInitialValue = tf.__internal__.tracking.CheckpointInitialValue
 EagerTensor = tf.__internal__.EagerTensor
 
 
-def _exempt_from_autograph(package):
-  rule = _autograph_config.DoNotConvert(package)
-  if not any(str(r) == str(rule) for r in _autograph_config.CONVERSION_RULES):
-    _autograph_config.CONVERSION_RULES = (rule,) + tuple(_autograph_config.CONVERSION_RULES)
-
-
-_exempt_from_autograph(__name__.split(".")[0])
+_RULE = _autograph_config.DoNotConvert(__name__.split(".")[0])
+if not any(str(r) == str(_RULE) for r in _autograph_config.CONVERSION_RULES):
+  _autograph_config.CONVERSION_RULES = (_RULE,) + tuple(_autograph_config.CONVERSION_RULES)
 
 
 def strategy_stack():
@@ -236,13 +181,8 @@ def strategy_stack():
 
 @functools.lru_cache(maxsize=None)
 def tensorflow_default_strategy():
-  """TensorFlow's own default strategy, one object per process.
-
-  TensorFlow pushes its contexts onto the stack we share, for example when
-  Keras runs a step on `tf.distribute.get_strategy()` outside every scope;
-  that strategy is what `tf.distribute.get_strategy()` returns with the
-  stack empty, so the stack is emptied for the call.
-  """
+  """TensorFlow's own default strategy (one per process): what
+  `tf.distribute.get_strategy()` returns with the shared stack emptied."""
   stack = strategy_stack()
   entries = stack[:]
   del stack[:]
@@ -253,26 +193,18 @@ def tensorflow_default_strategy():
 
 
 def mark_function_unsaveable(reason):
-  """Makes `tf.saved_model.save` refuse the `tf.function` being traced here
-  (and any function calling it) with TensorFlow's ValueError, which gives
-  `reason`; nothing eagerly or while `tf.saved_model.save` traces, which
-  maps distributed variables onto single ones."""
+  """Makes `tf.saved_model.save` refuse the `tf.function` being traced (and
+  its callers) with a ValueError giving `reason`; nothing eagerly or while
+  saving traces."""
   if tf.inside_function() and not _save_context.in_save_context():
     tf.compat.v1.get_default_graph().mark_as_unsaveable(reason)
 
 
 def update_context(replica_id):
   """A context manager: code inside it updates replica `replica_id`'s
-  components of distributed variables (`extended.update` applies its
-  function to one component at a time).
-
-  TensorFlow's own helpers ask TensorFlow's per-thread state for this
-  (`tf.__internal__.train.assign_moving_average`, under
-  `tf.train.ExponentialMovingAverage` and tf_keras's
-  `backend.moving_average_update`, updates the variable it is given
-  directly there, and through `extended.update` elsewhere), so this state
-  is TensorFlow's, and `update_replica_id` reads it back.
-  """
+  components of distributed variables. The state is TensorFlow's, which its
+  `assign_moving_average` (under `tf.train.ExponentialMovingAverage` and
+  tf_keras's `moving_average_update`) reads."""
   return _tf_distribute_lib.UpdateContext(replica_id)
 
 
@@ -300,13 +232,9 @@ def _set_creator_stack(graph, stack):
 
 
 class VariableCreatorScope:
-  """`tf.variable_creator_scope(creator)` for the default graph, without
-  its two generator context managers: an eager `strategy.run` enters one
-  per call, and they cost as much as the rest of its scope.
-
-  Creators are kept ordered by priority, TensorFlow's default one here, and
-  scopes must nest with TensorFlow's, as in `tf.variable_creator_scope`.
-  """
+  """`tf.variable_creator_scope(creator)` for the default graph (same
+  priority and nesting rules) without its two generator context managers,
+  which cost an eager `strategy.run` as much as the rest of its scope."""
 
   _PRIORITY = 100
 
@@ -330,22 +258,19 @@ class VariableCreatorScope:
 
 
 def control_flow_context():
-  """The TF 1.x control flow (a `tf.while_loop` or `tf.cond` context of
-  control flow v1) ops made now go into, or None; an opaque object with
-  `Enter()` and `Exit()`, which TensorFlow's TF 1.x metrics call."""
+  """The TF 1.x control-flow context ops made now go into, or None: an
+  object with `Enter()` and `Exit()`, which TF 1.x metrics call."""
   return tf.compat.v1.get_default_graph()._get_control_flow_context()  # pylint: disable=protected-access
 
 
 def is_function_graph(graph):
-  """Whether `graph` is traced for a function (a `tf.function`'s, or a
-  control-flow branch or body), not a TF 1.x graph."""
+  """Whether `graph` is a traced function's (or control-flow branch's)."""
   return isinstance(graph, tf.__internal__.FuncGraph)
 
 
 def control_flow_kind(graph):
-  """"cond" where `graph` is a branch of a `tf.cond` (or `tf.switch_case`),
-  "while" where it is the body or condition of a `tf.while_loop` (control
-  flow v2), None for any other graph (a function's, say)."""
+  """"cond" for a branch of a `tf.cond` or `tf.switch_case`, "while" for
+  the body or condition of a `tf.while_loop`, else None."""
   if isinstance(graph, _control_flow_graphs.CondBranchFuncGraph):
     return "cond"
   if isinstance(graph, (_control_flow_graphs.WhileBodyFuncGraph,
@@ -354,20 +279,17 @@ def control_flow_kind(graph):
   return None
 
 
-# `tf.summary`'s state: one object whose attributes are per thread (the
-# default writer, its step, and the conditions under which summaries record).
+# `tf.summary`'s state: one object whose attributes are per thread.
 _summary_state = _summary_ops._summary_state  # pylint: disable=protected-access
 
 
 class RecordSummariesIf:
   """A context manager: inside it `tf.summary` records only where
-  `condition()` (a boolean tensor) holds, as in a TensorFlow replica
-  context, where only replica 0 writes. It nests; reusable, not reentrant."""
-
-  __slots__ = ("_condition", "_outer")
+  `condition()` holds, as a replica context does for replica 0."""
 
   def __init__(self, condition):
     self._condition = condition
+    self._outer = None
 
   def __enter__(self):
     self._outer = _summary_state.is_recording_distribution_strategy
@@ -378,34 +300,30 @@ class RecordSummariesIf:
 
 
 class ThreadState:
-  """What of TensorFlow's per-thread state a replica thread takes from the
-  thread that made this object: the variable creators of its default graph
-  and `tf.summary`'s default writer, step and recording condition.
-
-  A context manager: inside it the current thread has them (the creators on
-  its default graph, entered before), and its own again after.
-  """
+  """A context manager: inside it this thread has the variable creators
+  (on its default graph) and the `tf.summary` writer, step and recording
+  condition of the thread that made this object, as replica threads must."""
 
   def __init__(self):
-    self._creators = list(_creator_stack(tf.compat.v1.get_default_graph()))
-    self._summaries = self._summary_values()
-    self._outer = None
+    self._state = self._read()
 
   @staticmethod
-  def _summary_values():
-    return (_summary_state.writer, _summary_state.step, _summary_state.is_recording)
+  def _read():
+    return (list(_creator_stack(tf.compat.v1.get_default_graph())),
+            (_summary_state.writer, _summary_state.step, _summary_state.is_recording))
+
+  @staticmethod
+  def _write(state):
+    creators, (_summary_state.writer, _summary_state.step, _summary_state.is_recording) = state
+    _set_creator_stack(tf.compat.v1.get_default_graph(), list(creators))
 
   def __enter__(self):
-    graph = tf.compat.v1.get_default_graph()
-    self._outer = (graph, _creator_stack(graph), self._summary_values())
-    _set_creator_stack(graph, list(self._creators))
-    _summary_state.writer, _summary_state.step, _summary_state.is_recording = self._summaries
+    self._outer = self._read()  # pylint: disable=attribute-defined-outside-init
+    self._write(self._state)
     return self
 
   def __exit__(self, *exc_info):
-    graph, creators, summaries = self._outer
-    _set_creator_stack(graph, creators)
-    _summary_state.writer, _summary_state.step, _summary_state.is_recording = summaries
+    self._write(self._outer)
 
 
 def eager_device_name():
@@ -414,12 +332,8 @@ def eager_device_name():
 
 
 def plain_variable(initial_value, device, name):
-  """A plain variable on `device`, created past any variable creator.
-
-  The collective ops' ordering tokens and key counters are variables of
-  their own; they must not become distributed variables when created inside
-  a strategy's scope.
-  """
+  """A plain variable on `device`, created past any variable creator (a
+  collective's ordering token or key counter, inside a strategy's scope)."""
   graph = tf.compat.v1.get_default_graph()
   creators = _creator_stack(graph)
   _set_creator_stack(graph, [])
@@ -441,10 +355,8 @@ def is_jit_compiled(function):
 
 
 def autograph_convert(fn):
-  """`fn` converted by AutoGraph where its caller is (in a converted
-  `tf.function`), else `fn`; eagerly always `fn`. What runs a user's replica
-  or merge function from library code, which AutoGraph leaves alone, calls
-  it through this, as TensorFlow's strategies do."""
+  """`fn` (a user's replica or merge function) converted by AutoGraph where
+  its caller is, as TensorFlow's strategies call it; eagerly `fn`."""
   if tf.executing_eagerly():
     return fn
   return tf.__internal__.autograph.tf_convert(
@@ -452,15 +364,10 @@ def autograph_convert(fn):
 
 
 class TraceMapperGuard:
-  """Restores this thread's stack-trace mappers if a replica function fails.
-
-  AutoGraph pushes a source-map entry when it enters a converted function;
-  if building that entry fails (TensorFlow cannot map functions whose source
-  file is unknown, such as those defined in doctests), the entry stays on
-  the thread's stack and breaks every later conversion on that thread.
-  TensorFlow runs replicas on throwaway threads, so the damage dies with
-  them; replica 0 runs on the caller's thread here, so we clean up.
-  """
+  """Restores this thread's stack-trace mappers if a replica function fails:
+  AutoGraph leaves an entry there where it cannot map a function's source
+  (a doctest's), which breaks every later conversion on the thread. Replica
+  0 runs on the caller's thread, not a throwaway one as in TensorFlow."""
 
   def __init__(self):
     key = threading.get_ident()
@@ -496,10 +403,9 @@ def copy_to_device(eager_tensor, device):
 
 
 def eager_context_config():
-  """A copy of the `tf.compat.v1.ConfigProto` this process's eager context
-  was configured with (logical devices, threads, placement), read without
-  starting the context: a process joining a cluster hands it to its server,
-  which would otherwise start with defaults (one device per type)."""
+  """A copy of the `tf.compat.v1.ConfigProto` of this process's eager context
+  (logical devices, threads), read without starting it: a process joining a
+  cluster hands it to its server, which would otherwise use defaults."""
   _require("cluster runtime")
   config = tf.compat.v1.ConfigProto()
   config.CopyFrom(_context.context().config)
@@ -507,32 +413,26 @@ def eager_context_config():
 
 
 def enable_collective_ops(server_def):
-  """Starts this process's gRPC server as the task `server_def` names and
-  lets eager collective ops reach the other tasks of its cluster.
-
-  TensorFlow has no public call for this (`tf.distribute.Server` starts a
-  server that eager ops do not use); its own MultiWorkerMirroredStrategy
-  makes this one. Call it before any op runs, as TensorFlow asks.
-  """
+  """Starts this process's gRPC server as the task `server_def` names, for
+  eager collective ops (`tf.distribute.Server`'s is not theirs). Call it
+  before any op runs."""
   _require("cluster runtime")
   _context.context().enable_collective_ops(server_def)
 
 
 def remote_ops_run_synchronously():
   """Makes the remote ops of a process connecting to a cluster go one
-  request at a time and run synchronously, so that an error reaches the
-  call that caused it: two environment variables that TensorFlow's runtime
-  reads (its ParameterServerStrategy sets them too), documented nowhere."""
+  request at a time, synchronously, so an error reaches the call that
+  caused it: two undocumented environment variables TensorFlow's runtime
+  reads (its ParameterServerStrategy sets them too)."""
   _require("cluster runtime")
   os.environ["TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"] = "False"
   os.environ["TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY"] = "True"
 
 
 def parse_topology_proto(serialized):
-  """The `TopologyProto` TensorFlow's TPU system initialization returns
-  (serialized), whose `tpu_hardware_feature` `TPUClusterResolver` reports:
-  `tf.tpu.experimental.Topology` parses the same bytes but keeps only the
-  mesh."""
+  """The `TopologyProto` a TPU system's initialization returns, serialized
+  (`tf.tpu.experimental.Topology` keeps only its mesh)."""
   _require("TPU topology proto")
   from tensorflow.core.protobuf.tpu import topology_pb2  # pylint: disable=g-import-not-at-top
   proto = topology_pb2.TopologyProto()
@@ -542,11 +442,7 @@ def parse_topology_proto(serialized):
 
 def xla_sharding_annotation(tensor, kind, detail):
   """`tensor` behind an XLA sharding op: "maximal" on logical device
-  `detail`, "tiled" by `detail` pieces per dimension, or "replicated".
-
-  TensorFlow's TPU strategy annotates through its private `xla_sharding`
-  module; there is no public one.
-  """
+  `detail`, "tiled" by `detail` pieces per dimension, or "replicated"."""
   _require("XLA sharding ops")
   from tensorflow.python.compiler.xla.experimental import xla_sharding  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -559,15 +455,10 @@ def xla_sharding_annotation(tensor, kind, detail):
 
 
 def hlo_text(concrete_function, arg_specs, captured_inputs, device):
-  """The HLO XLA compiles `concrete_function` (traced with `jit_compile=True`)
-  to on `device`, for arguments of `arg_specs` (static shapes) and with
-  `captured_inputs` in place of what it captured (eager values, in the order
-  of `concrete_function.captured_inputs`). Raises `ValueError` with XLA's
-  message where XLA cannot compile it.
-
-  `tf.function.experimental_get_compiler_ir` lowers with the captured values
-  themselves, which inside another function's trace are symbolic.
-  """
+  """The HLO of `concrete_function` (`jit_compile=True`) on `device`, for
+  arguments of `arg_specs` (static shapes), with eager `captured_inputs` in
+  place of its captures (which inside another trace are symbolic). Raises
+  `ValueError` with XLA's message where XLA cannot compile it."""
   _require("compiler IR export")
   return _context.context().get_compiler_ir(
       device_name=device, platform_name=None, function_name=concrete_function.name,
@@ -576,11 +467,9 @@ def hlo_text(concrete_function, arg_specs, captured_inputs, device):
 
 
 def variable_of_handle(handle, like):
-  """A `tf.Variable` over an existing resource `handle`, with the dtype,
-  shape, name and trainability of variable `like`: reads and updates through
-  it are variable ops on `handle` that `tf.GradientTape` records, as for any
-  variable. TensorFlow builds its TPU variables on this private base class;
-  there is no public constructor taking a handle."""
+  """A `tf.Variable` over an existing resource `handle` (reads and updates
+  are variable ops on it), with the dtype, shape, name and trainability of
+  variable `like`."""
   return _resource_variable_ops.BaseResourceVariable(
       trainable=like.trainable, shape=like.shape, dtype=like.dtype, handle=handle,
       name=like.name.split(":")[0], unique_id=f"{like.name}_replicated",
@@ -588,14 +477,9 @@ def variable_of_handle(handle, like):
 
 
 def tf1_saveable(variable, name, device, read, restore):
-  """What `tf.compat.v1.train.Saver` saves for `variable`, a `tf.Variable`
-  that is not a resource variable: `read()` (a tensor on `device`) under
-  `name`, restored by `restore(tensor)` (an op).
-
-  The Saver asks such a variable for these through
-  `_gather_saveables_for_checkpoint`, whose entries must subclass a private
-  base class; given the variable itself it recurses without end.
-  """
+  """What `tf.compat.v1.train.Saver` saves for `variable` (not a resource
+  variable): `read()` (a tensor on `device`) under `name`, restored by
+  `restore(tensor)` (an op)."""
   _require("saveable objects")
   from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-import-not-at-top
 
@@ -612,22 +496,19 @@ def tf1_saveable(variable, name, device, read, restore):
 
 # --- A variable standing for others: TensorFlow's private variable interface.
 
+_VARIABLE_KEYS = ("_shared_name", "_unique_id", "_graph_key")
+
+
 def variable_key(variable, name):
-  """`variable`'s `name`, one of "_shared_name", "_unique_id" and
-  "_graph_key": the keys TensorFlow and Keras (optimizer slots, TF 1.x
-  graph collections) tell variables apart by, which a distributed variable
-  takes from a component."""
+  """`variable`'s `name`, one of `_VARIABLE_KEYS`: the keys TensorFlow and
+  Keras tell variables apart by (slots, TF 1.x collections)."""
   if name not in _VARIABLE_KEYS:
     raise ValueError(f"`name` must be one of {_VARIABLE_KEYS}; got {name!r}.")
   return getattr(variable, name)
 
 
-_VARIABLE_KEYS = ("_shared_name", "_unique_id", "_graph_key")
-
-
 def variable_strategy(variable):
-  """The strategy TensorFlow recorded `variable` as created under (a tfd
-  distributed variable: its own), or None."""
+  """The strategy `variable` was created under, or None."""
   return getattr(variable, "_distribute_strategy", None)
 
 
@@ -639,9 +520,8 @@ def graph_element(value):
 
 
 def export_to_saved_model(variable, object_map, tensor_map, options, **kwargs):
-  """Adds `variable` to a SavedModel being written, as TensorFlow's saving
-  asks every trackable: its resources (`object_map`, `tensor_map` map it
-  and its handle onto their copies)."""
+  """Adds `variable` to the SavedModel being written (mapping it and its
+  handle onto their copies); its resources."""
   return variable._export_to_saved_model_graph(  # pylint: disable=protected-access
       object_map=object_map, tensor_map=tensor_map, options=options, **kwargs)
 
@@ -652,8 +532,7 @@ def write_object_proto(variable, proto, options):
 
 
 def replace_capture(concrete_function, value, placeholder):
-  """Makes the loaded `concrete_function` capture `placeholder` where it
-  captured `value` (restoring a SavedModel's captures)."""
+  """Makes loaded `concrete_function` capture `value` as `placeholder`."""
   concrete_function.graph.replace_capture(value, placeholder)
 
 
@@ -663,33 +542,27 @@ def _container_holder(component):
 
 
 def set_distributed_container(component, container):
-  """Records on variable `component` the distributed variable it is a
-  component of, where TensorFlow's distribution utilities and Keras's
-  optimizers look for it (`_distributed_container`, a weak reference)."""
+  """Records on `component` its distributed variable, where TensorFlow and
+  Keras look (`_distributed_container`, a weak reference)."""
   _container_holder(component)._distributed_container = weakref.ref(container)  # pylint: disable=protected-access
 
 
 def distributed_container_of(component):
-  """What `set_distributed_container` recorded on `component`, or None. Read
-  from `__dict__`: a missing attribute of an eager tensor is slow to look
-  up, and variables are looked up on every read under a strategy."""
-  holder = getattr(_container_holder(component), "__dict__", {})
-  reference = holder.get("_distributed_container")
+  """What `set_distributed_container` recorded on `component`, or None
+  (read from `__dict__`: faster on every read of a variable)."""
+  reference = getattr(_container_holder(component), "__dict__", {}).get("_distributed_container")
   return reference() if reference is not None else None
 
 
 def set_sharded_container(shard, container):
-  """Records on `shard` the sharded variable it is a part of, where
-  tf_keras's optimizers and saving look for it (`_sharded_container`)."""
+  """Records on `shard` its sharded variable, where tf_keras looks."""
   shard._sharded_container = weakref.ref(container)  # pylint: disable=protected-access
 
 
 # --- Parameter-server training.
 
-# TensorFlow's sharded variable class, which tfd's `ShardedVariable` stands
-# for (`tf_classes`): tf_keras's legacy optimizers give the slot of a
-# sharded variable, in `get_slot` and when restoring it, only for instances
-# of this class.
+# TensorFlow's sharded variable class, which tfd's stands for: tf_keras's
+# legacy optimizers shard the slots of its instances only.
 TENSORFLOW_SHARDED_VARIABLE = tf.__internal__.distribute.ShardedVariable
 
 
@@ -700,9 +573,8 @@ def in_save_context():
 
 
 def uninitialized_variable(shape, dtype, name, trainable):
-  """A variable with no value yet: what a SavedModel stores for a sharded
-  variable, whose value the checkpoint inside the SavedModel supplies. It is
-  made outside every variable creator (a strategy's would shard it)."""
+  """A variable with no value, outside every creator: what a SavedModel
+  stores for a sharded variable (its checkpoint has the value)."""
   with tf.init_scope(), tf.device(None):
     return _resource_variable_ops.UninitializedVariable(
         shape=shape, dtype=dtype, name=name, trainable=trainable,
@@ -732,13 +604,9 @@ def worker_executor():
 # --- The coordination service of a cluster's runtime.
 
 def coordination_set(key, value):
-  """Stores `value` (a string) under `key` in the coordination service's
-  key-value store, which every task of the cluster reads. A key is set once:
-  a second set raises `tf.errors.AlreadyExistsError`; without a service,
-  `tf.errors.FailedPreconditionError`.
-
-  TensorFlow reaches the store only through its eager context.
-  """
+  """Stores string `value` under `key` in the coordination service, which
+  every task reads. A second set raises `AlreadyExistsError`; without a
+  service, `FailedPreconditionError`."""
   _require("cluster runtime")
   _context.context().set_config_key_value(key, value)
 
@@ -777,18 +645,15 @@ _RPC_PACKAGE = "tensorflow.distribute.experimental.rpc"
 
 
 def rpc_kernels():
-  """TensorFlow's generated wrappers of its RPC ops: `rpc_server`,
-  `rpc_server_register`, `rpc_server_start`, `rpc_client`, `rpc_call`,
-  `rpc_check_status`, `rpc_get_value` and `delete_rpc_future_resource`.
-  `tf.raw_ops` does not list them."""
+  """TensorFlow's wrappers of its RPC ops (`rpc_server`, `rpc_call`, ...),
+  which `tf.raw_ops` does not list."""
   _require("RPC ops")
   return importlib.import_module(f"{_RPC_PACKAGE}.kernels.gen_rpc_ops")
 
 
 def parse_registered_method(serialized):
-  """The `RegisteredMethod` proto (`method`, and its `input_specs` and
-  `output_specs` as `StructuredValue`s) that the `RpcClient` op lists, one
-  serialized string per method of the server."""
+  """A `RegisteredMethod` proto (`method`, `input_specs`, `output_specs`)
+  as the `RpcClient` op lists it, serialized."""
   _require("RPC ops")
   proto = importlib.import_module(f"{_RPC_PACKAGE}.proto.tf_rpc_service_pb2").RegisteredMethod()
   proto.ParseFromString(serialized)
@@ -796,8 +661,7 @@ def parse_registered_method(serialized):
 
 
 def encode_specs(structure):
-  """`structure` (a nest of `tf.TypeSpec`s) as the serialized
-  `StructuredValue` an RPC server registers a method's signature with."""
+  """`structure` (a nest of `tf.TypeSpec`s) as a serialized `StructuredValue`."""
   _require("RPC ops")
   return tf.__internal__.saved_model.encode_structure(structure).SerializeToString()
 

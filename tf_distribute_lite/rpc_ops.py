@@ -209,8 +209,8 @@ class GrpcServer(Server):
     _tf_bridge.rpc_kernels().rpc_server_register(
         self._resource.handle, method_name=_checked_string("method_name", method_name),
         captured_inputs=concrete.captured_inputs, f=concrete,
-        input_specs=_encoded(concrete.structured_input_signature[0]),
-        output_specs=_encoded(output_specs))
+        input_specs=_tf_bridge.encode_specs(concrete.structured_input_signature[0]),
+        output_specs=_tf_bridge.encode_specs(output_specs))
 
   def start(self):
     _tf_bridge.rpc_kernels().rpc_server_start(self._resource.handle)
@@ -383,10 +383,6 @@ def _concrete_function(func):
 def _positional_parameters(python_function):
   return [p for p in inspect.signature(python_function).parameters.values()
           if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-
-
-def _encoded(structure):
-  return _tf_bridge.encode_specs(structure)
 
 
 def _check_rpc_layer(rpc_layer):
