@@ -288,20 +288,24 @@ def test_thread_state_carries_creators_and_summaries_to_another_thread(tmp_path)
     with writer.as_default(step=7), tf.summary.record_if(False):
       state = _tf_bridge.ThreadState()
   seen = {}
+  together = threading.Barrier(2, timeout=60)
 
-  def replica():
+  def replica(name):
     with state:
+      together.wait()  # both threads inside at once
       tf.Variable(1.0)
-      seen["inside"] = (tf.summary.experimental.get_step(),
-                        bool(tf.summary.should_record_summaries()))
+      seen[name] = (int(tf.summary.experimental.get_step()),
+                    bool(tf.summary.should_record_summaries()))
+      together.wait()
     tf.Variable(1.0)
-    seen["after"] = tf.summary.experimental.get_step()
-  thread = threading.Thread(target=replica)
-  thread.start()
-  thread.join(60)
-  assert calls == ["caller's"]
-  assert int(seen["inside"][0]) == 7 and seen["inside"][1] is False
-  assert seen["after"] is None
+    seen[name + " after"] = tf.summary.experimental.get_step()
+  threads = [threading.Thread(target=replica, args=(name,)) for name in "ab"]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(60)
+  assert calls == ["caller's", "caller's"]
+  assert seen == {"a": (7, False), "b": (7, False), "a after": None, "b after": None}
 
 
 def test_tensorflow_default_strategy_is_the_one_outside_every_scope():

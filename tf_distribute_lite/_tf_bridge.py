@@ -300,12 +300,14 @@ class RecordSummariesIf:
 
 
 class ThreadState:
-  """A context manager: inside it this thread has the variable creators
-  (on its default graph) and the `tf.summary` writer, step and recording
-  condition of the thread that made this object, as replica threads must."""
+  """A context manager: inside it the current thread has the variable
+  creators (on its default graph) and the `tf.summary` writer, step and
+  recording condition of the thread that made this object, as replica
+  threads must. Threads may be inside it at once."""
 
   def __init__(self):
     self._state = self._read()
+    self._outer = {}  # by thread
 
   @staticmethod
   def _read():
@@ -318,12 +320,12 @@ class ThreadState:
     _set_creator_stack(tf.compat.v1.get_default_graph(), list(creators))
 
   def __enter__(self):
-    self._outer = self._read()  # pylint: disable=attribute-defined-outside-init
+    self._outer[threading.get_ident()] = self._read()
     self._write(self._state)
     return self
 
   def __exit__(self, *exc_info):
-    self._write(self._outer)
+    self._write(self._outer.pop(threading.get_ident()))
 
 
 def eager_device_name():
