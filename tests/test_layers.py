@@ -145,19 +145,6 @@ def test_only_namespaces_import_namespaces():
   assert not wrong, f"modules importing a namespace package: {wrong}"
 
 
-def test_no_module_but_the_bridge_imports_tensorflow_python():
-  importers = []
-  for name, path in MODULES.items():
-    if name == f"{PACKAGE}._tf_bridge":
-      continue
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-      names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-               [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-      if any(n == "tensorflow.python" or n.startswith("tensorflow.python.") for n in names):
-        importers.append(name)
-  assert not importers, f"import tensorflow.python outside _tf_bridge: {importers}"
-
-
 def _architecture_paths():
   """The file and folder paths ARCHITECTURE.md names in backquotes."""
   return set(re.findall(r"`([\w./-]+?(?:\.py|/))`", ARCHITECTURE.read_text()))
@@ -184,3 +171,122 @@ def test_architecture_names_every_module():
                    if _name_in_architecture(path) not in named)
   assert not unnamed, (f"ARCHITECTURE.md's code map does not name {unnamed}: "
                        f"say what each does there.")
+
+
+# --- Private contacts with TensorFlow live in the bridge and the client shims.
+
+CONTACT_MODULES = {f"{PACKAGE}._tf_bridge", f"{PACKAGE}._client_shims"}
+# Hooks of TensorFlow's composite-tensor protocol (`tf.TypeSpec`,
+# `CompositeTensor`) that tfd's classes implement and read off their own
+# values: definitions, not contacts.
+COMPOSITE_HOOKS = {"_type_spec", "_component_specs", "_to_components",
+                   "_from_components", "_serialize", "_deserialize"}
+PYTHON_NAMES = {"_fields", "_replace", "_asdict", "_make"}  # named tuples'
+_ATTRIBUTE_FUNCTIONS = ("getattr", "hasattr", "setattr", "delattr")
+
+
+def _trees():
+  return {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
+
+
+def names_defined(trees):
+  """The private names the package defines: functions, classes, class
+  attributes and attributes set on `self` or `cls`."""
+  defined = set()
+  for tree in trees:
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        defined.add(node.name)
+      if isinstance(node, ast.ClassDef):
+        defined.update(name.id for statement in node.body
+                       if isinstance(statement, (ast.Assign, ast.AnnAssign))
+                       for target in (statement.targets if isinstance(statement, ast.Assign)
+                                      else [statement.target])
+                       for name in ast.walk(target) if isinstance(name, ast.Name))
+      if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and
+          isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+        defined.add(node.attr)
+  return defined
+
+
+def _private_accesses(tree):
+  """(line, owner, name) of each private attribute `tree` reads or sets on
+  something other than `self`, `cls` or `super()`, literal `getattr`-style
+  names included."""
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Attribute):
+      owner, name = node.value, node.attr
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and
+          node.func.id in _ATTRIBUTE_FUNCTIONS and len(node.args) >= 2 and
+          isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+      owner, name = node.args[0], node.args[1].value
+    else:
+      continue
+    if (not name.startswith("_") or name.startswith("__") or name in PYTHON_NAMES or
+        isinstance(owner, ast.Name) and owner.id in ("self", "cls") or
+        isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super"):
+      continue
+    yield node.lineno, ast.unparse(owner), name
+
+
+def tensorflow_contacts(tree, defined, tensorflow_private):
+  """Each place `tree` names `tf.__internal__`, imports `tensorflow.python`,
+  or reaches a private attribute of a TensorFlow object: one the package
+  does not define, or one TensorFlow's objects have (tfd's variables answer
+  TensorFlow's private variable interface, so defining it is not enough)."""
+  for node in ast.walk(tree):
+    imported = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+    if any(n == "tensorflow.python" or n.startswith("tensorflow.python.") for n in imported):
+      yield f"line {node.lineno}: imports {imported[0]}"
+    if isinstance(node, ast.Attribute) and node.attr == "__internal__":
+      yield f"line {node.lineno}: {ast.unparse(node)}"
+  for line, owner, name in _private_accesses(tree):
+    if name not in defined or name in tensorflow_private:
+      yield f"line {line}: {owner}.{name}"
+
+
+def tensorflow_private_names():
+  """The private attributes of TensorFlow's everyday objects, less the
+  composite-tensor hooks."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  function = tf.function(lambda: tf.constant(1.0))
+  graph = tf.Graph()
+  with graph.as_default():
+    graph_tensor = tf.constant(1.0)
+  objects = [tf.Variable(1.0), tf.constant(1.0), graph, graph_tensor, graph_tensor.op,
+             iter(tf.data.Dataset.range(1)), tf.data.Dataset, tf.TensorSpec([]), tf.TypeSpec,
+             function, function.get_concrete_function(), tf.Module(), tf.train.Checkpoint()]
+  return {name for obj in objects for name in dir(obj)
+          if name.startswith("_") and not name.startswith("__")} - COMPOSITE_HOOKS
+
+
+def test_the_contact_rule_finds_tensorflow_privates():
+  tree = ast.parse(
+      "import tensorflow.python.ops\n"
+      "class A:\n  _own = 1\n  def _hook(self):\n    self._mine = tf.__internal__.X\n"
+      "def f(a, v):\n  a._own; a._mine; a._hook(); self._anything; a._fields\n"
+      "  v._unique_id; getattr(v, '_distribute_strategy', None); a._nowhere\n"
+      "  a._type_spec; super()._anything\n")
+  contacts = list(tensorflow_contacts(tree, names_defined([tree]) | {"_type_spec"},
+                                      {"_unique_id", "_distribute_strategy"}))
+  assert contacts == ["line 1: imports tensorflow.python.ops", "line 5: tf.__internal__",
+                      "line 8: v._unique_id", "line 8: v._distribute_strategy",
+                      "line 8: a._nowhere"]
+
+
+def test_only_the_bridge_and_the_client_shims_reach_tensorflow_privates():
+  trees = _trees()
+  defined = names_defined(trees.values())
+  private = tensorflow_private_names()
+  contacts = {name: list(tensorflow_contacts(tree, defined, private))
+              for name, tree in trees.items() if name not in CONTACT_MODULES}
+  contacts = {name: found for name, found in contacts.items() if found}
+  assert not contacts, (f"private TensorFlow names outside _tf_bridge.py and "
+                        f"_client_shims.py (add an operation to the bridge): {contacts}")
+
+
+def test_only_the_package_init_imports_the_client_shims():
+  importers = sorted(m for m, imported in import_graph().items()
+                     if f"{PACKAGE}._client_shims" in imported)
+  assert importers == [PACKAGE]

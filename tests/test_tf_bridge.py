@@ -1,9 +1,10 @@
-"""The bridge to TensorFlow's strategy stack: what it relies on, and its refusal."""
+"""The bridge to TensorFlow's private names: one contract test per operation,
+the import-time check of every name, and its refusals."""
 
-import contextlib
 import inspect
 import os
 import tempfile
+import threading
 
 import numpy as np
 import pytest
@@ -109,7 +110,7 @@ def test_variable_creator_scope_keeps_priorities_and_nesting():
     with _tf_bridge.VariableCreatorScope(_recording_creator("bridge", calls)):
       tf.Variable(1.0)
   assert calls == ["high", "bridge"]  # a higher priority runs first, as in TF
-  before = _tf_bridge.variable_creator_stack(graph)
+  before = _tf_bridge._creator_stack(graph)  # pylint: disable=protected-access
   scope = _tf_bridge.VariableCreatorScope(_recording_creator("left open", calls))
   scope.__enter__()
   try:
@@ -117,7 +118,7 @@ def test_variable_creator_scope_keeps_priorities_and_nesting():
       with tf.variable_creator_scope(_recording_creator("inner", calls)):
         scope.__exit__(None, None, None)
   finally:
-    _tf_bridge.set_variable_creator_stack(graph, before)
+    _tf_bridge._set_creator_stack(graph, before)  # pylint: disable=protected-access
 
 
 def test_autograph_leaves_the_package_alone():
@@ -142,36 +143,6 @@ def test_copy_to_device_moves_an_eager_tensor():
   assert copy.device.endswith("CPU:2")
   assert copy.numpy().tolist() == [1.0, 2.0]
 
-
-
-def test_keras_3_takes_our_distributed_datasets_for_tensorflows():
-  """The check `KERAS_DATASET_BASES` answers: Keras 3 picks its dataset
-  adapter by base-class name and module, and accepts ours only with them."""
-  import keras  # pylint: disable=g-import-not-at-top
-  from keras.src.trainers import data_adapters  # pylint: disable=g-import-not-at-top
-  assert _tf_bridge._keras_major_version() == int(keras.__version__.split(".")[0]) >= 3
-  strategy = tfd.MirroredStrategy(["CPU:0", "CPU:1"])
-  dataset = tf.data.Dataset.range(4).batch(2)
-  for distributed in [
-      strategy.experimental_distribute_dataset(dataset),
-      strategy.distribute_datasets_from_function(lambda _: dataset)]:
-    assert data_adapters.is_tf_dataset(distributed)
-    adapter = data_adapters.get_data_adapter(distributed)
-    assert type(adapter).__name__ == "TFDatasetAdapter"
-    assert adapter.get_tf_dataset() is distributed
-    assert adapter.num_batches == 2
-
-  class PublicInterfaceOnly(tf.distribute.DistributedDataset):
-    pass
-  assert not data_adapters.is_tf_dataset(PublicInterfaceOnly())
-
-
-def test_keras_2_and_no_keras_need_no_extra_base():
-  assert _tf_bridge._keras_dataset_bases(None) == ()
-  assert _tf_bridge._keras_dataset_bases(2) == ()
-  (base,) = _tf_bridge._keras_dataset_bases(3)
-  assert base.__name__ == "DistributedDataset"
-  assert "tensorflow.python." in base.__module__
 
 
 def test_gradient_tape_active():
@@ -220,121 +191,6 @@ def test_collective_ops_are_enabled_through_the_eager_context():
   from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
   assert list(inspect.signature(context.context().enable_collective_ops).parameters) == [
       "server_def"]
-
-
-def test_keras_reduce_per_replica_is_routed_for_chosen_strategies():
-  import inspect  # pylint: disable=g-import-not-at-top
-  trainer = __import__(_tf_bridge._KERAS_TRAINER, fromlist=["_"])  # pylint: disable=protected-access
-  for make in ("_make_function", "make_predict_function"):
-    assert "reduce_per_replica(" in inspect.getsource(getattr(trainer.TensorFlowTrainer, make))
-  chosen = tfd.OneDeviceStrategy("CPU:0")
-  _tf_bridge.route_keras_reduce_per_replica(
-      lambda strategy: strategy is chosen, lambda values, strategy, reduction: ("ours", reduction))
-  assert trainer.reduce_per_replica({"loss": 1.0}, chosen, "auto") == ("ours", "auto")
-  other = tfd.OneDeviceStrategy("CPU:1")
-  assert trainer.reduce_per_replica({"loss": tf.constant(2.0)}, other, "auto")["loss"] == 2.0
-
-
-def test_tf_keras_save_before_preemption_is_routed_for_chosen_strategies(tmp_path, monkeypatch):
-  """tf_keras's backup state turns `save_before_preemption` on where
-  `distributed_file_utils._on_gcp()` says Google Cloud; for a strategy that
-  the bridge is told saves before preemption it is driven by the handler
-  registered with the bridge, made
-  from the strategy's cluster resolver and the manager that reads the
-  backup, through the handler's names tf_keras reads. `BackupAndRestore` then asks for the
-  batch hooks, where tf_keras checks for a notice."""
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  from tf_keras.src.distribute import distributed_file_utils  # pylint: disable=g-import-not-at-top
-  from tf_keras.src.distribute import distributed_training_utils  # pylint: disable=g-import-not-at-top
-  from tf_keras.src.distribute import worker_training_state  # pylint: disable=g-import-not-at-top
-  state_class = worker_training_state.WorkerTrainingState
-  assert list(inspect.signature(state_class.__init__).parameters) == [
-      "self", "model", "checkpoint_dir", "save_freq", "save_before_preemption_arg"]
-  for routed in ((state_class, "__init__"), (state_class, "_tfd_routed"),
-                 (tf_keras.callbacks.BackupAndRestore, "_implements_train_batch_hooks"),
-                 (tf_keras.callbacks.BackupAndRestore, "_tfd_routed")):
-    monkeypatch.setattr(*routed, getattr(*routed, None), raising=False)
-  monkeypatch.setattr(distributed_file_utils, "_on_gcp", lambda: 200)
-  made = []
-
-  class Handler:
-
-    def __init__(self, cluster_resolver, checkpoint_manager):
-      made.append(self)
-      self.made_with = (cluster_resolver, checkpoint_manager)
-      self._run_counter = 0
-      self.checks = self.scopes = 0
-
-    def _check_preemption_and_maybe_checkpoint(self):
-      self.checks += 1
-
-    @contextlib.contextmanager
-    def watch_preemption_scope(self):
-      self.scopes += 1
-      yield
-
-  monkeypatch.setitem(_tf_bridge._preemption_handler, "class", Handler)  # pylint: disable=protected-access
-  _tf_bridge.route_tf_keras(lambda strategy: True)
-  model = tf_keras.Sequential([tf_keras.Input((1,)), tf_keras.layers.Dense(1)])
-  backup = tf_keras.callbacks.BackupAndRestore(str(tmp_path), save_before_preemption=True)
-  backup.set_model(model)
-  assert backup._implements_train_batch_hooks()  # pylint: disable=protected-access
-  state = state_class(model, str(tmp_path), "epoch", True)
-  (handler,) = made
-  assert handler.made_with == (model.distribute_strategy.cluster_resolver,
-                               state.read_checkpoint_manager)
-  assert model._preemption_handler is handler  # pylint: disable=protected-access
-  state.backup_if_preempted()
-  with distributed_training_utils.maybe_preemption_handler_scope(model):
-    pass
-  assert (handler._run_counter, handler.checks, handler.scopes) == (1, 1, 1)  # pylint: disable=protected-access
-  monkeypatch.setattr(distributed_file_utils, "_on_gcp", lambda: False)
-  assert not state_class(model, str(tmp_path), "epoch", True)._enable_save_before_preemption  # pylint: disable=protected-access
-  assert len(made) == 1
-
-
-def test_keras_checkpoint_writes_are_routed_for_chosen_strategies(tmp_path, monkeypatch):
-  """Keras 3 callbacks save through `_save_model` to the paths the bridge
-  names; for a chosen strategy they save into a temporary directory that
-  is removed, and `BackupAndRestore` leaves the backup alone at the end."""
-  import keras  # pylint: disable=g-import-not-at-top
-  from keras_models import classification_data, classifier  # pylint: disable=g-import-not-at-top
-  chosen = tfd.OneDeviceStrategy("CPU:0")
-  _tf_bridge.route_keras_checkpoint_writes(lambda strategy: strategy is chosen)
-  scratch = tmp_path / "scratch"
-  scratch.mkdir()
-  monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-  saved = []
-  save_weights = keras.Model.save_weights
-
-  def recorded_save_weights(model, filepath, **kwargs):
-    saved.append(os.path.dirname(filepath))
-    return save_weights(model, filepath, **kwargs)
-  monkeypatch.setattr(keras.Model, "save_weights", recorded_save_weights)
-
-  def fit(strategy, directory):
-    with strategy.scope():
-      model = classifier()
-      model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    backup = keras.callbacks.BackupAndRestore(str(directory / "backup"), delete_checkpoint=False)
-    model.fit(*classification_data(8), epochs=2, verbose=0, callbacks=[
-        backup, keras.callbacks.ModelCheckpoint(str(directory / "e{epoch}.weights.h5"),
-                                                save_weights_only=True)])
-    assert {name: getattr(backup, name)
-            for name in _tf_bridge._KERAS_CHECKPOINT_PATHS["BackupAndRestore"]} == {  # pylint: disable=protected-access
-                "backup_dir": str(directory / "backup"),
-                "_weights_path": str(directory / "backup" / "latest.weights.h5"),
-                "_training_metadata_path": str(directory / "backup" / "training_metadata.json"),
-                "_prev_weights_path": str(directory / "backup" / "latest.weights.h5.bkp"),
-                "_prev_training_metadata_path":
-                    str(directory / "backup" / "training_metadata.json.bkp")}
-
-  fit(chosen, tmp_path / "chosen")
-  assert not (tmp_path / "chosen").exists() and not list(scratch.iterdir())
-  assert len(saved) == 4 and all(path.startswith(str(scratch)) for path in saved)
-  fit(tfd.OneDeviceStrategy("CPU:1"), tmp_path / "other")
-  assert sorted(p.name for p in (tmp_path / "other").iterdir()) == [
-      "backup", "e1.weights.h5", "e2.weights.h5"]
 
 
 def test_topology_proto_parses_what_the_tpu_system_returns():
@@ -411,19 +267,45 @@ def test_tf1_saveable_saves_and_restores_through_a_saver(tmp_path):
   assert tf.train.list_variables(path) == [("saved_as", [2])]
 
 
-def test_summary_state_decides_where_summaries_record(tmp_path):
-  state = _tf_bridge.summary_state()
+def test_record_summaries_if_decides_where_summaries_record(tmp_path):
   writer = tf.summary.create_file_writer(str(tmp_path))
+  never = _tf_bridge.RecordSummariesIf(lambda: tf.constant(False))
   with writer.as_default(step=3):
-    assert state.writer is writer
-    assert int(state.step) == 3
-    outer = state.is_recording_distribution_strategy
-    state.is_recording_distribution_strategy = lambda: tf.constant(False)
-    try:
+    with never:
       assert not tf.summary.should_record_summaries()
-    finally:
-      state.is_recording_distribution_strategy = outer
+      with _tf_bridge.RecordSummariesIf(lambda: tf.constant(True)):
+        assert tf.summary.should_record_summaries()
+      assert not tf.summary.should_record_summaries()
     assert tf.summary.should_record_summaries()
+    with never:  # reusable
+      assert not tf.summary.should_record_summaries()
+
+
+def test_thread_state_carries_creators_and_summaries_to_another_thread(tmp_path):
+  calls = []
+  writer = tf.summary.create_file_writer(str(tmp_path))
+  with tf.variable_creator_scope(_recording_creator("caller's", calls)):
+    with writer.as_default(step=7), tf.summary.record_if(False):
+      state = _tf_bridge.ThreadState()
+  seen = {}
+  together = threading.Barrier(2, timeout=60)
+
+  def replica(name):
+    with state:
+      together.wait()  # both threads inside at once
+      tf.Variable(1.0)
+      seen[name] = (int(tf.summary.experimental.get_step()),
+                    bool(tf.summary.should_record_summaries()))
+      together.wait()
+    tf.Variable(1.0)
+    seen[name + " after"] = tf.summary.experimental.get_step()
+  threads = [threading.Thread(target=replica, args=(name,)) for name in "ab"]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(60)
+  assert calls == ["caller's", "caller's"]
+  assert seen == {"a": (7, False), "b": (7, False), "a after": None, "b after": None}
 
 
 def test_tensorflow_default_strategy_is_the_one_outside_every_scope():
@@ -602,3 +484,208 @@ def test_registered_type_specs_are_saved_and_loaded_as_their_class(tmp_path):
   encoded = tf.__internal__.saved_model.encode_structure(spec)
   decoded = tf.__internal__.saved_model.decode_proto(encoded)
   assert type(decoded) is PairSpec and decoded == spec
+
+
+def test_rpc_specs_encode_and_decode_as_tensorflows_structures():
+  specs = (tf.TensorSpec([None, 2], tf.float32, name="x"), {"y": tf.TensorSpec([], tf.int64)})
+  encoded = _tf_bridge.encode_specs(specs)
+  assert encoded == tf.__internal__.saved_model.encode_structure(specs).SerializeToString()
+  proto = type(tf.__internal__.saved_model.encode_structure(specs)).FromString(encoded)
+  assert _tf_bridge.decode_specs(proto) == specs
+
+
+def test_every_private_name_is_found_in_the_installed_tensorflow():
+  assert not _tf_bridge.missing_names(_tf_bridge._REQUIRED)  # pylint: disable=protected-access
+  for feature, (_, names) in _tf_bridge._OPTIONAL.items():  # pylint: disable=protected-access
+    assert not _tf_bridge.missing_names(names), feature
+  assert _tf_bridge._check_tensorflow() == {}  # pylint: disable=protected-access
+
+
+def test_has_name_reads_attributes_instance_attributes_and_names_in_code():
+  module = "tensorflow.python.ops.resource_variable_ops"
+  assert _tf_bridge.has_name(module, "BaseResourceVariable._as_graph_element")
+  assert _tf_bridge.has_name(module, "ResourceVariable()._unique_id")  # set in a method
+  assert not _tf_bridge.has_name(module, "ResourceVariable()._gone")
+  assert not _tf_bridge.has_name(module, "Gone()._unique_id")
+  assert _tf_bridge.has_name("tensorflow.python.eager.context",
+                             "async_wait(TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY)")
+  assert not _tf_bridge.has_name("tensorflow.python.eager.context", "async_wait(TF_GONE)")
+  assert not _tf_bridge.has_name("tensorflow.python.gone", "anything")
+  assert _tf_bridge.missing_names({module: "gone UninitializedVariable"}) == [f"{module}.gone"]
+
+
+def test_a_missing_required_name_refuses_tensorflow_naming_it(monkeypatch):
+  monkeypatch.setitem(_tf_bridge._REQUIRED, "tensorflow.python.framework.tensor_shape",  # pylint: disable=protected-access
+                      "Graph._gone")
+  with pytest.raises(ImportError, match=r"missing: tensorflow\.python\.framework\.tensor_shape\.Graph\._gone"):
+    _tf_bridge._check_tensorflow()  # pylint: disable=protected-access
+
+
+def test_a_missing_optional_name_fails_only_its_feature_naming_it(monkeypatch):
+  names = dict(_tf_bridge._OPTIONAL["RPC ops"][1])  # pylint: disable=protected-access
+  names["tensorflow"] += " __internal__.gone"
+  monkeypatch.setitem(_tf_bridge._OPTIONAL, "RPC ops", ("RPC cannot run", names))  # pylint: disable=protected-access
+  unavailable = _tf_bridge._check_tensorflow()  # pylint: disable=protected-access
+  assert unavailable == {"RPC ops": ["tensorflow.__internal__.gone"]}
+  monkeypatch.setattr(_tf_bridge, "_UNAVAILABLE", unavailable)
+  with pytest.raises(ImportError, match=r"no RPC ops \(tensorflow.__internal__.gone\): RPC cannot run"):
+    _tf_bridge.rpc_kernels()
+  assert _tf_bridge.eager_context_config() is not None  # other features work
+
+
+def test_autograph_convert_converts_only_where_the_caller_is_converted():
+  def python_loop(x):
+    while x < 10:  # a tensor condition: only AutoGraph makes it a tf.while_loop
+      x = x * 2
+    return x
+  assert _tf_bridge.autograph_convert(python_loop) is python_loop  # eagerly
+  converted = tf.function(lambda x: _tf_bridge.autograph_convert(python_loop)(x))
+  assert int(converted(tf.constant(3))) == 12
+  unconverted = tf.function(lambda x: _tf_bridge.autograph_convert(python_loop)(x),
+                            autograph=False)
+  with pytest.raises(TypeError, match="tf.Tensor.*bool"):
+    unconverted(tf.constant(3))
+
+
+def test_is_function_graph_tells_traced_graphs_from_tf1_graphs():
+  seen = []
+  tf.function(lambda: seen.append(_tf_bridge.is_function_graph(
+      tf.compat.v1.get_default_graph())))()
+  assert seen == [True]
+  assert not _tf_bridge.is_function_graph(tf.Graph())
+
+
+def test_base_classes_are_tensorflows():
+  assert isinstance(tf.RaggedTensor.from_row_splits([1, 2], [0, 2]), _tf_bridge.CompositeTensor)
+  assert isinstance(tf.constant(1.0), _tf_bridge.EagerTensor)
+  assert isinstance(tf.Variable(1.0), (_tf_bridge.TensorBase, _tf_bridge.Trackable))
+  assert issubclass(tf.Variable, _tf_bridge.Trackable)
+
+
+
+def test_checkpoint_initial_value_is_what_a_deferred_restore_creates_with(tmp_path):
+  """A layer built after its checkpoint was restored creates its variables
+  from the checkpoint's values: the creators see `CheckpointInitialValue`."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  saved = tf_keras.layers.Dense(1, kernel_initializer="ones")
+  saved.build((None, 2))
+  path = tf.train.Checkpoint(layer=saved).save(str(tmp_path / "c"))
+  seen = []
+
+  def creator(next_creator, **kwargs):
+    initial = kwargs["initial_value"]
+    seen.append(initial() if callable(initial) else initial)
+    return next_creator(**kwargs)
+  restored = tf_keras.layers.Dense(1)
+  tf.train.Checkpoint(layer=restored).restore(path)
+  with tf.variable_creator_scope(creator):
+    restored.build((None, 2))
+  assert all(isinstance(value, _tf_bridge.CheckpointInitialValue) for value in seen)
+  assert seen[0].wrapped_value.numpy().tolist() == [[1.0], [1.0]]
+
+
+def test_variable_keys_strategy_and_graph_element_are_a_variables():
+  v = tf.Variable(1.0, name="keyed")
+  assert _tf_bridge.variable_key(v, "_shared_name") == "keyed"
+  assert _tf_bridge.variable_key(v, "_unique_id").startswith("keyed_")
+  assert _tf_bridge.variable_key(v, "_graph_key").startswith("graph-key-")
+  with pytest.raises(ValueError, match="`name` must be one of.*'_name'"):
+    _tf_bridge.variable_key(v, "_name")
+  assert _tf_bridge.variable_strategy(v) is None
+  strategy = tfd.MirroredStrategy(["CPU:0", "CPU:1"])
+  with strategy.scope():
+    mirrored = tf.Variable(1.0)
+  assert _tf_bridge.variable_strategy(mirrored.values[0]) is strategy
+  value = tf.constant(1.0)
+  assert _tf_bridge.graph_element(value) is value
+  with tf.Graph().as_default():
+    graph_variable = tf.Variable(2.0)
+    element = _tf_bridge.graph_element(graph_variable)
+    assert isinstance(element, tf.Tensor) and element.op.type == "ReadVariableOp"
+
+
+def test_a_variable_exports_and_writes_itself_into_a_saved_model():
+  from tensorflow.core.protobuf import saved_object_graph_pb2  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.util import object_identity  # pylint: disable=g-import-not-at-top
+  v = tf.Variable([1.0, 2.0], name="exported")
+  object_map = object_identity.ObjectIdentityDictionary()
+  tensor_map = object_identity.ObjectIdentityDictionary()
+  with tf.Graph().as_default():
+    resources = _tf_bridge.export_to_saved_model(
+        v, object_map, tensor_map, tf.saved_model.SaveOptions())
+  assert resources[0] is v.handle
+  assert object_map[v] is not v and object_map[v].name == "exported:0"
+  assert tensor_map[v.handle] is object_map[v].handle
+  proto = saved_object_graph_pb2.SavedObject()
+  _tf_bridge.write_object_proto(v, proto, tf.saved_model.SaveOptions())
+  assert proto.variable.name == "exported" and proto.variable.trainable
+  whole = _tf_bridge.uninitialized_variable([2], tf.float32, "whole", True)
+  proto = saved_object_graph_pb2.SavedObject()
+  _tf_bridge.write_variable_proto(whole, proto, tf.saved_model.SaveOptions())
+  assert proto.variable.name == "whole" and list(proto.variable.shape.dim) != []
+
+
+def test_replace_capture_makes_a_function_capture_another_value():
+  v = tf.Variable(1.0)
+  function = tf.function(lambda: v + 1.0).get_concrete_function()
+  placeholder = function.graph.internal_captures[0]
+  other = tf.Variable(5.0)
+  _tf_bridge.replace_capture(function, other.handle, placeholder)
+  assert any(external is other.handle and internal is placeholder
+             for external, internal in function.graph.captures)
+
+
+def test_containers_are_found_where_tensorflow_and_tf_keras_look():
+  from tensorflow.python.distribute import distribute_utils  # pylint: disable=g-import-not-at-top
+  component, container = tf.Variable(1.0), tf.Variable(2.0)
+  assert _tf_bridge.distributed_container_of(component) is None
+  _tf_bridge.set_distributed_container(component, container)
+  assert distribute_utils.value_container(component) is container
+  assert _tf_bridge.distributed_container_of(component) is container
+  assert component.handle._distributed_container() is container  # Keras: pylint: disable=protected-access
+  shard = tf.Variable([1.0])
+  _tf_bridge.set_sharded_container(shard, container)
+  assert shard._sharded_container() is container  # pylint: disable=protected-access
+
+
+def test_is_jit_compiled_reads_the_functions_option():
+  assert _tf_bridge.is_jit_compiled(tf.function(lambda: 1.0, jit_compile=True))
+  assert not _tf_bridge.is_jit_compiled(tf.function(lambda: 1.0))
+
+
+def test_clone_function_keeps_the_options_around_another_function():
+  original = tf.function(lambda x: x + 1, jit_compile=True, reduce_retracing=True)
+  clone = _tf_bridge.clone_function(original, lambda x: x * 10)
+  assert _tf_bridge.is_jit_compiled(clone)
+  assert int(clone(tf.constant(2))) == 20 and int(original(tf.constant(2))) == 3
+
+
+def test_eager_device_name_is_the_innermost_device_scope():
+  assert _tf_bridge.eager_device_name() == ""
+  with tf.device("CPU:1"):
+    assert _tf_bridge.eager_device_name().endswith("device:CPU:1")
+
+
+def test_trace_mapper_guard_restores_the_threads_stacks_after_a_failure():
+  from tensorflow.python.util import tf_stack  # pylint: disable=g-import-not-at-top
+  key = threading.get_ident()
+  stacks = [tf_stack._source_mapper_stacks[key], tf_stack._source_filter_stacks[key]]  # pylint: disable=protected-access
+  depths = [len(s) for s in stacks]
+  with pytest.raises(RuntimeError):
+    with _tf_bridge.TraceMapperGuard():
+      for stack in stacks:
+        stack.append(stack[-1])  # what a failed AutoGraph conversion leaves
+      raise RuntimeError("replica failed")
+  assert [len(s) for s in stacks] == depths
+
+
+def test_remote_ops_run_synchronously_sets_the_knobs_tensorflow_reads(monkeypatch):
+  for name in ("TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE", "TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY"):
+    monkeypatch.delenv(name, raising=False)
+  _tf_bridge.remote_ops_run_synchronously()
+  assert os.environ["TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"] == "False"
+  assert os.environ["TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY"] == "True"
+  source = inspect.getsource(__import__(
+      "tensorflow.python.distribute.parameter_server_strategy_v2", fromlist=["_"]))
+  assert 'os.environ["TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"] = "False"' in source
+  assert 'os.environ["TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY"] = "True"' in source

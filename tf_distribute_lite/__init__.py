@@ -12,6 +12,7 @@ Use it where you would use `tf.distribute`:
 
 import tensorflow as tf
 
+from tf_distribute_lite import _client_shims
 from tf_distribute_lite import cluster_resolver
 from tf_distribute_lite import compat
 from tf_distribute_lite import contrib
@@ -49,3 +50,5 @@ from tf_distribute_lite.values import DistributedValues
 Server = tf.distribute.Server  # TensorFlow's own gRPC server, re-exported
 
 __version__ = "0.1.0"
+
+_client_shims.install()

@@ -222,8 +222,6 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
       self._worker_ops = cross_device_ops_lib.CollectiveAllReduce(
           [self._input_host], self._num_workers, options, group_key + 1)
       self._worker_sync = input_lib.WorkerSync(self._any_worker_has)
-      _tf_bridge.route_keras_reduce_per_replica(_is_multi_worker, _keras_reduce)
-      _tf_bridge.route_keras_checkpoint_writes(_saves_elsewhere)
 
   # --- The cluster.
 
@@ -292,7 +290,7 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     """A callable giving the chief's `initial_value` on every worker."""
     def value():
       given = initial_value() if callable(initial_value) else initial_value
-      if isinstance(given, tf.__internal__.tracking.CheckpointInitialValue):
+      if isinstance(given, _tf_bridge.CheckpointInitialValue):
         given = given.wrapped_value
       given = tf.convert_to_tensor(given, dtype=dtype)
       if not (given.dtype in _SUMMABLE or given.dtype.is_integer or
@@ -481,46 +479,3 @@ def _divide(tensor, count):
     if tensor.dtype.is_floating:
       return tensor / tf.cast(count, tensor.dtype)
     return tensor // count
-
-
-def _is_multi_worker(strategy):
-  return isinstance(getattr(strategy, "extended", None),
-                    CollectiveAllReduceExtended) and strategy.extended._in_multi_worker_mode()  # pylint: disable=protected-access
-
-
-def _saves_elsewhere(strategy):
-  """Whether Keras callbacks of this worker save into temporary directories:
-  a worker of a multi-worker strategy other than the chief."""
-  return _is_multi_worker(strategy) and not strategy.extended.should_checkpoint
-
-
-def _keras_reduce(values, strategy, reduction):
-  """What Keras' `reduce_per_replica` gives for a multi-worker strategy.
-
-  Keras averages the replicas' metrics of its training and evaluation steps
-  on each worker alone (TensorFlow's own strategy gets an average along an
-  axis that scalars do not have); here they are averaged over every replica
-  of the cluster, so every worker logs the same values. `concat` (predict)
-  gathers every replica's outputs in the order of the input.
-  """
-  def reduce(value):
-    if reduction == "first":
-      return strategy.experimental_local_results(value)[0]
-    if reduction == "sum":
-      return strategy.reduce("SUM", value, axis=None)
-    if reduction == "concat":
-      return _concat_in_input_order(value, strategy)
-    return strategy.reduce("MEAN", value, axis=None)
-  return tf.nest.map_structure(reduce, values)
-
-
-def _concat_in_input_order(value, strategy):
-  """The replicas' batches concatenated in the order the input had them:
-  worker w's local replica r held piece w + r * workers of each step."""
-  sizes = strategy.gather(strategy.run(
-      lambda v: tf.shape(v, out_type=tf.int64)[:1], args=(value,)), axis=0)
-  parts = tf.split(strategy.gather(value, axis=0), sizes,
-                   num=strategy.num_replicas_in_sync)
-  per_worker = len(strategy.extended.worker_devices)
-  ordered = [part for r in range(per_worker) for part in parts[r::per_worker]]
-  return tf.concat(ordered, axis=0)

@@ -128,7 +128,7 @@ class RemoteValueImpl(RemoteValue):
         lambda v: v.numpy() if hasattr(v, "numpy") else v, self._values)
 
 
-class PerWorkerValues(tf.__internal__.CompositeTensor, StandsFor,
+class PerWorkerValues(_tf_bridge.CompositeTensor, StandsFor,
                       stands_for=tf.distribute.coordinator.PerWorkerValue):
   """One value per worker: a function scheduled with it as an argument
   receives the value of the worker that runs it.

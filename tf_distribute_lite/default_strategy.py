@@ -34,7 +34,7 @@ class _DefaultDistributionExtended(strategy_v1.StrategyExtendedV1):
   def variable_created_in_scope(self, v):
     """Whether `v` was made with no strategy current, as every variable
     made outside all scopes (or in this strategy's no-op scope) is."""
-    return getattr(v, "_distribute_strategy", None) is None
+    return _tf_bridge.variable_strategy(v) is None
 
   def colocate_vars_with(self, colocate_with_variable):
     """Places new variables with `colocate_with_variable`, any variable made

@@ -99,7 +99,7 @@ class _StrategyScope:
     default_device = self._strategy.extended._default_device  # pylint: disable=protected-access
     self._device_scope = tf.device(default_device) if default_device else contextlib.nullcontext()
     self._device_scope.__enter__()
-    _tf_bridge.route_tf_keras(_saves_before_preemption)
+    _on_scope_entry(self._strategy)
     return self._strategy
 
   def __exit__(self, *exc_info):
@@ -111,12 +111,17 @@ class _StrategyScope:
     contexts.pop()
 
 
-def _saves_before_preemption(strategy):
-  """Whether tf_keras's backups save at a termination notice through tfd's
-  handler: for tfd's MultiWorkerMirroredStrategy, as tf_keras asks of
-  TensorFlow's."""
-  return isinstance(strategy, StrategyBase) and isinstance(
-      strategy, tf.distribute.MultiWorkerMirroredStrategy)
+def _on_scope_entry(strategy):
+  """What entering a strategy's scope also does: `set_scope_entry_hook`'s."""
+  del strategy
+
+
+def set_scope_entry_hook(hook):
+  """Makes `hook(strategy)` run whenever a strategy's scope is entered (not
+  re-entered). Called once, by the package's `__init__`, with the client
+  shims' (`_client_shims.install`), which sit above the core."""
+  global _on_scope_entry
+  _on_scope_entry = hook
 
 
 class StrategyBase(StandsFor):
@@ -556,7 +561,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
 
   def variable_created_in_scope(self, v):
     """Whether `v` was created inside this strategy's scope."""
-    return getattr(v, "_distribute_strategy", None) is self._container_strategy()
+    return _tf_bridge.variable_strategy(v) is self._container_strategy()
 
   def colocate_vars_with(self, colocate_with_variable):
     """A scope in which new variables are placed like `colocate_with_variable`.
@@ -572,7 +577,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     strategy = self._container_strategy()
     if contexts.get_strategy() is not strategy:
       contexts.raise_wrong_strategy(strategy)
-    if getattr(colocate_with_variable, "_distribute_strategy", None) is not strategy:
+    if _tf_bridge.variable_strategy(colocate_with_variable) is not strategy:
       raise ValueError(
           "`colocate_vars_with` must only be passed a variable created in "
           f"this tf.distribute.Strategy.scope(), not: {colocate_with_variable!r}")

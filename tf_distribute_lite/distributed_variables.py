@@ -16,7 +16,6 @@ value.
 
 import contextlib
 import copy
-import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -34,7 +33,7 @@ _OWN_ATTRIBUTES = frozenset(
      "_distributed_container", "_use_resource_variables", "_attribute_sentinel"])
 
 
-class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
+class ComponentsVariable(tf.Variable, _tf_bridge.TensorBase):
   """A `tf.Variable` that stands for its component variables (`_values`)
   under a strategy: reads, updates, checkpoints and SavedModels. Subclasses
   say which component a read uses (`_get`, `_get_on_device_or_primary`,
@@ -54,7 +53,7 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
     self._common_name = self._primary.name.split(":")[0]
     for component in components:
       # Keras and `regroup` find the container of a component through this.
-      values_lib.container_holder(component)._distributed_container = weakref.ref(self)  # pylint: disable=protected-access
+      _tf_bridge.set_distributed_container(component, self)
 
   def __getattr__(self, name):
     # What this class does not define comes from the component a read here
@@ -111,9 +110,9 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   constraint = property(lambda self: self._primary.constraint)
   graph = property(lambda self: self._primary.graph)
   initial_value = property(lambda self: self._primary.initial_value)
-  _shared_name = property(lambda self: self._primary._shared_name)  # pylint: disable=protected-access
-  _unique_id = property(lambda self: self._primary._unique_id)  # pylint: disable=protected-access
-  _graph_key = property(lambda self: self._primary._graph_key)  # pylint: disable=protected-access
+  _shared_name = property(lambda self: _tf_bridge.variable_key(self._primary, "_shared_name"))
+  _unique_id = property(lambda self: _tf_bridge.variable_key(self._primary, "_unique_id"))
+  _graph_key = property(lambda self: _tf_bridge.variable_key(self._primary, "_graph_key"))
 
   # In a TF1 graph, TensorFlow's SavedModel loader sets this to the op that
   # restores the loaded value, the variable's initializer from then on
@@ -233,7 +232,7 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
     return self.__tf_tensor__(dtype, name)
 
   def _as_graph_element(self):
-    return self._get_on_device_or_primary()._as_graph_element()  # pylint: disable=protected-access
+    return _tf_bridge.graph_element(self._get_on_device_or_primary())
 
   def sparse_read(self, indices, name=None):
     return tf.gather(self.value(), indices, name=name)
@@ -364,8 +363,8 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   def _export_to_saved_model_graph(self, object_map=None, tensor_map=None,
                                    options=None, **kwargs):
     # A SavedModel stores the variable this stands for: the primary component.
-    resources = self._primary._export_to_saved_model_graph(  # pylint: disable=protected-access
-        object_map=object_map, tensor_map=tensor_map, options=options, **kwargs)
+    resources = _tf_bridge.export_to_saved_model(
+        self._primary, object_map, tensor_map, options, **kwargs)
     for component in self._values[1:]:
       object_map[component] = object_map[self._primary]
       tensor_map[component.handle] = tensor_map[self._primary.handle]
@@ -376,7 +375,7 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
     return resources
 
   def _write_object_proto(self, proto, options):
-    self._primary._write_object_proto(proto, options)  # pylint: disable=protected-access
+    _tf_bridge.write_object_proto(self._primary, proto, options)
     proto.variable.aggregation = self.aggregation.value
     policy = options.experimental_variable_policy
     if policy == tf.saved_model.experimental.VariablePolicy.EXPAND_DISTRIBUTED_VARIABLES:
@@ -386,7 +385,7 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
         component_proto.device = component.device
 
   def __tf_experimental_restore_capture__(self, concrete_function, internal_capture):
-    concrete_function.graph.replace_capture(self, internal_capture)
+    _tf_bridge.replace_capture(concrete_function, self, internal_capture)
     return self
 
 
@@ -591,8 +590,7 @@ class SyncOnReadVariable(DistributedVariable):
 
   def _as_graph_element(self):
     # A Session fetching it in a cross-replica context gets the aggregate.
-    value = self._get()
-    return value._as_graph_element() if isinstance(value, tf.Variable) else value  # pylint: disable=protected-access
+    return _tf_bridge.graph_element(self._get())
 
   def _update_in_replica(self, update_fn, value, method):
     if "scatter" in method:

@@ -62,10 +62,7 @@ class LocalReplicas:
     return self._run_replicas(fn, args, kwargs)
 
   def _run_replicas(self, fn, args, kwargs):
-    if not tf.executing_eagerly():
-      fn = tf.__internal__.autograph.tf_convert(
-          fn, tf.__internal__.autograph.control_status_ctx(),
-          convert_by_default=False)
+    fn = _tf_bridge.autograph_convert(fn)
     inputs = [values_lib.select_replica(i, (args, kwargs)) for i in range(len(self._devices))]
     if len(inputs) == 1:  # Nothing to wait for at merge_call: no runner.
       (args, kwargs), = inputs
@@ -154,7 +151,7 @@ class EmulatedTPU(TPUReplicate):
   def run(self, fn, args, kwargs, options=None):
     options = options or distribute_lib.RunOptions()
     function = isinstance(fn, _TF_FUNCTION)
-    if function and not fn.function_spec.jit_compile:
+    if function and not _tf_bridge.is_jit_compiled(fn):
       # Run as one function, which runs this with its Python function.
       return self._one_function(fn, options)(*args, **kwargs)
     if tf.executing_eagerly():

@@ -344,5 +344,3 @@ class _Task:
                task_type=task_type, index=index,
                is_chief=cluster_runtime.is_chief(spec, task_type, index))
 
-
-_tf_bridge.register_preemption_handler(PreemptionCheckpointHandler)

@@ -222,8 +222,7 @@ def _buffer_size(options):
 
 
 class DistributedDataset(tf.distribute.DistributedDataset,
-                         tf.__internal__.CompositeTensor,
-                         *_tf_bridge.KERAS_DATASET_BASES):
+                         _tf_bridge.CompositeTensor):
   """Batches for every replica, one step at a time; made by
   `strategy.experimental_distribute_dataset`.
 
@@ -364,7 +363,7 @@ class DistributedDatasetSpec(tf.TypeSpec):
 
 
 class DistributedIterator(tf.distribute.DistributedIterator,
-                          tf.__internal__.CompositeTensor):
+                          _tf_bridge.CompositeTensor):
   """Iterator over a distributed dataset: each step a nest of `PerReplica`
   values (plain values with one replica, unless other workers have more),
   each on its replica's device.
@@ -571,7 +570,7 @@ class DistributedIterator(tf.distribute.DistributedIterator,
   @property
   def _type_spec(self):
     return DistributedIteratorSpec(
-        self._layout, tuple(it._type_spec for it in self._iterators))  # pylint: disable=protected-access
+        self._layout, tuple(tf.type_spec_from_value(it) for it in self._iterators))
 
 
 def _refuse_in_a_replica(call, args):
@@ -717,7 +716,7 @@ def _uneven_sizes(batch, replicas):
 
 
 def _copy_to_device(value, device):
-  if (isinstance(value, tf.__internal__.EagerTensor) and
+  if (isinstance(value, _tf_bridge.EagerTensor) and
       device_util.is_present(device)):  # else tf.device soft-places the copy
     return _tf_bridge.copy_to_device(value, device)
   with tf.device(device):

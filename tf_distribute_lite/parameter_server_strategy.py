@@ -12,11 +12,11 @@ worker, on its CPU) and `strategy.reduce` returns its value.
 """
 
 import logging
-import os
 import time
 
 import tensorflow as tf
 
+from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import input_context as input_context_lib
@@ -147,10 +147,7 @@ def _connect(cluster_spec, protocol):
   for job, visible in (("worker", "/job:ps"), ("ps", "/job:worker")):
     for index in range(cluster_spec.num_tasks(job)):
       filters.set_device_filters(job, index, [visible, f"/job:{_COORDINATOR_JOB}"])
-  # Enqueue remote ops one request at a time, and run them synchronously:
-  # an error then reaches the call that caused it (TensorFlow sets these too).
-  os.environ["TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"] = "False"
-  os.environ["TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY"] = "True"
+  _tf_bridge.remote_ops_run_synchronously()
   tf.config.experimental_connect_to_cluster(
       cluster_spec, job_name=_COORDINATOR_JOB, protocol=protocol,
       cluster_device_filters=filters)
@@ -184,10 +181,7 @@ class ParameterServerStrategyV2Extended(strategy_v1.StrategyExtendedV1):
 
   def _call_for_each_replica(self, fn, args, kwargs):
     self._warn_unless_scheduled()
-    if not tf.executing_eagerly():
-      fn = tf.__internal__.autograph.tf_convert(
-          fn, tf.__internal__.autograph.control_status_ctx(),
-          convert_by_default=False)
+    fn = _tf_bridge.autograph_convert(fn)
     with replica_context.ReplicaContext(self._container_strategy(), 0):
       return fn(*args, **kwargs)
 

@@ -68,17 +68,15 @@ class ReplicaContextBase(StandsFor):
     self._replica_id = replica_id_in_sync_group
     self._runner = runner
     self._entry = contexts.ContextEntry.in_replica(self)
+    self._summaries = _tf_bridge.RecordSummariesIf(self._is_replica_zero)
 
   def __enter__(self):
     contexts.push(self._entry)
-    summaries = _tf_bridge.summary_state()
-    self._outer_summary_recording = summaries.is_recording_distribution_strategy
-    summaries.is_recording_distribution_strategy = self._is_replica_zero
+    self._summaries.__enter__()
     return self
 
   def __exit__(self, *exc_info):
-    _tf_bridge.summary_state().is_recording_distribution_strategy = (
-        self._outer_summary_recording)
+    self._summaries.__exit__(*exc_info)
     contexts.pop()
 
   def _is_replica_zero(self):
@@ -126,10 +124,7 @@ class ReplicaContextBase(StandsFor):
     """
     self._require_current()
     kwargs = {} if kwargs is None else kwargs
-    if not tf.executing_eagerly():
-      merge_fn = tf.__internal__.autograph.tf_convert(
-          merge_fn, tf.__internal__.autograph.control_status_ctx(),
-          convert_by_default=False)
+    merge_fn = _tf_bridge.autograph_convert(merge_fn)
     if self._runner is not None and self._runner.num_replicas > 1:
       return self._runner.merge_call(self._replica_id, merge_fn, args, kwargs)
     with contexts.Entered(contexts.ContextEntry.cross_replica(self._strategy)):

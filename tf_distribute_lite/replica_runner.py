@@ -34,9 +34,7 @@ class _ThreadState:
     self.graph = tf.compat.v1.get_default_graph()
     self.name_scope = "" if self.eager else self.graph.get_name_scope()
     self.variable_scope = tf.compat.v1.get_variable_scope()
-    self.creators = list(_tf_bridge.variable_creator_stack(self.graph))
-    summaries = _tf_bridge.summary_state()
-    self.summaries = (summaries.writer, summaries.step, summaries.is_recording)
+    self.tensorflow_state = _tf_bridge.ThreadState()  # creators, summaries
 
   def enter(self, stack):
     """Enters this state on the current thread, using `stack` (ExitStack)."""
@@ -44,10 +42,7 @@ class _ThreadState:
       stack.enter_context(self.graph.as_default())
     # Eagerly each thread has a default graph of its own: the creators go
     # onto this thread's.
-    _tf_bridge.set_variable_creator_stack(
-        tf.compat.v1.get_default_graph(), list(self.creators))
-    summaries = _tf_bridge.summary_state()
-    summaries.writer, summaries.step, summaries.is_recording = self.summaries
+    stack.enter_context(self.tensorflow_state)
     if self.name_scope:
       stack.enter_context(tf.name_scope(self.name_scope + "/"))
 
@@ -147,7 +142,7 @@ def _input_barrier(replica_inputs):
   none: there a `Session` runs only what is fetched, and fetching a value
   (a metric's result, say) must not pull the next input.
   """
-  if not isinstance(tf.compat.v1.get_default_graph(), tf.__internal__.FuncGraph):
+  if not _tf_bridge.is_function_graph(tf.compat.v1.get_default_graph()):
     return []
   # Only tensors: variables (Keras ones too, which `tf.group` refuses) are
   # never input that fails at run time.
@@ -347,7 +342,7 @@ class ReplicaRunner:
     on a tensor, in a traced replica function). `tf.cond` branches may hold
     one where every replica takes the same branch (a Keras optimizer's
     periodic update does), which `_check_branch_conditions` checks."""
-    while graph is not self._state.graph and isinstance(graph, tf.__internal__.FuncGraph):
+    while graph is not self._state.graph and _tf_bridge.is_function_graph(graph):
       kind = _tf_bridge.control_flow_kind(graph)
       if kind == "while":
         inside = (f"{graph.name}, the body of a tf.while_loop (a Python loop "

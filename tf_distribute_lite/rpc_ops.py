@@ -209,8 +209,8 @@ class GrpcServer(Server):
     _tf_bridge.rpc_kernels().rpc_server_register(
         self._resource.handle, method_name=_checked_string("method_name", method_name),
         captured_inputs=concrete.captured_inputs, f=concrete,
-        input_specs=_encoded(concrete.structured_input_signature[0]),
-        output_specs=_encoded(output_specs))
+        input_specs=_tf_bridge.encode_specs(concrete.structured_input_signature[0]),
+        output_specs=_tf_bridge.encode_specs(output_specs))
 
   def start(self):
     _tf_bridge.rpc_kernels().rpc_server_start(self._resource.handle)
@@ -239,10 +239,10 @@ class GrpcClient(Client):
     self._output_specs = {}
     for serialized in listed.numpy():
       method = _tf_bridge.parse_registered_method(serialized)
-      output_specs = tf.__internal__.saved_model.decode_proto(method.output_specs)
+      output_specs = _tf_bridge.decode_specs(method.output_specs)
       self._output_specs[method.method] = output_specs
       self._add_method(method.method, output_specs,
-                       tf.__internal__.saved_model.decode_proto(method.input_specs))
+                       _tf_bridge.decode_specs(method.input_specs))
 
   def _add_method(self, method_name, output_specs, input_specs):
     """Adds `client.NAME(*args, timeout_in_ms=0)` and `NAME_blocking`.
@@ -383,10 +383,6 @@ def _concrete_function(func):
 def _positional_parameters(python_function):
   return [p for p in inspect.signature(python_function).parameters.values()
           if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-
-
-def _encoded(structure):
-  return tf.__internal__.saved_model.encode_structure(structure).SerializeToString()
 
 
 def _check_rpc_layer(rpc_layer):

@@ -15,7 +15,6 @@ Shard sizes follow TensorFlow: `shard_sizes(13, 5)` gives the first axis's
 shards' creation arguments, each with its rows of the initial value.
 """
 
-import weakref
 
 import tensorflow as tf
 
@@ -104,7 +103,7 @@ def _shard_initial_value(initial_value, shape, offset, size):
   return shard_value
 
 
-class ShardedVariable(tf.__internal__.tracking.Trackable, tf.__internal__.CompositeTensor,
+class ShardedVariable(_tf_bridge.Trackable, _tf_bridge.CompositeTensor,
                       StandsFor, stands_for=_tf_bridge.TENSORFLOW_SHARDED_VARIABLE):
   """A variable stored as `variables`, shards along its first axis.
 
@@ -150,7 +149,7 @@ class ShardedVariable(tf.__internal__.tracking.Trackable, tf.__internal__.Compos
     for s in shapes:
       self._offsets.append(self._offsets[-1] + s[0])
     for v in self._variables:
-      v._sharded_container = weakref.ref(self)  # pylint: disable=protected-access
+      _tf_bridge.set_sharded_container(v, self)
     self._saving_variable = None  # the whole variable a SavedModel stores
 
   # --- What it is.
@@ -178,11 +177,11 @@ class ShardedVariable(tf.__internal__.tracking.Trackable, tf.__internal__.Compos
 
   @property
   def _unique_id(self):
-    return self._variables[0]._unique_id.replace("part_0", "sharded")  # pylint: disable=protected-access
+    return _tf_bridge.variable_key(self._variables[0], "_unique_id").replace("part_0", "sharded")
 
   @property
   def _distribute_strategy(self):
-    return getattr(self._variables[0], "_distribute_strategy", None)
+    return _tf_bridge.variable_strategy(self._variables[0])
 
   def _should_act_as_resource_variable(self):
     return True
@@ -262,8 +261,8 @@ class ShardedVariable(tf.__internal__.tracking.Trackable, tf.__internal__.Compos
     whole = self._whole_variable_for_saving()
     resources = []
     for v in self._variables + [whole]:
-      resources.extend(v._export_to_saved_model_graph(  # pylint: disable=protected-access
-          object_map, tensor_map, options, **kwargs))
+      resources.extend(_tf_bridge.export_to_saved_model(
+          v, object_map, tensor_map, options, **kwargs))
     object_map[self] = ShardedVariable([object_map[whole]], name=self._name)
     return resources
 

@@ -108,7 +108,7 @@ def _component_specs(value):
 
 
 class PerReplica(DistributedValues, tf.types.experimental.distributed.PerReplica,
-                 tf.__internal__.CompositeTensor):
+                 _tf_bridge.CompositeTensor):
   """Values that may differ from replica to replica.
 
   >>> PerReplica([tf.constant(1), tf.constant(2)])
@@ -218,9 +218,7 @@ class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored):
   def _as_graph_element(self):
     # What `tf.group` and `Session.run` take it for: the current replica's
     # component (as in TensorFlow, where it stands for all of them).
-    value = self._get()
-    as_element = getattr(value, "_as_graph_element", None)
-    return as_element() if callable(as_element) else value
+    return _tf_bridge.graph_element(self._get())
 
 
 def as_tensor(value, dtype=None, name=None):
@@ -396,23 +394,11 @@ def _outline(value):
   return type(value).__name__
 
 
-def container_holder(component):
-  """Where a component variable keeps `_distributed_container`, as in
-  TensorFlow and where Keras looks: the handle of a composite variable,
-  else the variable itself (a variable created inside a `tf.function`)."""
-  if isinstance(component, tf.__internal__.CompositeTensor):
-    return component.handle
-  return component
-
-
 def distributed_container(value):
   """The distributed variable `value` is a component of, or None."""
   if not isinstance(value, tf.Variable) or is_distributed_variable(value):
     return None
-  # Read from `__dict__`: a missing attribute of an eager tensor is slow to
-  # look up, and variables are looked up on every read under a strategy.
-  reference = getattr(container_holder(value), "__dict__", {}).get("_distributed_container")
-  container = reference() if reference is not None else None
+  container = _tf_bridge.distributed_container_of(value)
   if container is None or not any(c is value for c in container._values):  # pylint: disable=protected-access
     return None  # e.g. the result of an assign: same handle, not a component
   return container
