@@ -456,12 +456,6 @@ def test_rpc_kernels_serve_list_and_call():
       tf.raw_ops.DestroyResourceOp(resource=handle, ignore_lookup_error=True)
 
 
-def test_a_missing_rpc_module_is_an_import_error_naming_it():
-  with pytest.raises(ImportError, match=r"no RPC ops \(tensorflow.distribute.experimental"
-                                        r".rpc.kernels.gone\)"):
-    _tf_bridge._rpc_module("kernels.gone")  # pylint: disable=protected-access
-
-
 def test_registered_type_specs_are_saved_and_loaded_as_their_class(tmp_path):
   @_tf_bridge.register_type_spec("tf_distribute_lite_tests.PairSpec")
   class PairSpec(tf.TypeSpec):  # pylint: disable=unused-variable
