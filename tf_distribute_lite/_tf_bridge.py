@@ -134,8 +134,8 @@ def _check_tensorflow():
         f"{tf.__version__} (missing: {', '.join(missing) or 'TF 2.x'}); "
         f"it needs a TensorFlow 2.x release that keeps the distribution "
         f"strategy stack on tf.Graph.")
-  return {feature: missing_names(names) for feature, (_, names) in _OPTIONAL.items()
-          if missing_names(names)}
+  missing = {feature: missing_names(names) for feature, (_, names) in _OPTIONAL.items()}
+  return {feature: names for feature, names in missing.items() if names}
 
 
 _UNAVAILABLE = _check_tensorflow()
