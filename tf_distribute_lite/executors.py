@@ -160,7 +160,7 @@ class EmulatedTPU(TPUReplicate):
     if function:
       fn = fn.python_function
     inputs, _ = tpu_replication.split_inputs(values_lib.select_replica(0, (args, kwargs)))
-    tpu_replication.check_input_ranks(inputs, options)
+    tpu_replication.maximum_shapes(inputs, options)  # raises as on a TPU
     created = []
 
     def record_variable(next_creator, **kwargs):

@@ -156,7 +156,7 @@ def replicate(strategy, fn, args, kwargs, device_assignment, options,
 
   outputs = tf.compat.v1.tpu.replicate(
       computation, inputs=inputs, device_assignment=device_assignment,
-      maximum_shapes=_maximum_shapes(inputs[0], options),
+      maximum_shapes=maximum_shapes(inputs[0], options),
       padding_spec=(tf.compat.v1.tpu.PaddingSpec.POWER_OF_TWO
                     if options.experimental_bucketizing_dynamic_shape else None),
       xla_options=options.experimental_xla_options or tf.tpu.XLAOptions(
@@ -191,25 +191,19 @@ def output_tensors(result):
   return [t for t in tf.nest.flatten(result, expand_composites=True) if tf.is_tensor(t)]
 
 
-def check_input_ranks(replica_inputs, options):
-  """Raises `ValueError` where a dynamic batch is enabled (as by default)
-  and an input tensor of a replica has unknown rank: XLA can pad dimensions
-  of unknown size, never an unknown number of them."""
+def maximum_shapes(replica_inputs, options):
+  """Each input's shape with every dimension unknown, so that XLA pads
+  inputs whose shapes vary between steps; None without dynamic batches (or
+  inputs). Raises `ValueError` for an input of unknown rank where a dynamic
+  batch is enabled (as by default): XLA can pad dimensions of unknown size,
+  never an unknown number of them."""
   if not options.experimental_enable_dynamic_batch_size:
-    return
+    return None
   for tensor in replica_inputs:
     if tensor.shape.rank is None:
       raise ValueError(f"input tensor {tensor} to TPUStrategy.run() has unknown "
                        f"rank, which is not allowed")
-
-
-def _maximum_shapes(replica_inputs, options):
-  """Each input's shape with every dimension unknown, so that XLA pads
-  inputs whose shapes vary between steps; None without dynamic batches."""
-  if not options.experimental_enable_dynamic_batch_size or not replica_inputs:
-    return None
-  check_input_ranks(replica_inputs, options)
-  return [tf.TensorShape([None] * t.shape.rank) for t in replica_inputs]
+  return [tf.TensorShape([None] * t.shape.rank) for t in replica_inputs] or None
 
 
 class XlaCheckReplicaContext(TPUReplicaContext):
