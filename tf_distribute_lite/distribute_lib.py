@@ -596,9 +596,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     return val if container is None else container
 
   def _replica_local_variable(self, variable):
-    """What a replica reads and writes for distributed `variable`, where
-    that is not one of its components (a TPU computation's replicated
-    handle), else None."""
+    """What a replica uses for distributed `variable`, if not a component."""
     return self._variables.replica_local_variable(variable)
 
   def read_var(self, replica_local_var):

@@ -635,16 +635,7 @@ class AggregatingVariable(ComponentsVariable):
   NONE cannot be updated there. Its repr is that of the variable it wraps.
   As in TensorFlow it is not a `tf.distribute.DistributedValues`: it has no
   `values`, `strategy.reduce` takes it as a value every replica shares
-  (MEAN gives it back, SUM raises `ValueError`).
-
-  >>> strategy = tf_distribute_lite.experimental.CentralStorageStrategy(
-  ...     ["CPU:0", "CPU:1"], parameter_device="CPU:1")
-  >>> with strategy.scope():
-  ...   v = tf.Variable(0.0, aggregation=tf.VariableAggregation.MEAN)
-  >>> _ = strategy.run(lambda: v.assign(tf.cast(
-  ...     tf_distribute_lite.get_replica_context().replica_id_in_sync_group, tf.float32)))
-  >>> v.numpy().item(), v.device[-5:]
-  (0.5, 'CPU:1')
+  (MEAN gives it back, SUM raises `ValueError`). See `CentralStorageStrategy`.
   """
 
   def _get(self):

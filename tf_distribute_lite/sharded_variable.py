@@ -39,12 +39,7 @@ def shard_sizes(length, num_shards):
 def shard_arguments(kwargs, partitioner):
   """The arguments of each shard of the variable that a variable creator's
   `kwargs` describe, split along its first axis as `partitioner` says, each
-  with its rows of the initial value; None where it stays whole.
-
-  >>> [s["shape"] for s in shard_arguments({"initial_value": tf.zeros([3, 1])},
-  ...                                      lambda shape, dtype: [2, 1])]
-  [(2, 1), (1, 1)]
-  """
+  with its rows of the initial value; None where it stays whole."""
   if partitioner is None:
     return None
   initial_value, shape, dtype = (kwargs.get(key) for key in ("initial_value", "shape", "dtype"))

@@ -84,9 +84,7 @@ class MirroredPolicy(VariablePolicy):
     super().__init__(strategy)
     self._initial_value = initial_value
 
-  @property
-  def parameter_devices(self):
-    return self._strategy().extended.worker_devices
+  parameter_devices = property(lambda self: self._strategy().extended.worker_devices)
 
   def create(self, next_creator, **kwargs):
     if self._initial_value is not None and kwargs.get("initial_value") is not None:
@@ -229,9 +227,7 @@ class CentralStoragePolicy(VariablePolicy):
     self._where = device
     self._parameter_devices = parameter_devices
 
-  @property
-  def parameter_devices(self):
-    return self._parameter_devices or (self._variable_device(),)
+  parameter_devices = property(lambda self: self._parameter_devices or (self._variable_device(),))
 
   def _variable_device(self):
     if self._where is not None:
@@ -290,10 +286,8 @@ class ParameterServerPolicy(VariablePolicy):
     self._coordinator_device = coordinator_device
     self._count = 0  # variables made, for the round-robin
 
-  @property
-  def parameter_devices(self):
-    """The ps tasks' CPUs. (TensorFlow 2.21 answers the coordinator's CPU.)"""
-    return self._ps_devices
+  # The ps tasks' CPUs, where TensorFlow 2.21 answers the coordinator's CPU.
+  parameter_devices = property(lambda self: self._ps_devices)
 
   def non_slot_devices(self, var_list):
     return min(var_list, key=lambda v: v.name)
