@@ -602,3 +602,16 @@ def test_registered_type_specs_are_saved_and_loaded_as_their_class(tmp_path):
   encoded = tf.__internal__.saved_model.encode_structure(spec)
   decoded = tf.__internal__.saved_model.decode_proto(encoded)
   assert type(decoded) is PairSpec and decoded == spec
+
+
+def test_autograph_convert_converts_only_inside_converted_code():
+  def absolute(x):
+    if x > 0.0:
+      return x
+    return -x
+  converted = _tf_bridge.autograph_convert(absolute)
+  assert float(tf.function(lambda x: _tf_bridge.autograph_convert(absolute)(x))(
+      tf.constant(-2.0))) == 2.0
+  with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
+    tf.function(absolute, autograph=False)(tf.constant(-2.0))
+  assert float(converted(tf.constant(-2.0))) == 2.0  # eagerly: run as it is

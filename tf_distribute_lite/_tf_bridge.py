@@ -175,6 +175,14 @@ def register_type_spec(name):
   return type_spec_registry.register(name)
 
 
+def autograph_convert(fn):
+  """`fn` converted by AutoGraph where the calling code is (inside a
+  `tf.function`), as TensorFlow converts the functions its strategies call
+  back (`run`, `extended.update`, ...); elsewhere `fn` runs as it is."""
+  return tf.__internal__.autograph.tf_convert(
+      fn, tf.__internal__.autograph.control_status_ctx(), convert_by_default=False)
+
+
 def update_context(replica_id):
   """A context manager: code inside it updates replica `replica_id`'s
   components of distributed variables (`extended.update` applies its
