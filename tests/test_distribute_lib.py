@@ -550,6 +550,23 @@ def test_all_reduce_a_nest(run_mode):
   assert local(TFD.mirrored, result["b"][1]) == [[2.5, 2.5]] * 4
 
 
+def test_all_reduce_of_python_numbers_sums_each_replicas_own():
+  """`all_reduce("SUM", 1)` counts the replicas, as in a TensorFlow
+  tf.function; a tensor all replicas share stays as it is (TensorFlow 2.21
+  fails on a nest holding both)."""
+  def snippet(a, value):
+    return tf.function(lambda: a.mirrored.run(
+        lambda: a.mod.get_replica_context().all_reduce("SUM", value)))()
+  assert local(TFD.mirrored, both(lambda a: snippet(a, 1))) == [4] * 4
+  result = both(lambda a: snippet(a, (2.0, np.float32(0.5), [1.0, 2.0])))
+  assert [local(TFD.mirrored, r) for r in tf.nest.flatten(result)] == [
+      [8.0] * 4, [2.0] * 4, [4.0] * 4, [8.0] * 4]
+  shared = tf.constant(5.0)
+  assert local(TFD.mirrored, both(lambda a: snippet(a, shared))) == [5.0] * 4
+  eagerly = TFD.mirrored.run(lambda: tfd.get_replica_context().all_reduce("MEAN", 3))
+  assert local(TFD.mirrored, eagerly) == [3] * 4  # TensorFlow 2.21 fails here
+
+
 def test_all_reduce_int32(run_mode):
   result = both(lambda a: a.mirrored.run(lambda: a.mod.get_replica_context().all_reduce(
       "SUM", a.mod.get_replica_context().replica_id_in_sync_group)), run_mode)
