@@ -178,7 +178,9 @@ def register_type_spec(name):
 def autograph_convert(fn):
   """`fn` converted by AutoGraph where the calling code is (inside a
   `tf.function`), as TensorFlow converts the functions its strategies call
-  back (`run`, `extended.update`, ...); elsewhere `fn` runs as it is."""
+  back (`run`, `merge_call`, `extended.update`, ...); eagerly `fn` itself."""
+  if tf.executing_eagerly():
+    return fn
   return tf.__internal__.autograph.tf_convert(
       fn, tf.__internal__.autograph.control_status_ctx(), convert_by_default=False)
 

@@ -126,10 +126,7 @@ class MirroredExtended(strategy_v1.StrategyExtendedV1):
   def _call_for_each_replica(self, fn, args, kwargs):
     if isinstance(fn, _TF_FUNCTION):
       return self._as_one_function(fn)(*args, **kwargs)
-    if not tf.executing_eagerly():
-      fn = tf.__internal__.autograph.tf_convert(
-          fn, tf.__internal__.autograph.control_status_ctx(),
-          convert_by_default=False)
+    fn = _tf_bridge.autograph_convert(fn)
     inputs = [(values_lib.select_replica(i, args), values_lib.select_replica(i, kwargs))
               for i in range(len(self._devices))]
     if len(inputs) == 1:  # Nothing to wait for at merge_call: no runner.

@@ -7,6 +7,7 @@ reductions return their input.
 
 import tensorflow as tf
 
+from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import replica_context
@@ -54,10 +55,7 @@ class OneDeviceExtended(strategy_v1.StrategyExtendedV1):
       return next_creator(**kwargs)
 
   def _call_for_each_replica(self, fn, args, kwargs):
-    if not tf.executing_eagerly():
-      fn = tf.__internal__.autograph.tf_convert(
-          fn, tf.__internal__.autograph.control_status_ctx(),
-          convert_by_default=False)
+    fn = _tf_bridge.autograph_convert(fn)
     with tf.device(self._device), _OneDeviceReplicaContext(
         self._container_strategy(), 0):
       return fn(*args, **kwargs)

@@ -17,6 +17,7 @@ import time
 
 import tensorflow as tf
 
+from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import input_context as input_context_lib
@@ -242,10 +243,7 @@ class ParameterServerStrategyV2Extended(strategy_v1.StrategyExtendedV1):
 
   def _call_for_each_replica(self, fn, args, kwargs):
     self._warn_unless_scheduled()
-    if not tf.executing_eagerly():
-      fn = tf.__internal__.autograph.tf_convert(
-          fn, tf.__internal__.autograph.control_status_ctx(),
-          convert_by_default=False)
+    fn = _tf_bridge.autograph_convert(fn)
     with replica_context.ReplicaContext(self._container_strategy(), 0):
       return fn(*args, **kwargs)
 

@@ -129,10 +129,7 @@ class ReplicaContextBase(StandsFor):
     """
     self._require_current()
     kwargs = {} if kwargs is None else kwargs
-    if not tf.executing_eagerly():
-      merge_fn = tf.__internal__.autograph.tf_convert(
-          merge_fn, tf.__internal__.autograph.control_status_ctx(),
-          convert_by_default=False)
+    merge_fn = _tf_bridge.autograph_convert(merge_fn)
     if self._runner is not None and self._runner.num_replicas > 1:
       return self._runner.merge_call(self._replica_id, merge_fn, args, kwargs)
     with contexts.Entered(contexts.ContextEntry.cross_replica(self._strategy)):
