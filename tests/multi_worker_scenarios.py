@@ -107,6 +107,7 @@ def basics(ctx):
   out["batch_reduce_to"] = [_local(strategy, r) for r in extended.batch_reduce_to(
       "SUM", [(ids, ids), (ids, "/device:CPU:0")])]
   out["indexed_slices"] = _indexed_slices(ctx, strategy)
+  out["saving_all_reduce"] = _saving_all_reduce(ctx, strategy)
   with strategy.scope():
     v = tf.Variable(10.0 + ctx.index)
     counter = tf.Variable(0.0, aggregation=tf.VariableAggregation.SUM)
@@ -122,6 +123,21 @@ def basics(ctx):
     out["collective_ops"] = _collective_ops_in_graph(ctx)
   out["timeout"] = _collective_timeout(ctx, strategy)
   return out
+
+
+def _saving_all_reduce(ctx, strategy):
+  """A SavedModel of a function traced to all-reduce across the workers
+  (tracing runs no collective): TensorFlow refuses it."""
+  module = tf.Module()
+  module.f = tf.function(lambda: strategy.run(
+      lambda: ctx.mod.get_replica_context().all_reduce("SUM", tf.constant(1.0))),
+                         input_signature=[])
+  try:
+    tf.saved_model.save(module, tempfile.mkdtemp(), signatures=module.f.get_concrete_function(),
+                        options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
+  except ValueError as e:
+    return "Unable to save function" in str(e)
+  return "saved"
 
 
 def _indexed_slices(ctx, strategy):

@@ -269,6 +269,7 @@ def _assert_strategy_api_matches_tensorflow(results):
             names["extended._task_id"]) == (True, "worker", index)
     assert ours["initial_value"] == ours["read_in_replica_context_by_hand"] == 10.0  # the chief's
     assert ours["counter"] == num_workers
+    assert ours["saving_all_reduce"] is True  # TF's refusal of collectives
     # Every field of CommunicationOptions reaches the collective ops; with
     # none the timeout is finite. Two strategies in one program do not collide.
     default_timeout = tfd.collective_all_reduce_strategy.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS

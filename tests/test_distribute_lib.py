@@ -550,6 +550,23 @@ def test_all_reduce_a_nest(run_mode):
   assert local(TFD.mirrored, result["b"][1]) == [[2.5, 2.5]] * 4
 
 
+def test_all_reduce_of_python_numbers_sums_each_replicas_own():
+  """`all_reduce("SUM", 1)` counts the replicas, as in a TensorFlow
+  tf.function; a tensor all replicas share stays as it is (TensorFlow 2.21
+  fails on a nest holding both)."""
+  def snippet(a, value):
+    return tf.function(lambda: a.mirrored.run(
+        lambda: a.mod.get_replica_context().all_reduce("SUM", value)))()
+  assert local(TFD.mirrored, both(lambda a: snippet(a, 1))) == [4] * 4
+  result = both(lambda a: snippet(a, (2.0, np.float32(0.5), [1.0, 2.0])))
+  assert [local(TFD.mirrored, r) for r in tf.nest.flatten(result)] == [
+      [8.0] * 4, [2.0] * 4, [4.0] * 4, [8.0] * 4]
+  shared = tf.constant(5.0)
+  assert local(TFD.mirrored, both(lambda a: snippet(a, shared))) == [5.0] * 4
+  eagerly = TFD.mirrored.run(lambda: tfd.get_replica_context().all_reduce("MEAN", 3))
+  assert local(TFD.mirrored, eagerly) == [3] * 4  # TensorFlow 2.21 fails here
+
+
 def test_all_reduce_int32(run_mode):
   result = both(lambda a: a.mirrored.run(lambda: a.mod.get_replica_context().all_reduce(
       "SUM", a.mod.get_replica_context().replica_id_in_sync_group)), run_mode)
@@ -1083,6 +1100,50 @@ def test_update_non_slot(group):
 
 def test_non_slot_devices():
   assert both(lambda a: a.mirrored.extended.non_slot_devices([_variable(a)])) == DEVICES
+
+
+def test_default_strategy_non_slot_devices_is_the_first_variable_by_name():
+  def snippet(a):
+    variables = [tf.Variable(1.0, name="b"), tf.Variable(2.0, name="a")]
+    return a.mod.get_strategy().extended.non_slot_devices(variables).name
+  assert both(snippet) == "a:0"
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "one_device", "default"])
+@pytest.mark.parametrize("call", ["update", "update_non_slot", "run"])
+def test_functions_called_back_in_a_tf_function_are_converted_by_autograph(strategy, call):
+  """As in TensorFlow, a Python `if` on a tensor works in the function
+  `extended.update`, `extended.update_non_slot` and `run` call back."""
+  def snippet(a):
+    chosen = {"mirrored": a.pair, "one_device": a.one_device(),
+              "default": a.mod.get_strategy()}[strategy]
+    with chosen.scope():
+      v = tf.Variable(1.0)
+
+    def absolute(x):
+      if x > 0.0:
+        return x
+      return -x
+
+    def assign_absolute(var, x):
+      if x > 0.0:
+        return var.assign(x)
+      return var.assign(-x)
+
+    def assign_v(x):
+      return assign_absolute(v, x)
+
+    @tf.function
+    def step(x):
+      if call == "update":
+        return chosen.extended.update(v, assign_absolute, (x,))
+      if call == "update_non_slot":
+        return chosen.extended.update_non_slot(chosen.extended.non_slot_devices([v]), assign_v, (x,))
+      return chosen.run(absolute, args=(x,))
+    step(tf.constant(-3.0))
+    return local(chosen, v if call != "run" else step(tf.constant(-3.0)))
+  result = both(snippet)
+  assert result == [3.0] * (2 if strategy == "mirrored" else 1)
 
 
 def test_default_strategy_accepts_variables_made_with_no_strategy():

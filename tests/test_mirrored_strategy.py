@@ -359,11 +359,12 @@ def test_all_reduce_of_shared_and_per_replica_values_together(run_mode):
   assert [float(t) for t in strategy.experimental_local_results(result["shared"])] == [5.0] * 4
 
 
-def test_all_reduce_of_a_python_number_returns_it():
-  # TF 2.21 raises AttributeError ('float' object has no attribute 'dtype').
+def test_all_reduce_of_a_python_number_sums_each_replicas_own():
+  # As TF 2.21 in a tf.function; eagerly it raises AttributeError ('float'
+  # object has no attribute 'dtype').
   strategy = oracle.mirrored(tfd)
   result = strategy.run(lambda: tfd.get_replica_context().all_reduce("SUM", 2.0))
-  assert [float(t) for t in strategy.experimental_local_results(result)] == [2.0] * 4
+  assert [float(t) for t in strategy.experimental_local_results(result)] == [8.0] * 4
 
 
 @MODULES

@@ -36,6 +36,11 @@ class _DefaultDistributionExtended(strategy_v1.StrategyExtendedV1):
     made outside all scopes (or in this strategy's no-op scope) is."""
     return _tf_bridge.variable_strategy(v) is None
 
+  def non_slot_devices(self, var_list):
+    """Where non-slot variables go: with the variable of `var_list` whose
+    name sorts first, as in TensorFlow."""
+    return min(var_list, key=lambda v: v.name)
+
   def colocate_vars_with(self, colocate_with_variable):
     """Places new variables with `colocate_with_variable`, any variable made
     with no strategy (TF 1.x optimizers ask this of their slots)."""
@@ -49,7 +54,7 @@ class _DefaultDistributionExtended(strategy_v1.StrategyExtendedV1):
     # Keras losses keep their default reduction (`get_strategy()` still
     # answers this strategy).
     return _tf_bridge.tensorflow_default_strategy().extended.call_for_each_replica(
-        fn, args, kwargs)
+        _tf_bridge.autograph_convert(fn), args, kwargs)
 
   def _experimental_distribute_dataset(self, dataset, options):
     return dataset

@@ -771,6 +771,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     """
     kwargs = {} if kwargs is None else kwargs
     strategy = self._container_strategy()
+    fn = _tf_bridge.autograph_convert(fn)
     replica_context = contexts.get_replica_context()
     if replica_context is not None and replica_context.strategy is strategy:
       def merge_fn(merged_strategy, *merged_args, **merged_kwargs):
@@ -786,7 +787,8 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
   def update_non_slot(self, colocate_with, fn, args=(), kwargs=None, group=True):
     """Runs `fn(*args, **kwargs)` once per device of `colocate_with`."""
     with self._container_strategy().scope():
-      return self._update_non_slot(colocate_with, fn, args, kwargs or {}, group)
+      return self._update_non_slot(colocate_with, _tf_bridge.autograph_convert(fn),
+                                   args, kwargs or {}, group)
 
   def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
     return self._variables.update_non_slot(colocate_with, fn, args, kwargs, group)

@@ -2,6 +2,9 @@
 and the collectives it calls there (`all_reduce`, `all_gather`,
 `merge_call`)."""
 
+import numbers
+
+import numpy as np
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
@@ -133,11 +136,13 @@ class ReplicaContextBase(StandsFor):
   def all_reduce(self, reduce_op, value, options=None):
     """Reduces `value` (a nest of tensors) across replicas; each gets the result.
 
-    A value that is the very same object in every replica (a tensor made
-    outside `strategy.run`, say) is already in sync: SUM and MEAN both return
-    it unchanged, not SUM times the number of replicas. Keras optimizers rely
-    on this. The gradient of a SUM (MEAN) all-reduce is the SUM (MEAN)
-    all-reduce of the gradients.
+    A tensor that is the very same object in every replica (made outside
+    `strategy.run`, say) is already in sync: SUM and MEAN both return it
+    unchanged, not SUM times the number of replicas. Keras optimizers rely
+    on this. A Python or numpy number is each replica's own value, as in a
+    TensorFlow `tf.function`: `all_reduce("SUM", 1)` counts the replicas
+    (TensorFlow 2.21 fails on it eagerly). The gradient of a SUM (MEAN)
+    all-reduce is the SUM (MEAN) all-reduce of the gradients.
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> shared = tf.constant(5.0)
@@ -151,6 +156,8 @@ class ReplicaContextBase(StandsFor):
       return value
     if self.num_replicas_in_sync == 1:
       return value
+    flat = [tf.convert_to_tensor(v) if isinstance(v, (numbers.Number, np.ndarray, np.generic))
+            else v for v in flat]
 
     def batch_all_reduce(strategy, *per_replica):
       return strategy.extended.batch_reduce_to(
