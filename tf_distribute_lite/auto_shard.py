@@ -1,15 +1,13 @@
 """Sharding one dataset across input workers, by files or by elements.
 
 `worker_share` is what one worker of several reads of a dataset batched by
-the global batch size: every global batch is first cut into one piece per
-replica of the cluster (tf.data's `rebatch`), then the pieces are sharded.
-
-The policy comes from `dataset.options().experimental_distribute.
-auto_shard_policy`; the rewrite itself is tf.data's own `AutoShardDataset`
-op: `FILE` gives each worker its share of the reader datasets' files, `DATA`
-every `num_workers`-th element, `AUTO` tries `FILE` and falls back to `DATA`
-(logging a warning), `HINT` shards only where `shard(SHARD_HINT, SHARD_HINT)`
-asks, `OFF` leaves the dataset whole.
+the global batch size: each global batch is cut into one piece per replica
+of the cluster (tf.data's `rebatch`), then the pieces are sharded by
+tf.data's own `AutoShardDataset` op, as the dataset's
+`options().experimental_distribute.auto_shard_policy` says: `FILE` (each
+worker's share of the reader datasets' files), `DATA` (every
+`num_workers`-th element), `AUTO` (`FILE`, else `DATA` with a warning),
+`HINT` (only where `shard(SHARD_HINT, SHARD_HINT)` asks) or `OFF`.
 """
 
 import tensorflow as tf
@@ -34,24 +32,17 @@ def auto_shard(dataset, num_workers, worker_index, num_replicas_in_sync):
   policy = dataset.options().experimental_distribute.auto_shard_policy
   if num_workers == 1 or policy == AutoShardPolicy.OFF:
     return dataset
-  flat_specs = _tf_bridge.flat_tensor_specs(dataset.element_spec)
-  variant = tf.raw_ops.AutoShardDataset(
-      input_dataset=tf.data.experimental.to_variant(dataset),
-      num_workers=num_workers, index=worker_index,
-      auto_shard_policy=int(policy), num_replicas=num_replicas_in_sync,
-      output_types=[s.dtype for s in flat_specs],
-      output_shapes=[s.shape for s in flat_specs])
-  return tf.data.experimental.from_variant(variant, dataset.element_spec)
+  return _dataset_op(tf.raw_ops.AutoShardDataset, dataset, dataset.element_spec,
+                     num_workers=num_workers, index=worker_index,
+                     auto_shard_policy=int(policy), num_replicas=num_replicas_in_sync)
 
 
 def worker_share(dataset, num_workers, worker_index, num_replicas_in_sync):
   """The pieces of `dataset` (batched by the global batch size) that worker
-  `worker_index` of `num_workers` feeds to its replicas, one piece per
-  replica and step, as TensorFlow's multi-worker strategies cut them.
-
-  Each global batch is cut into `num_replicas_in_sync` pieces whose sizes
-  differ by at most one, so that every step of the cluster consumes one
-  global batch; the pieces are then auto-sharded by the dataset's policy.
+  `worker_index` of `num_workers` feeds to its replicas, one per replica and
+  step, as TensorFlow's multi-worker strategies cut them: each global batch
+  in `num_replicas_in_sync` pieces whose sizes differ by at most one, so that
+  each step of the cluster consumes one global batch, then auto-sharded.
 
   >>> dataset = tf.data.Dataset.range(16).batch(8)
   >>> [x.numpy().tolist() for x in worker_share(dataset, 2, 1, 2)]
@@ -64,17 +55,24 @@ def worker_share(dataset, num_workers, worker_index, num_replicas_in_sync):
         f"of the number of workers ({num_workers}).")
   replicas_per_worker = num_replicas_in_sync // num_workers
   batch_size = _static_batch_size(dataset)
+
+  def rebatched():
+    return dataset.rebatch(piece_sizes(batch_size, num_workers, replicas_per_worker,
+                                       worker_index))
+
+  def rebatched_at_run_time():
+    """Each batch cut into `num_replicas_in_sync` pieces, for a dataset whose
+    batch size tf.data cannot tell before it runs."""
+    return _dataset_op(tf.raw_ops.RebatchDataset, dataset,
+                       _with_unknown_batch(dataset.element_spec),
+                       num_replicas=num_replicas_in_sync, use_fallback=True)
+
   if isinstance(batch_size, int):
-    pieces = (_rebatched(dataset, batch_size, num_workers, replicas_per_worker,
-                         worker_index) if batch_size >= 0 else
-              _legacy_rebatched(dataset, num_replicas_in_sync))
+    pieces = rebatched() if batch_size >= 0 else rebatched_at_run_time()
   else:
-    variant = tf.cond(
-        batch_size >= 0,
-        lambda: tf.data.experimental.to_variant(_rebatched(
-            dataset, batch_size, num_workers, replicas_per_worker, worker_index)),
-        lambda: tf.data.experimental.to_variant(
-            _legacy_rebatched(dataset, num_replicas_in_sync)))
+    to_variant = tf.data.experimental.to_variant
+    variant = tf.cond(batch_size >= 0, lambda: to_variant(rebatched()),
+                      lambda: to_variant(rebatched_at_run_time()))
     pieces = tf.data.experimental.from_variant(
         variant, _with_unknown_batch(dataset.element_spec))
   return auto_shard(pieces.prefetch(replicas_per_worker), num_workers,
@@ -90,47 +88,34 @@ def piece_sizes(global_batch_size, num_workers, replicas_per_worker, worker_inde
   [2, 1, 2, 2]
   """
   pieces = num_workers * replicas_per_worker
+  offset = worker_index * replicas_per_worker
   if isinstance(global_batch_size, int):
     small, larger = divmod(global_batch_size, pieces)
     sizes = [small + 1] * larger + [small] * (pieces - larger)
-  else:
-    small = global_batch_size // pieces
-    larger = global_batch_size - small * pieces
-    sizes = small + tf.cast(tf.range(pieces, dtype=tf.int64) < larger, tf.int64)
-  offset = worker_index * replicas_per_worker
-  if isinstance(sizes, list):
     return sizes[offset:] + sizes[:offset]
+  small = global_batch_size // pieces
+  larger = global_batch_size - small * pieces
+  sizes = small + tf.cast(tf.range(pieces, dtype=tf.int64) < larger, tf.int64)
   return tf.concat([sizes[offset:], sizes[:offset]], axis=0)
 
 
-def _rebatched(dataset, batch_size, num_workers, replicas_per_worker, worker_index):
-  return dataset.rebatch(piece_sizes(batch_size, num_workers, replicas_per_worker,
-                                     worker_index))
-
-
-def _legacy_rebatched(dataset, num_replicas):
-  """Each batch cut into `num_replicas` pieces, for a dataset whose batch
-  size tf.data cannot tell before it runs."""
-  flat_specs = _tf_bridge.flat_tensor_specs(dataset.element_spec)
-  unknown = _with_unknown_batch(dataset.element_spec)
-  variant = tf.raw_ops.RebatchDataset(
-      input_dataset=tf.data.experimental.to_variant(dataset),
-      num_replicas=num_replicas,
-      output_types=[s.dtype for s in flat_specs],
-      output_shapes=[s.shape for s in _tf_bridge.flat_tensor_specs(unknown)],
-      use_fallback=True)
-  return tf.data.experimental.from_variant(variant, unknown)
+def _dataset_op(op, dataset, element_spec, **attrs):
+  """The dataset of the raw tf.data `op` over `dataset`, of `element_spec`."""
+  flat_specs = _tf_bridge.flat_tensor_specs(element_spec)
+  variant = op(input_dataset=tf.data.experimental.to_variant(dataset),
+               output_types=[s.dtype for s in flat_specs],
+               output_shapes=[s.shape for s in flat_specs], **attrs)
+  return tf.data.experimental.from_variant(variant, element_spec)
 
 
 def _static_batch_size(dataset):
   """The batch size of `dataset` without its partial last batch: an int (-1
   where the components disagree or it cannot be told), or a tensor inside a
   `tf.function` when only running the pipeline's graph can tell."""
+  specs = tf.nest.flatten(dataset.element_spec)
   dims = [spec.shape[0] if spec.shape.rank else None
-          for spec in tf.nest.flatten(dataset.element_spec)
-          if isinstance(spec, tf.TensorSpec)]
-  if dims and len(dims) == len(tf.nest.flatten(dataset.element_spec)) and all(
-      d is not None for d in dims):
+          for spec in specs if isinstance(spec, tf.TensorSpec)]
+  if dims and len(dims) == len(specs) and None not in dims:
     return dims[0] if all(d == dims[0] for d in dims) else -1
   size = tf.raw_ops.ComputeBatchSize(
       input_dataset=tf.data.experimental.to_variant(dataset))

@@ -1,16 +1,9 @@
-"""The TF 1.x contrib "tower" API (`tf.contrib.distribute`), as a thin
-facade over this package's TF 1.x strategies.
-
-A contrib strategy wraps a `compat.v1` strategy and renames its API: towers
-are replicas, `call_for_each_tower` is `extended.call_for_each_replica`,
-`reduce` takes a `tf.VariableAggregation`, and the tower context has a
-Python-int `tower_id` and a positional `merge_call`. Everything runs on the
-core's mechanisms, eagerly or in a TF1 graph.
-
-TF 1.x's `tf.VariableAggregation.ONLY_FIRST_TOWER` is, in TensorFlow 2, only
-`tf.compat.v1.VariableAggregation.ONLY_FIRST_TOWER` (the same value as
-`tf.VariableAggregation.ONLY_FIRST_REPLICA`); both are accepted wherever an
-aggregation is.
+"""The TF 1.x contrib "tower" API (`tf.contrib.distribute`), a facade over
+the `compat.v1` strategies: towers are replicas, `call_for_each_tower` is
+`extended.call_for_each_replica`, `reduce` takes a `tf.VariableAggregation`
+(`ONLY_FIRST_TOWER`, in TensorFlow 2 only `tf.compat.v1`'s, is
+`ONLY_FIRST_REPLICA`), and the tower context has a Python-int `tower_id`
+and a positional `merge_call`. It works eagerly and in a TF1 graph.
 """
 
 import tensorflow as tf
@@ -51,42 +44,20 @@ class DistributionStrategy:
     self._strategy = strategy
     setattr(strategy, _FACADE, self)
 
-  # --- Properties.
-
-  @property
-  def between_graph(self):
-    """Whether each worker builds its own graph."""
-    return self._strategy.extended.experimental_between_graph
-
-  @property
-  def is_single_tower(self):
-    """Whether there is one tower."""
-    return self.num_towers == 1
-
-  @property
-  def num_towers(self):
-    """How many towers (replicas) run each step."""
-    return self._strategy.num_replicas_in_sync
-
-  @property
-  def num_hosts(self):
-    """Hosts the towers run on."""
-    return getattr(self._strategy.extended, "num_hosts", 1)
-
-  @property
-  def num_towers_per_host(self):
-    """Towers on each host."""
-    return self.num_towers // self.num_hosts
-
-  @property
-  def parameter_devices(self):
-    """The devices variables are placed on."""
-    return self._strategy.extended.parameter_devices
-
-  @property
-  def worker_devices(self):
-    """The devices towers run on."""
-    return self._strategy.extended.worker_devices
+  between_graph = property(lambda self: self._strategy.extended.experimental_between_graph,
+                           doc="Whether each worker builds its own graph.")
+  is_single_tower = property(lambda self: self.num_towers == 1,
+                             doc="Whether there is one tower.")
+  num_towers = property(lambda self: self._strategy.num_replicas_in_sync,
+                        doc="How many towers (replicas) run each step.")
+  num_hosts = property(lambda self: getattr(self._strategy.extended, "num_hosts", 1),
+                       doc="Hosts the towers run on.")
+  num_towers_per_host = property(lambda self: self.num_towers // self.num_hosts,
+                                 doc="Towers on each host.")
+  parameter_devices = property(lambda self: self._strategy.extended.parameter_devices,
+                               doc="The devices variables are placed on.")
+  worker_devices = property(lambda self: self._strategy.extended.worker_devices,
+                            doc="The devices towers run on.")
 
   @property
   def worker_device_index(self):
@@ -103,8 +74,6 @@ class DistributionStrategy:
                          doc="Whether initialization runs here.")
   should_save_summary = property(lambda self: self._strategy.extended.should_save_summary,
                                  doc="Whether summaries are saved here.")
-
-  # --- Methods.
 
   def scope(self):
     """The core strategy's scope: variables are mirrored, cross-tower context."""
@@ -131,7 +100,7 @@ class DistributionStrategy:
     extended = self._strategy.extended
     pairs = [(v, self.worker_devices if d is None else d)
              for v, d in value_destination_pairs]
-    if _is_only_first(aggregation):
+    if aggregation.value == tf.VariableAggregation.ONLY_FIRST_REPLICA.value:
       return [extended.broadcast_to(self._strategy.experimental_local_results(v)[0], d)
               for v, d in pairs]
     return extended.batch_reduce_to(ReduceOp.from_variable_aggregation(
@@ -139,11 +108,7 @@ class DistributionStrategy:
 
   def broadcast(self, tensor, destinations=None):
     """`tensor` mirrored onto `destinations` (by default every tower; the
-    default strategy gives `tensor` back).
-
-    >>> get_distribution_strategy().broadcast(1.0)
-    1.0
-    """
+    default strategy gives `tensor` back)."""
     if destinations is None and self._strategy is not default_strategy.default_strategy():
       destinations = self.worker_devices
     return self._strategy.extended.broadcast_to(tensor, destinations)
@@ -165,12 +130,10 @@ class DistributionStrategy:
         lambda input_context: dataset_fn(), None, partial_steps=False))
 
   def initialize(self):
-    """Nothing to initialize: None eagerly, no ops in a graph."""
+    """Nothing to initialize (or finalize): None eagerly, no ops in a graph."""
     return None if tf.executing_eagerly() else []
 
-  def finalize(self):
-    """Nothing to finalize: None eagerly, no ops in a graph."""
-    return None if tf.executing_eagerly() else []
+  finalize = initialize
 
   def get_host_cpu_device(self, host_id):
     """The CPU of host `host_id`."""
@@ -287,10 +250,8 @@ class TPUStrategy(OneDeviceStrategy):  # pylint: disable=super-init-not-called
     DistributionStrategy.__init__(self, tpu_strategy.TPUStrategyV1(
         tpu_cluster_resolver, steps_per_run, device_assignment))
 
-  @property
-  def steps_per_run(self):
-    """Steps each host loop runs."""
-    return self._strategy.steps_per_run
+  steps_per_run = property(lambda self: self._strategy.steps_per_run,
+                           doc="Steps each host loop runs.")
 
   def run_steps_on_dataset(self, fn, iterator, iterations=None, initial_loop_values=None):
     """As `DistributionStrategy.run_steps_on_dataset`, `steps_per_run` steps
@@ -347,20 +308,12 @@ class TowerContext:
       return merge_fn(_facade(strategy), *merged_args, **merged_kwargs)
     return self._replica_context.merge_call(core_merge_fn, args=args, kwargs=kwargs)
 
-  @property
-  def distribution_strategy(self):
-    """The contrib strategy the tower belongs to."""
-    return _facade(self._replica_context.strategy)
-
-  @property
-  def num_towers(self):
-    """How many towers run each step."""
-    return self._replica_context.num_replicas_in_sync
-
-  @property
-  def is_single_tower(self):
-    """Whether this is the only tower."""
-    return self.num_towers == 1
+  distribution_strategy = property(lambda self: _facade(self._replica_context.strategy),
+                                   doc="The contrib strategy the tower belongs to.")
+  num_towers = property(lambda self: self._replica_context.num_replicas_in_sync,
+                        doc="How many towers run each step.")
+  is_single_tower = property(lambda self: self.num_towers == 1,
+                             doc="Whether this is the only tower.")
 
   @property
   def device(self):
@@ -420,7 +373,3 @@ def _facade(strategy):
 _TOWER_AGGREGATIONS = frozenset(a.value for a in (
     tf.VariableAggregation.SUM, tf.VariableAggregation.MEAN,
     tf.VariableAggregation.ONLY_FIRST_REPLICA))
-
-
-def _is_only_first(aggregation):
-  return getattr(aggregation, "value", None) == tf.VariableAggregation.ONLY_FIRST_REPLICA.value

@@ -1,9 +1,7 @@
 """Executors: how a strategy runs a function once per replica, for `run`
-and `experimental_distribute_values_from_function`. Each extended object
-makes one when it is made. A step's `RunOptions` are an argument of `run`,
-and what a TPU step needs while it is traced lives in its own replica
-context: nothing of a step is set on the strategy, so threads may run steps
-with other options at once.
+and `experimental_distribute_values_from_function`. A step's `RunOptions`
+are an argument of `run` and a traced TPU step's state lives in its replica
+context, so threads may run steps with other options at once.
 """
 
 import os
@@ -22,8 +20,8 @@ from tf_distribute_lite import values as values_lib
 _TF_FUNCTION = getattr(tf.types.experimental, "PolymorphicFunction", None) or (
     tf.types.experimental.GenericFunction)
 
-# Set to 1, an emulated slice runs a plain Python function given to an eager
-# `run`, which a TPU refuses (for debugging; see `TPUStrategyV2.run`).
+# Set to 1, an emulated slice runs an eager `run` of a plain Python function,
+# which a TPU refuses (for debugging; see `TPUStrategyV2.run`).
 EAGER_RUN_VARIABLE = "TFD_EMULATED_TPU_EAGER"
 
 
@@ -32,11 +30,10 @@ class _MirroredReplicaContext(replica_context.ReplicaContext):
 
 
 class LocalReplicas:
-  """Runs a function once per replica of this process, each on its device
-  (`devices`), one after another on the calling thread; a
-  `replica_runner.ReplicaRunner` pauses them at `merge_call`. The replicas
-  are `first_replica`, ... of `num_replicas` (by default the local ones),
-  each in a `context_class(strategy, replica_id, runner)`."""
+  """Runs a function once per replica of this process, each on its device of
+  `devices` in a `context_class(strategy, replica_id, runner)`, through a
+  `replica_runner.ReplicaRunner`. The replicas are `first_replica`, ... of
+  `num_replicas` (by default the local ones)."""
 
   def __init__(self, strategy, devices, context_class=_MirroredReplicaContext,
                first_replica=0, num_replicas=None):
@@ -45,8 +42,7 @@ class LocalReplicas:
     self._context_class = context_class
     self._first_replica = first_replica
     self._num_replicas = len(self._devices) if num_replicas is None else num_replicas
-    # What each function runs as (one trace for every replica, or a TPU
-    # step), per function and run options.
+    # Per function and run options, what it runs as (see `_made_once`).
     self._made = weakref.WeakKeyDictionary()
 
   def replica_context(self, replica_id, runner=None):
@@ -55,8 +51,8 @@ class LocalReplicas:
 
   def run(self, fn, args, kwargs, options=None):
     """`fn(*args, **kwargs)` on every replica, with its components of
-    distributed arguments, the results regrouped; a `tf.function` runs as one
-    function that runs every replica. Only TPUs take `options`."""
+    distributed arguments, the results regrouped; a `tf.function` as one
+    function running every replica. Only TPUs take `options`."""
     if isinstance(fn, _TF_FUNCTION):
       return self._one_function(fn, options)(*args, **kwargs)
     return self._run_replicas(fn, args, kwargs)
@@ -64,7 +60,7 @@ class LocalReplicas:
   def _run_replicas(self, fn, args, kwargs):
     fn = _tf_bridge.autograph_convert(fn)
     inputs = [values_lib.select_replica(i, (args, kwargs)) for i in range(len(self._devices))]
-    if len(inputs) == 1:  # Nothing to wait for at merge_call: no runner.
+    if len(inputs) == 1:  # no merge_call to wait at: no runner
       (args, kwargs), = inputs
       with replica_runner.conversion_guard(), \
           self.replica_context(0), tf.device(self._devices[0]):
@@ -99,11 +95,9 @@ class LocalReplicas:
 
 class TPUReplicate(LocalReplicas):
   """Runs a TPU's replicas (on `devices`, their first cores) as one
-  `tpu.replicate` computation, which XLA compiles. An eager `run` runs the
-  step as a `tf.function`, made once per function and options."""
+  `tpu.replicate` computation; an eager `run` as a `tf.function` of it."""
 
-  # Appended to the error of a pure eager `run`.
-  _pure_eager_hint = ""
+  _pure_eager_hint = ""  # ends the error of a pure eager `run`
 
   def __init__(self, strategy, devices, device_assignment, use_spmd_for_xla_partitioning):
     super().__init__(strategy, devices, _EmulatedReplicaContext)
@@ -140,10 +134,10 @@ class TPUReplicate(LocalReplicas):
 
 class EmulatedTPU(TPUReplicate):
   """Runs an emulated slice's replicas as local replicas on its CPU devices,
-  in one traced step, and fails the step where XLA cannot compile it
-  (`tpu_replication.check_compiles`), as a TPU does. A replica function
-  traced with `jit_compile=True` runs as its Python function: one XLA
-  program cannot span the CPU devices standing for the cores."""
+  in one traced step, which fails where XLA cannot compile it, as on a TPU
+  (`tpu_replication.check_compiles`). A replica function with
+  `jit_compile=True` runs as its Python function: one XLA program cannot
+  span the CPU devices standing for the cores."""
 
   _pure_eager_hint = (f" (For debugging, an emulated slice runs it where the "
                       f"environment variable {EAGER_RUN_VARIABLE}=1.)")
@@ -151,11 +145,9 @@ class EmulatedTPU(TPUReplicate):
   def run(self, fn, args, kwargs, options=None):
     options = options or distribute_lib.RunOptions()
     function = isinstance(fn, _TF_FUNCTION)
-    if function and not _tf_bridge.is_jit_compiled(fn):
-      # Run as one function, which runs this with its Python function.
+    if function and not _tf_bridge.is_jit_compiled(fn):  # runs this with its Python function
       return self._one_function(fn, options)(*args, **kwargs)
-    if tf.executing_eagerly():
-      # As on a TPU, an eager `run` runs the step as a function, compiled.
+    if tf.executing_eagerly():  # as on a TPU: a compiled step function
       return self._step_function(fn, options)(args, kwargs)
     if function:
       fn = fn.python_function
@@ -182,12 +174,10 @@ class _EmulatedReplicaContext(tpu_replication.LogicalDevices, replica_context.Re
   """A replica's context on an emulated slice."""
 
   def merge_call(self, merge_fn, args=(), kwargs=None):
-    """As `ReplicaContext.merge_call`, except that `merge_fn` gets one of
-    each Python object (not a tensor or variable) that the replicas pass:
-    replica 0's. On a TPU the replica function is traced once, so there is
-    only one, and a `merge_fn` may consume it (the Model Garden's EMA
-    optimizer passes a `zip` of variables); each emulated replica makes its
-    own."""
+    """As `ReplicaContext.merge_call`, but `merge_fn` gets replica 0's of
+    each Python object (not a tensor or variable) the replicas pass: a TPU
+    traces the replica function once, so there is one, which `merge_fn` may
+    consume (the Model Garden's EMA optimizer passes a `zip`)."""
     def merge_traced_once(strategy, *grouped_args, **grouped_kwargs):
       grouped_args, grouped_kwargs = tf.nest.map_structure(
           _replica_0_object, (grouped_args, grouped_kwargs))
@@ -196,8 +186,7 @@ class _EmulatedReplicaContext(tpu_replication.LogicalDevices, replica_context.Re
 
 
 def _replica_0_object(value):
-  """Replica 0's component of a PerReplica that groups Python objects; any
-  other `value` unchanged."""
+  """Replica 0's component of a PerReplica of Python objects, else `value`."""
   if isinstance(value, values_lib.PerReplica) and not any(
       tf.is_tensor(v) or isinstance(v, (tf.Variable, tf.distribute.DistributedValues))
       for v in value.values):

@@ -10,10 +10,8 @@ from tf_distribute_lite.tf_classes import StandsFor
 
 
 class InputReplicationMode(enum.Enum):
-  """How many input pipelines an input function makes.
-
-  * `PER_WORKER`: one per worker, shared by that worker's replicas.
-  * `PER_REPLICA`: one per replica.
+  """How many input pipelines an input function makes: one per worker,
+  shared by its replicas (`PER_WORKER`), or one per replica (`PER_REPLICA`).
 
   >>> InputReplicationMode.PER_WORKER.value
   'PER_WORKER'
@@ -23,11 +21,8 @@ class InputReplicationMode(enum.Enum):
 
 
 class InputContext(StandsFor, stands_for=tf.distribute.InputContext):
-  """Which input pipeline `dataset_fn` is building, out of how many.
-
-  `strategy.distribute_datasets_from_function` calls `dataset_fn` once per
-  input pipeline with one of these, so the function can shard its input and
-  pick the per-replica batch size.
+  """Which input pipeline `dataset_fn` is building, out of how many, so that
+  it can shard its input and pick the per-replica batch size.
 
   >>> context = InputContext(num_input_pipelines=2, input_pipeline_id=1,
   ...                        num_replicas_in_sync=4)
@@ -51,11 +46,8 @@ class InputContext(StandsFor, stands_for=tf.distribute.InputContext):
                                   doc="How many replicas are in sync.")
 
   def get_per_replica_batch_size(self, global_batch_size):
-    """`global_batch_size` divided by the number of replicas.
-
-    Raises:
-      ValueError: if it does not divide evenly.
-    """
+    """`global_batch_size` divided by the number of replicas; `ValueError`
+    if it does not divide evenly."""
     if global_batch_size % self._num_replicas_in_sync:
       raise ValueError(
           f"The `global_batch_size` {global_batch_size!r} is not divisible by "
@@ -73,13 +65,14 @@ class InputOptions(collections.namedtuple("InputOptions", [
     "experimental_per_replica_buffer_size"])):
   """How a distributed dataset places and prefetches its batches.
 
-  * `experimental_fetch_to_device`: copy each replica's batch to its device
-    (default `True`; `None` means `True`).
-  * `experimental_replication_mode`: one input pipeline per worker or per
-    replica (`distribute_datasets_from_function` only).
-  * `experimental_place_dataset_on_device`: build each replica's pipeline on
-    its device (needs `PER_REPLICA` and no `experimental_fetch_to_device`).
-  * `experimental_per_replica_buffer_size`: batches prefetched per replica.
+  Args:
+    experimental_fetch_to_device: copy each replica's batch to its device
+      (`None` means the default, `True`).
+    experimental_replication_mode: one input pipeline per worker or per
+      replica (`distribute_datasets_from_function` only).
+    experimental_place_dataset_on_device: build each replica's pipeline on
+      its device (needs `PER_REPLICA` and no `experimental_fetch_to_device`).
+    experimental_per_replica_buffer_size: batches prefetched per replica.
 
   >>> InputOptions(experimental_fetch_to_device=False)
   InputOptions(experimental_fetch_to_device=False, experimental_replication_mode=<InputReplicationMode.PER_WORKER: 'PER_WORKER'>, experimental_place_dataset_on_device=False, experimental_per_replica_buffer_size=1)
@@ -107,10 +100,7 @@ def is_per_replica(options):
 
 def refuse_per_replica(options):
   """Raises TensorFlow's error where `options` ask for one input pipeline per
-  replica of a strategy that has one per worker only.
-
-  >>> refuse_per_replica(InputOptions())
-  """
+  replica of a strategy that has one per worker only."""
   if is_per_replica(options):
     raise NotImplementedError(
         "InputReplicationMode.PER_REPLICA is only supported in "
@@ -119,15 +109,14 @@ def refuse_per_replica(options):
 
 def check_function_options(options):
   """Raises TensorFlow's errors for inconsistent `options` of an input function."""
-  if options is None:
+  if options is None or not options.experimental_place_dataset_on_device:
     return
-  if options.experimental_place_dataset_on_device and not is_per_replica(options):
+  if not is_per_replica(options):
     raise ValueError(
         "When `experimental_place_dataset_on_device` is set for dataset "
         "placement, you must also specify `PER_REPLICA` for the replication "
         "mode")
-  if (is_per_replica(options) and options.experimental_fetch_to_device and
-      options.experimental_place_dataset_on_device):
+  if options.experimental_fetch_to_device:
     raise ValueError(
         "`experimental_place_dataset_on_device` can not be set to True when "
         "experimental_fetch_to_device is True and replication mode is set to "

@@ -13,21 +13,20 @@ from tf_distribute_lite.reduce_util import ReduceOp
 from tf_distribute_lite.tf_classes import StandsFor
 
 
-def _own_copies(inputs, results):
-  """`results`, where one is its own input (a value every replica shares,
-  already in sync) as a copy on this replica's device, as TensorFlow's are."""
-  return [tf.identity(r) if r is x else r for x, r in zip(inputs, results)]
+def _collective_results(xs, merged, gradient):
+  """`merged`, a collective's results over `xs`, with `gradient(dys)` as their
+  gradient with respect to `xs`; a result that is its own input (shared by
+  every replica, already in sync) as a copy on this device, as TensorFlow's.
 
-
-def _with_gradient(xs, ys, gradient):
-  """`ys` (collective results of `xs`), with `gradient(dys)` as their
-  gradient with respect to `xs`.
-
-  The gradient flows from here, not through the merge, which reads other
-  replicas' values (and records on another thread's tape). Taking `ys` as
-  arguments keeps TensorFlow's search for variables used inside the function
-  from walking every replica's graph.
+  The gradient flows from here, not through the merge (which reads other
+  replicas' values, on another thread's tape): always in a graph, eagerly
+  while a tape records. Passing `ys` as arguments keeps TensorFlow's search
+  for captured variables from walking every replica's graph.
   """
+  ys = [tf.identity(y) if y is x else y for x, y in zip(xs, merged)]
+  if tf.executing_eagerly() and not _tf_bridge.gradient_tape_active():
+    return ys
+
   @tf.custom_gradient
   def with_gradient(*xs_and_ys):
     def grad(*dys):
@@ -45,26 +44,9 @@ def refuse_indexed_slices(value, method):
         f"tensors first (tf.convert_to_tensor).")
 
 
-def _gradient_wanted():
-  """Whether a collective's result needs its gradient attached: in a graph
-  always (`tf.gradients` may differentiate it later, and a function traced
-  now may run under a tape later), eagerly only while a tape records."""
-  return not tf.executing_eagerly() or _tf_bridge.gradient_tape_active()
-
-
 class ReplicaContextBase(StandsFor):
-  """What code inside `strategy.run` sees: its replica and the collectives.
-
-  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-  >>> def step():
-  ...   ctx = tf_distribute_lite.get_replica_context()
-  ...   return ctx.all_reduce("SUM", tf.cast(ctx.replica_id_in_sync_group, tf.float32) + 1.0)
-  >>> strategy.run(step)
-  PerReplica:{
-    0: <tf.Tensor: shape=(), dtype=float32, numpy=3.0>,
-    1: <tf.Tensor: shape=(), dtype=float32, numpy=3.0>
-  }
-  """
+  """What code inside `strategy.run` sees: its replica and the collectives
+  (TF 1.x's and TF 2.x's replica contexts alike)."""
 
   def __init__(self, strategy, replica_id_in_sync_group, runner=None):
     self._strategy = strategy
@@ -119,12 +101,10 @@ class ReplicaContextBase(StandsFor):
                        f"{current.strategy} is not {self._strategy}.")
 
   def merge_call(self, merge_fn, args=(), kwargs=None):
-    """Runs `merge_fn(strategy, *args, **kwargs)` once, across all replicas.
-
-    Every replica must call `merge_call`; `merge_fn` runs in the
-    cross-replica context with each argument grouped into a distributed
-    value, and each replica receives its part of the result.
-    """
+    """Runs `merge_fn(strategy, *args, **kwargs)` once, in the cross-replica
+    context, when every replica has called `merge_call`, with each argument
+    grouped into a distributed value; each replica receives its part of the
+    result."""
     self._require_current()
     kwargs = {} if kwargs is None else kwargs
     merge_fn = _tf_bridge.autograph_convert(merge_fn)
@@ -152,9 +132,7 @@ class ReplicaContextBase(StandsFor):
     """
     reduce_op = ReduceOp.from_any(reduce_op)
     flat = tf.nest.flatten(value)
-    if not flat:
-      return value
-    if self.num_replicas_in_sync == 1:
+    if not flat or self.num_replicas_in_sync == 1:
       return value
     flat = [tf.convert_to_tensor(v) if isinstance(v, (numbers.Number, np.ndarray, np.generic))
             else v for v in flat]
@@ -162,34 +140,19 @@ class ReplicaContextBase(StandsFor):
     def batch_all_reduce(strategy, *per_replica):
       return strategy.extended.batch_reduce_to(
           reduce_op, [(v, v) for v in per_replica], options)
-
-    if any(isinstance(v, tf.IndexedSlices) for v in flat):
-      return tf.nest.pack_sequence_as(
-          value, self.merge_call(batch_all_reduce, args=flat))
-
-    reduced = _own_copies(flat, self.merge_call(batch_all_reduce, args=flat))
-    if _gradient_wanted():
-      reduced = _with_gradient(
+    reduced = self.merge_call(batch_all_reduce, args=flat)
+    if not any(isinstance(v, tf.IndexedSlices) for v in flat):
+      reduced = _collective_results(
           flat, reduced, lambda dys: self.all_reduce(reduce_op, dys, options))
     return tf.nest.pack_sequence_as(value, reduced)
 
   def _update(self, var, fn, args=(), kwargs=None, group=True):
-    """Runs `fn(component, *args, **kwargs)` on each component of `var`,
-    after every replica has arrived, with the replicas' arguments grouped
-    (`strategy.extended.update` from a replica context).
-
-    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> with strategy.scope():
-    ...   v = tf.Variable(5.0)
-    >>> def replica_fn():
-    ...   context = tf_distribute_lite.get_replica_context()
-    ...   context._update(v, lambda var, x: var.assign(x), args=(tf.identity(1.0),))
-    >>> _ = strategy.run(replica_fn)
-    >>> [c.numpy().item() for c in v.values]
-    [1.0, 1.0]
-    """
+    """`strategy.extended.update` from a replica context: `fn(component,
+    *args, **kwargs)` on each component of `var` once every replica arrived,
+    with the replicas' arguments grouped."""
     self._require_current()
     return self._strategy.extended.update(var, fn, args, kwargs, group)
+
 
 class ReplicaContext(ReplicaContextBase, stands_for=tf.distribute.ReplicaContext):
   """The replica context of TF 2.x strategies, with `all_gather`.
@@ -232,12 +195,9 @@ class ReplicaContext(ReplicaContextBase, stands_for=tf.distribute.ReplicaContext
       return [strategy.extended._gather_to(v, v, axis, options)  # pylint: disable=protected-access
               for v in per_replica]
     merged = self.merge_call(gather, args=flat)
-    gathered = _own_copies(flat, merged)
-    if _gradient_wanted():
-      shared = [m is x for x, m in zip(flat, merged)]
-      gathered = _with_gradient(
-          flat, gathered,
-          lambda dys: self._gather_gradients(flat, shared, dys, axis, options))
+    shared = [m is x for x, m in zip(flat, merged)]
+    gathered = _collective_results(
+        flat, merged, lambda dys: self._gather_gradients(flat, shared, dys, axis, options))
     return tf.nest.pack_sequence_as(value, gathered)
 
   def _gather_gradients(self, xs, shared, dys, axis, options):

@@ -1,13 +1,11 @@
 """Runs a function once per replica, pausing every replica at `merge_call`.
 
 Replicas run one after another on the calling thread, each under its device
-and in its `ReplicaContext`. Only `merge_call` needs more: it must hold every
-replica at the same point until all have arrived, then run `merge_fn` once
-with their arguments grouped. When replica 0 first calls `merge_call`, the
-other replicas start on threads of their own, each running until it reaches
-`merge_call` too; from then on the replicas advance in lockstep, always in
-replica order, so the ops they build come out in a deterministic order.
-A function that never calls `merge_call` never starts a thread.
+and in its `ReplicaContext`, until replica 0 first calls `merge_call`: then
+the others start on threads of their own, each running to its `merge_call`,
+`merge_fn` runs once with their arguments grouped, and from then on the
+replicas advance in lockstep, in replica order, so the ops they build come
+out in a deterministic order. Without `merge_call` no thread starts.
 """
 
 import collections
@@ -38,10 +36,8 @@ class _ThreadState:
 
   def enter(self, stack):
     """Enters this state on the current thread, using `stack` (ExitStack)."""
-    if not self.eager:
+    if not self.eager:  # eagerly the creators go onto this thread's own graph
       stack.enter_context(self.graph.as_default())
-    # Eagerly each thread has a default graph of its own: the creators go
-    # onto this thread's.
     stack.enter_context(self.tensorflow_state)
     if self.name_scope:
       stack.enter_context(tf.name_scope(self.name_scope + "/"))
@@ -98,7 +94,6 @@ class _ReplicaThread(threading.Thread):
     return self.merge_result
 
 
-
 def _control_inputs_here():
   """The ops the current `tf.control_dependencies` blocks of this thread make
   new ops wait for (read off a no-op made here); none eagerly."""
@@ -107,19 +102,22 @@ def _control_inputs_here():
   return tuple(tf.no_op(name="merge_call_control_inputs").control_inputs)
 
 
+# How the messages about a `merge_call` where replicas cannot meet begin.
+_NEW_GRAPH = "`merge_call` called while defining a new graph or a tf.function: "
+# What every message about unmatched `merge_call`s ends with.
+_SAME_MERGE_CALLS = ("every replica must call merge_call (directly or through all_reduce, "
+                     "variable updates, optimizers) the same number of times.")
+
 
 def _in_graph(ops, graph):
   """`ops` without repeats, less those of other graphs than `graph` (another
   replica's control-flow branch, whose ops `graph` cannot wait for)."""
-  unique = {id(op): op for op in ops if op.graph is graph}
-  return list(unique.values())
-
+  return list({id(op): op for op in ops if op.graph is graph}.values())
 
 
 def _canonical_name(name):
-  """`name` without the suffixes `_<n>` that make names unique (at the end
-  and before each `/`), which replicas may add differently to one
-  variable's name; "Variable" for None."""
+  """`name` (or "Variable") without the suffixes `_<n>` that make names
+  unique, which replicas may add differently to one variable's name."""
   return re.sub(r"_\d+(?=/|$)", "", name or "Variable")
 
 
@@ -133,21 +131,17 @@ def conversion_guard():
 
 def _input_barrier(replica_inputs):
   """In a `tf.function`, `[op]` where `op` waits for every replica's input
-  tensors.
+  tensors (not variables: `tf.group` refuses Keras ones, and they never fail).
 
   Every op of the step depends on it, so none starts before the whole step's
-  input is there, as with a function call. Otherwise a step whose input
-  fails at run time (the end of a dataset) could apply some of its updates:
-  some components of a variable updated and others not. A TF 1.x graph has
-  none: there a `Session` runs only what is fetched, and fetching a value
-  (a metric's result, say) must not pull the next input.
+  input is there: a step whose input fails at run time (the end of a
+  dataset) must not update some components of a variable and not others. A
+  TF 1.x graph has none: a `Session` runs only what is fetched, and fetching
+  a metric's result must not pull the next input.
   """
   if not _tf_bridge.is_function_graph(tf.compat.v1.get_default_graph()):
     return []
-  # Only tensors: variables (Keras ones too, which `tf.group` refuses) are
-  # never input that fails at run time.
-  tensors = [t for t in tf.nest.flatten(replica_inputs, expand_composites=True)
-             if isinstance(t, tf.Tensor)]
+  tensors = _tensors(replica_inputs)
   return [tf.group(tensors, name="replica_inputs")] if tensors else []
 
 
@@ -205,11 +199,8 @@ class ReplicaRunner:
     with conversion_guard(), _tf_bridge.VariableCreatorScope(self._share_variable):
       self._state = _ThreadState()
       self._input_barrier = _input_barrier(self._inputs)
-      try:
+      with self._aborting_on_error():
         first = self.call_replica(0)
-      except BaseException:
-        self._abort()
-        raise
       if self._threads is None:
         return [first] + [self.call_replica(i) for i in range(1, self.num_replicas)]
     results = [first]
@@ -224,11 +215,8 @@ class ReplicaRunner:
         raise
       if not thread.done:
         self._abort()
-        raise RuntimeError(
-            f"Replica {thread.replica_id} called merge_call more often than "
-            f"replica 0 ({self._merge_calls} times): every replica must call "
-            f"merge_call (directly or through all_reduce, variable updates, "
-            f"optimizers) the same number of times.")
+        raise RuntimeError(f"Replica {thread.replica_id} called merge_call more often than "
+                           f"replica 0 ({self._merge_calls} times): {_SAME_MERGE_CALLS}")
       results.append(thread.result)
     self._check_branch_conditions()
     return results
@@ -248,8 +236,10 @@ class ReplicaRunner:
         # replica thread does not inherit). Every `run` in a graph shares
         # one name scope per replica, as in TensorFlow: the trailing "/"
         # re-enters it rather than adding "replica_1_1".
-        name_scope = contextlib.nullcontext() if tf.executing_eagerly() else tf.name_scope(
-            f"{tf.compat.v1.get_default_graph().get_name_scope()}/replica_{replica_id}/".lstrip("/"))
+        name_scope = contextlib.nullcontext()
+        if not tf.executing_eagerly():
+          outer = tf.compat.v1.get_default_graph().get_name_scope()
+          name_scope = tf.name_scope(f"{outer}/replica_{replica_id}/".lstrip("/"))
         with tf.compat.v1.variable_scope(self._state.variable_scope, reuse=True,
                                          auxiliary_name_scope=False), name_scope:
           return self._fn(*args, **kwargs)
@@ -284,11 +274,8 @@ class ReplicaRunner:
     if threading.current_thread() is not self._main_thread:
       return self._threads[replica_id - 1].wait_for_merge((args, kwargs, graph))
     if replica_id != 0:
-      raise RuntimeError(
-          f"Replica {replica_id} called merge_call but replica 0 did not: "
-          f"every replica must call merge_call (directly or through "
-          f"all_reduce, variable updates, optimizers) the same number of "
-          f"times.")
+      raise RuntimeError(f"Replica {replica_id} called merge_call but replica 0 did not: "
+                         f"{_SAME_MERGE_CALLS}")
     self._merge_calls += 1
     if self._threads is None:
       if not self._state.eager:
@@ -311,20 +298,17 @@ class ReplicaRunner:
             f"replica must call merge_call the same number of times.")
       requests.append(thread.merge_request)
       control_inputs.extend(thread.merge_control_inputs)
-    graphs = [r[2] for r in requests]
-    self._check_readable([r[:2] for r in requests], graph)
-    merged_args = values_lib.regroup([r[0] for r in requests])
-    merged_kwargs = values_lib.regroup([r[1] for r in requests])
-    try:
-      # `merge_fn` runs after what every replica's `tf.control_dependencies`
-      # blocks wait for, not only replica 0's (this thread's), as in
-      # TensorFlow: a tf_keras metric's result after each replica's update.
-      with contexts.Entered(contexts.ContextEntry.cross_replica(self._strategy)), \
-          tf.device(None), tf.control_dependencies(_in_graph(control_inputs, graph)):
-        result = merge_fn(self._strategy, *merged_args, **merged_kwargs)
-    except BaseException:
-      self._abort()
-      raise
+    self._check_readable(requests, graph)
+    all_args, all_kwargs, graphs = zip(*requests)
+    merged_args = values_lib.regroup(list(all_args))
+    merged_kwargs = values_lib.regroup(list(all_kwargs))
+    # `merge_fn` runs after what every replica's `tf.control_dependencies`
+    # blocks wait for, not only this thread's, as in TensorFlow: a tf_keras
+    # metric's result after each replica's update.
+    with self._aborting_on_error(), \
+        contexts.Entered(contexts.ContextEntry.cross_replica(self._strategy)), \
+        tf.device(None), tf.control_dependencies(_in_graph(control_inputs, graph)):
+      result = merge_fn(self._strategy, *merged_args, **merged_kwargs)
     results = [values_lib.select_replica(i, result) for i in range(self.num_replicas)]
     if not self._state.eager:
       self._shared.update(t.ref() for t in _symbolic_tensors(results))
@@ -335,13 +319,11 @@ class ReplicaRunner:
     return results[0]
 
   def _check_where_replicas_meet(self, replica_id, graph):
-    """Raises TensorFlow's RuntimeError for a `merge_call` (an all-reduce,
-    an optimizer's update) inside a graph of the replica's own, where the
-    replicas, each tracing it on its own, cannot meet: a `tf.function` the
-    replica function calls, or the body of a `tf.while_loop` (a Python loop
-    on a tensor, in a traced replica function). `tf.cond` branches may hold
-    one where every replica takes the same branch (a Keras optimizer's
-    periodic update does), which `_check_branch_conditions` checks."""
+    """Raises TensorFlow's RuntimeError for a `merge_call` inside a graph each
+    replica traces on its own, where they cannot meet: a `tf.function` the
+    replica function calls, or a `tf.while_loop` body. `tf.cond` branches may
+    hold one if every replica takes the same branch (a Keras optimizer's
+    periodic update does): `_check_branch_conditions` checks that."""
     while graph is not self._state.graph and _tf_bridge.is_function_graph(graph):
       kind = _tf_bridge.control_flow_kind(graph)
       if kind == "while":
@@ -356,11 +338,10 @@ class ReplicaRunner:
         graph = graph.outer_graph
         continue
       raise RuntimeError(
-          f"`merge_call` called while defining a new graph or a tf.function: "
-          f"replica {replica_id} reaches a synchronization point (such as "
-          f"all_reduce or optimizer.apply_gradients) inside {inside}, which "
-          f"each replica traces on its own, so the replicas cannot meet "
-          f"there. Move the synchronization out of it, or {fix}.")
+          f"{_NEW_GRAPH}replica {replica_id} reaches a synchronization point (such as "
+          f"all_reduce or optimizer.apply_gradients) inside {inside}, which each replica "
+          f"traces on its own, so the replicas cannot meet there. Move the "
+          f"synchronization out of it, or {fix}.")
 
   def _check_readable(self, requests, graph):
     """Raises TensorFlow's RuntimeError where a replica hands `merge_call` a
@@ -376,20 +357,18 @@ class ReplicaRunner:
         if not any(tensor.graph is g for g in readable):
           self._abort()
           raise RuntimeError(
-              f"`merge_call` called while defining a new graph or a "
-              f"tf.function: replica {replica_id} passes it {tensor.name} of "
-              f"graph {tensor.graph.name}, a tf.cond branch of its own, which "
-              f"other replicas cannot read. Move the synchronization "
-              f"(all_reduce, optimizer.apply_gradients) out of the branch, or "
-              f"the control flow out of the function passed to strategy.run.")
+              f"{_NEW_GRAPH}replica {replica_id} passes it {tensor.name} of graph "
+              f"{tensor.graph.name}, a tf.cond branch of its own, which other replicas "
+              f"cannot read. Move the synchronization (all_reduce, "
+              f"optimizer.apply_gradients) out of the branch, or the control flow out "
+              f"of the function passed to strategy.run.")
 
   def _check_branch_conditions(self, complete=True, cause=None):
     """Raises TensorFlow's RuntimeError where replicas called `merge_call`
-    inside a `tf.cond` branch whose condition depends on the replica (its
-    replica id, an input of its own or a sync-on-read variable): at run time a replica that takes
-    the other branch would never meet the others there. Unless the trace is
-    `complete`, a branch whose `tf.cond` is not built yet is passed over;
-    the error then comes from `cause`."""
+    inside a `tf.cond` branch whose condition depends on the replica: a
+    replica taking the other branch would never meet the others. Unless the
+    trace is `complete`, a branch whose `tf.cond` is not built yet is passed
+    over; the error then comes from `cause`."""
     for call, graphs in self._merges_in_branches:
       for replica_id, graph in enumerate(graphs):
         while graph is not self._state.graph:
@@ -397,25 +376,20 @@ class ReplicaRunner:
           if (condition is None and complete) or (
               condition is not None and self._depends_on_the_replica(condition, replica_id)):
             raise RuntimeError(
-                f"`merge_call` called while defining a new graph or a "
-                f"tf.function: replica {replica_id} calls merge_call (call "
-                f"{call}, directly or through all_reduce, variable updates, "
-                f"optimizers) inside {graph.name}, a branch of a tf.cond whose "
-                f"condition depends on the replica (its replica id, its own "
-                f"input or a sync-on-read variable), so only some replicas may "
-                f"take it: every replica must call merge_call the same number "
-                f"of times. Move the "
-                f"synchronization out of the branch (a Python `if` on a "
-                f"tensor, in a tf.function, is a tf.cond).") from cause
+                f"{_NEW_GRAPH}replica {replica_id} calls merge_call (call {call}, directly "
+                f"or through all_reduce, variable updates, optimizers) inside {graph.name}, "
+                f"a branch of a tf.cond whose condition depends on the replica (its replica "
+                f"id, its own input or a sync-on-read variable), so only some replicas may "
+                f"take it: every replica must call merge_call the same number of times. "
+                f"Move the synchronization out of the branch (a Python `if` on a tensor, "
+                f"in a tf.function, is a tf.cond).") from cause
           graph = graph.outer_graph
 
   def _depends_on_the_replica(self, tensor, replica_id):
-    """Whether `tensor` may differ between replicas: whether it is computed
-    from `replica_id_in_sync_group`, from an input of this replica's own (a
-    component of a distributed argument, passed or captured) or from a
-    sync-on-read variable's component, other than through a merge (whose
-    results the replicas share). The walk follows the values a function or
-    branch captures from outside it."""
+    """Whether `tensor` may differ between replicas: is computed, other than
+    through a merge (whose results the replicas share), from
+    `replica_id_in_sync_group`, from an input of this replica's own (passed
+    or captured) or from a sync-on-read variable's component."""
     others = {t.ref() for i, inputs in enumerate(self._inputs) if i != replica_id
               for t in _tensors(inputs)}
     own = {t.ref() for t in _tensors(self._inputs[replica_id])} - others
@@ -447,6 +421,14 @@ class ReplicaRunner:
     """Notes that `tensor` (a sync-on-read variable's component handle, read
     by a replica) holds a value of that replica's own."""
     self._replica_local.add(tensor.ref())
+
+  @contextlib.contextmanager
+  def _aborting_on_error(self):
+    try:
+      yield
+    except BaseException:
+      self._abort()
+      raise
 
   def _advance(self, thread):
     thread.advance()

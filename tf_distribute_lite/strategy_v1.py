@@ -1,20 +1,9 @@
-"""The TF 1.x strategy API: the TF 1.x methods every strategy carries, and
-`tf.compat.v1.distribute`'s `Strategy`, `StrategyExtended`,
-`ReplicaContext`, multi-step loop and `get_loss_reduction`.
-
-This module adapts the core (`distribute_lib`), never the reverse:
-
-* `TF1Methods`, mixed into every strategy class: the TF 1.x methods that
-  TensorFlow's TF 2.x strategies keep too (`make_dataset_iterator`,
-  `experimental_run`, `group`, `configure`, ...).
-* `StrategyExtendedV1`, the base of every strategy's `extended`: TF 1.x's
-  `experimental_make_numpy_dataset` and `experimental_run_steps_on_iterator`.
-* `StrategyV1`: a TF 1.x strategy is a `compat.v1.Strategy`, not a TF 2.x
-  `Strategy` (as in TensorFlow), with TF 1.x's `reduce` (`axis` optional) and
-  `experimental_make_numpy_dataset` (a `session` argument).
-
-Everything works eagerly and in a TF 1.x graph run by a
-`tf.compat.v1.Session`.
+"""The TF 1.x strategy API, over the core (`distribute_lib`), never the
+reverse: `TF1Methods`, the TF 1.x methods every strategy carries as in
+TensorFlow; `StrategyExtendedV1`, the base of every `extended`; and
+`tf.compat.v1.distribute`'s `Strategy` (`StrategyV1`, not a TF 2.x
+`Strategy`), `ReplicaContext`, multi-step loop and `get_loss_reduction`.
+All work eagerly and in a TF 1.x graph run by a `tf.compat.v1.Session`.
 """
 
 import copy
@@ -32,9 +21,8 @@ from tf_distribute_lite.reduce_util import ReduceOp
 
 
 class TF1Methods:
-  """The TF 1.x methods of a strategy, mixed into every strategy class (a
-  `distribute_lib.StrategyBase`): TensorFlow's TF 2.x strategies keep them,
-  and code written for TF 1.x calls them.
+  """The TF 1.x methods of a strategy (a `distribute_lib.StrategyBase`),
+  which TensorFlow's TF 2.x strategies keep too.
 
   >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
   >>> iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(4).batch(4))
@@ -45,14 +33,7 @@ class TF1Methods:
 
   def experimental_make_numpy_dataset(self, numpy_input):
     """A `tf.data.Dataset` of the slices of `numpy_input` (a nest of arrays),
-    held on the input host rather than as constants of a graph.
-
-    >>> import numpy as np
-    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> dataset = strategy.experimental_make_numpy_dataset(np.ones([4], np.float32))
-    >>> dataset.element_spec
-    TensorSpec(shape=(), dtype=tf.float32, name=None)
-    """
+    held on the input host rather than as constants of a graph."""
     return self._extended.experimental_make_numpy_dataset(numpy_input)
 
   def update_config_proto(self, config_proto):
@@ -62,22 +43,16 @@ class TF1Methods:
   def configure(self, session_config=None, cluster_spec=None, task_type=None,
                 task_id=None):
     """Deprecated: adjusts `session_config` in place for this strategy
-    (`update_config_proto` returns an adjusted copy instead) and takes the
-    cluster this task belongs to, where the strategy has one.
-
-    >>> strategy = tf_distribute_lite.compat.v1.OneDeviceStrategy("/cpu:0")
-    >>> config = tf.compat.v1.ConfigProto()
-    >>> strategy.configure(config)
-    """
+    (`update_config_proto` gives an adjusted copy) and takes the cluster this
+    task belongs to, where the strategy has one."""
     if cluster_spec:
       self._configure_cluster(tf.train.ClusterSpec(cluster_spec), task_type, task_id)
     if session_config is not None:
       session_config.CopyFrom(self.update_config_proto(session_config))
 
   def _configure_cluster(self, cluster_spec, task_type, task_id):
-    """Takes the cluster `configure` was given; a strategy on one task's
-    devices ignores it, as TensorFlow's `OneDeviceStrategy` and
-    `TPUStrategy` do."""
+    """Takes the cluster `configure` was given; ignored, as by TensorFlow's
+    `OneDeviceStrategy` and `TPUStrategy`, by a strategy on one task."""
     del cluster_spec, task_type, task_id
 
   def make_dataset_iterator(self, dataset):
@@ -90,10 +65,8 @@ class TF1Methods:
                              replication_mode=input_context_lib.InputReplicationMode.PER_WORKER):
     """An iterator over the dataset `input_fn(InputContext)` returns for
     this worker, batched per replica: each replica takes the next element.
-
-    `input_fn` may return a callable instead: each `get_next` then calls it
-    once per local replica, as in TensorFlow (whose default strategy fails
-    on one with an `AttributeError`).
+    Of a callable returned instead, each `get_next` calls it once per local
+    replica, as in TensorFlow (whose default strategy fails on one).
 
     >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> iterator = strategy.make_input_fn_iterator(
@@ -113,7 +86,6 @@ class TF1Methods:
         raise ValueError(
             f"input_fn must return a tf.data.Dataset or a callable; for "
             f"{context} it returned {made!r} of type {type(made).__name__}.")
-      # Called once per replica of this worker.
       callables.append((made, context.num_replicas_in_sync // context.num_input_pipelines))
       return tf.data.Dataset.from_tensors(0.0)  # a stand-in, dropped below
     with self.scope():
@@ -133,12 +105,7 @@ class TF1Methods:
 
   def group(self, value, name=None):
     """One op that runs every component of `value` (a graph's fetch); the
-    component itself where there is one.
-
-    >>> strategy = tf_distribute_lite.compat.v1.OneDeviceStrategy("/cpu:0")
-    >>> strategy.group(tf.constant(1.0))
-    <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
-    """
+    component itself where there is one."""
     components = tf.nest.flatten(self.experimental_local_results(value))
     if len(components) == 1 and name is None:
       (component,) = components
@@ -153,13 +120,10 @@ class TF1Methods:
 class StrategyExtendedV1(distribute_lib.StrategyExtended,
                          stands_for=tf.compat.v1.distribute.StrategyExtended):
   """`strategy.extended` with its TF 1.x methods
-  (`tf.compat.v1.distribute.StrategyExtended`); every strategy's extended
-  object is one, as in TensorFlow.
+  (`tf.compat.v1.distribute.StrategyExtended`), as every strategy's is.
 
   >>> import numpy as np
   >>> extended = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"]).extended
-  >>> isinstance(extended, StrategyExtendedV1)
-  True
   >>> int(extended.experimental_make_numpy_dataset(np.arange(3)).cardinality())
   3
   """
@@ -168,31 +132,26 @@ class StrategyExtendedV1(distribute_lib.StrategyExtended,
     return copy.deepcopy(config_proto)
 
   def experimental_make_numpy_dataset(self, numpy_input, session=None):
-    """A dataset of the slices of `numpy_input` (a nest of arrays), held on
-    the input host; `session` (TF 1.x) is accepted."""
+    """A dataset of the slices of `numpy_input`, held on the input host."""
     del session
     return input_lib.numpy_dataset(numpy_input, self._input_host)
 
   def experimental_run_steps_on_iterator(self, fn, iterator, iterations=1,
                                          initial_loop_values=None):
     """Runs `fn(ctx, inputs)` for `iterations` steps, each on the next
-    element of `iterator`, in a `tf.while_loop` (eagerly a Python loop);
-    returns the `MultiStepContext` `ctx` holding the last step's outputs and
-    (in a graph) the `run_op` running all steps.
+    element of `iterator`, in a `tf.while_loop`; returns the
+    `MultiStepContext` `ctx` with the last step's outputs and `run_op`.
 
-    In a graph only what `fn` returns runs each step: it must return an op,
-    a tensor or, where TensorFlow 2.21 takes only one op or tensor, any nest
-    of them and of distributed values. The outputs `fn` records with
-    `ctx.set_last_step_output` are the loop's variables, each as its
-    components (one if reduced), in the order of their names:
-    `initial_loop_values` gives their starting values, flattened in the same
-    order (a dict with the same keys, say). See `MultiStepContext`.
+    In a graph only what `fn` returns runs each step: an op, a tensor or
+    (where TensorFlow 2.21 takes only one) a nest of them and of distributed
+    values. The outputs recorded with `ctx.set_last_step_output` are the
+    loop's variables, each as its components (one if reduced), in the order
+    of their names, which `initial_loop_values` starts in the same order.
     """
     strategy = self._container_strategy()
     contexts.require_cross_replica_or_default(strategy)
-    # Read by TensorFlow's TF 1.x metrics (docs/client_private_names.md):
-    # the control flow the loop is in, where they make their value ops, once
-    # outside the loop. Set only while the loop is built, as in TensorFlow.
+    # Where TensorFlow's TF 1.x metrics make their value ops, outside the
+    # loop (docs/client_private_names.md); set only while it is built.
     self._outer_control_flow_context = _tf_bridge.control_flow_context()
     try:
       with strategy.scope():
@@ -203,33 +162,27 @@ class StrategyExtendedV1(distribute_lib.StrategyExtended,
 
 class StrategyV1(TF1Methods, distribute_lib.StrategyBase,
                  stands_for=tf.compat.v1.distribute.Strategy):
-  """The TF 1.x form of `Strategy` (`tf.compat.v1.distribute.Strategy`).
-
-  `reduce`'s `axis` defaults to None; input comes from iterators with an
-  `initializer` as well as from distributed datasets.
+  """The TF 1.x form of `Strategy` (`tf.compat.v1.distribute.Strategy`):
+  `reduce`'s `axis` defaults to None, and input comes from iterators too.
 
   >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
   >>> iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(4).batch(4))
   >>> strategy.reduce("SUM", strategy.experimental_run(tf.reduce_sum, iterator))
   <tf.Tensor: shape=(), dtype=int64, numpy=6>
-  >>> isinstance(strategy, tf_distribute_lite.Strategy)
-  False
   """
 
   def reduce(self, reduce_op, value, axis=None):
     return super().reduce(reduce_op, value, axis)
 
   def experimental_make_numpy_dataset(self, numpy_input, session=None):
-    """A dataset of the slices of `numpy_input`; `session` (TF 1.x) is
-    accepted: the arrays are held on the input host."""
+    """A dataset of the slices of `numpy_input`, held on the input host."""
     return self._extended.experimental_make_numpy_dataset(numpy_input, session)
 
 
 class ReplicaContextV1(replica_context.ReplicaContextBase,
                        stands_for=tf.compat.v1.distribute.ReplicaContext):
-  """`tf.compat.v1.distribute.ReplicaContext`: the replica context's TF 1.x
-  interface (no `all_gather`). Strategies' replica contexts are TF 2.x ones,
-  as in TensorFlow.
+  """`tf.compat.v1.distribute.ReplicaContext` (no `all_gather`); strategies'
+  replica contexts are TF 2.x ones, as in TensorFlow.
 
   >>> isinstance(tf_distribute_lite.get_replica_context(), ReplicaContextV1)
   False
@@ -268,34 +221,18 @@ class MultiStepContext:
     self._non_tensor_outputs = {}
     self.run_op = None
 
-  @property
-  def last_step_outputs(self):
-    """The outputs `set_last_step_output` recorded in the last step."""
-    return self._last_step_outputs
-
-  @property
-  def non_tensor_outputs(self):
-    """The outputs `set_non_tensor_output` recorded."""
-    return self._non_tensor_outputs
+  last_step_outputs = property(lambda self: self._last_step_outputs,
+                               doc="The outputs `set_last_step_output` recorded last.")
+  non_tensor_outputs = property(lambda self: self._non_tensor_outputs,
+                                doc="The outputs `set_non_tensor_output` recorded.")
 
   def set_last_step_output(self, name, output, reduce_op=None, aggregation=None):
     """Records `output` of this step as `name`, reduced across replicas by
     `reduce_op` if given (required in a replica context).
 
-    TF 1.11-1.12 code passes `aggregation`, a `tf.VariableAggregation` (or
-    `tf.compat.v1.VariableAggregation`), instead: SUM and MEAN reduce,
+    TF 1.11-1.12 code passes `aggregation` (a `tf.VariableAggregation` or
+    `tf.compat.v1.VariableAggregation`) instead: SUM and MEAN reduce,
     ONLY_FIRST_REPLICA takes replica 0's value, NONE keeps every replica's.
-
-    >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> ones_and_twos = strategy.extended.call_for_each_replica(lambda: tf.cast(
-    ...     tf_distribute_lite.get_replica_context().replica_id_in_sync_group + 1, tf.float32))
-    >>> ctx = MultiStepContext()
-    >>> with strategy.scope():
-    ...   ctx.set_last_step_output("mean", ones_and_twos, aggregation=tf.VariableAggregation.MEAN)
-    ...   ctx.set_last_step_output(
-    ...       "first", ones_and_twos, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-    >>> float(ctx.last_step_outputs["mean"]), float(ctx.last_step_outputs["first"])
-    (1.5, 1.0)
     """
     combine = _combiner(reduce_op, aggregation)
     if contexts.in_cross_replica_context():
@@ -324,8 +261,8 @@ class MultiStepContext:
 
 
 def _combiner(reduce_op, aggregation):
-  """How `set_last_step_output` combines the replicas' `output`: a function
-  of `(strategy, output)`, or None to keep every replica's."""
+  """How `set_last_step_output` combines the replicas' output: a function of
+  `(strategy, output)`, or None to keep every replica's."""
   if reduce_op is not None and aggregation is not None:
     raise ValueError(
         f"`set_last_step_output` takes `reduce_op` or `aggregation` (its TF "

@@ -1,13 +1,10 @@
 """Distributed values: one value per replica, grouped in one object.
 
 `PerReplica` holds values that may differ between replicas (each replica's
-loss); it is a composite tensor with a type spec, so a `tf.function` that
-takes one traces once per structure of shapes and dtypes. `Mirrored` holds
-values known to be equal on every replica (a reduced gradient) and stands in
-for that one value.
-
-`regroup` turns the list of per-replica results of `strategy.run` into one
-nest of distributed values; `select_replica` does the reverse for the inputs.
+loss), as a composite tensor; `Mirrored` holds values equal on every replica
+(a reduced gradient) and stands in for that one value. `regroup` turns the
+per-replica results of `strategy.run` into one nest of distributed values;
+`select_replica` does the reverse for its inputs.
 """
 
 import collections
@@ -27,9 +24,8 @@ class DistributedValues(tf.distribute.DistributedValues):
   <tf.Tensor: shape=(), dtype=float32, numpy=2.0>
   """
 
-  # Each replica sees its own component; distributed variables say False and
-  # pick theirs when used. A class attribute, read from the type: cheaper
-  # than an `isinstance` of this abstract base on every `strategy.run`.
+  # Each replica sees its own component (distributed variables pick theirs
+  # when used); read from the type, cheaper than `isinstance` in every `run`.
   _splits_per_replica = True
 
   def __init__(self, values):
@@ -52,11 +48,9 @@ class DistributedValues(tf.distribute.DistributedValues):
     return contexts.current_replica_id()
 
   def _get(self):
-    """The component for the current replica, or the cross-replica value."""
+    """The current replica's component, or the cross-replica value."""
     replica_id = self._current_replica_id()
-    if replica_id is None:
-      return self._get_cross_replica()
-    return self._values[replica_id]
+    return self._get_cross_replica() if replica_id is None else self._values[replica_id]
 
   def _get_cross_replica(self):
     raise ValueError(
@@ -67,9 +61,7 @@ class DistributedValues(tf.distribute.DistributedValues):
   def _get_on_device_or_primary(self):
     """The current replica's component, else the one on this device."""
     replica_id = self._current_replica_id()
-    if replica_id is not None:
-      return self._values[replica_id]
-    return self._on_current_device()
+    return self._on_current_device() if replica_id is None else self._values[replica_id]
 
   def _on_current_device(self):
     """The component on the current device, else the first."""
@@ -164,12 +156,10 @@ class PerReplicaSpec(tf.TypeSpec):
   def _to_components(self, value):
     return value.values
 
-  # A `tf.function` call flattens each `PerReplica` argument with `to_tensors`
-  # and packs each returned one with `from_tensors`. TensorFlow's generic
-  # versions walk the component specs with `tf.nest`, which made a call with
-  # 50 per-replica arguments a third slower; components that are tensors of
-  # their spec's dtype (the function was chosen for their shapes) are taken
-  # as they are.
+  # A `tf.function` call flattens `PerReplica` arguments with `to_tensors` and
+  # packs results with `from_tensors`. TensorFlow's generic versions walk the
+  # specs with `tf.nest` (a third slower with 50 arguments): plain tensors of
+  # the spec's dtype are taken as they are.
 
   def to_tensors(self, value):
     components = value.values
@@ -222,14 +212,8 @@ class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored):
 
 
 def as_tensor(value, dtype=None, name=None):
-  """`tf.convert_to_tensor(value, dtype, name)`, skipping its dispatch where
-  `value` already is a tensor of that dtype: every read of a distributed value
-  comes here, and the dispatch costs as much as reading a variable.
-
-  >>> t = tf.constant(1.0)
-  >>> as_tensor(t) is t
-  True
-  """
+  """`tf.convert_to_tensor`, skipping its dispatch (as costly as reading a
+  variable) where `value` already is a tensor of that dtype."""
   if isinstance(value, tf.Tensor) and (dtype is None or dtype == value.dtype):
     return value
   return tf.convert_to_tensor(value, dtype=dtype, name=name)
@@ -256,30 +240,19 @@ def is_distributed_variable(value):
 
 
 def select_replica(replica_id, structure):
-  """`structure` as replica `replica_id` sees it: its own copy of every
-  container, with distributed values replaced by their component.
+  """`structure` as replica `replica_id` sees it: distributed values replaced
+  by their component (distributed variables stay whole: they pick theirs when
+  used), in fresh lists, tuples and dicts, as in TensorFlow, so a replica may
+  mutate its inputs unseen. Those containers are walked here, as `tf.nest`
+  costs ten times as much on every `strategy.run`; other nests go through it.
 
-  Distributed variables stay whole (they pick their component themselves
-  when used); other leaves are shared. Each replica gets fresh lists,
-  tuples, namedtuples and dicts, as in TensorFlow, so a replica function
-  may mutate its inputs (`inputs.pop("label")`) without the other replicas
-  or the caller seeing it. Those containers are walked here (`tf.nest`
-  costs ten times as much on this path, which every `strategy.run` takes);
-  other nests (attrs classes, mappings of other types) go through `tf.nest`.
-
-  >>> inputs = {"x": PerReplica([1, 2]), "y": 3}
-  >>> select_replica(1, inputs)
+  >>> select_replica(1, {"x": PerReplica([1, 2]), "y": 3})
   {'x': 2, 'y': 3}
-  >>> select_replica(0, inputs) is inputs
-  False
   """
   if is_split(structure):
     return structure.values[replica_id]
   if isinstance(structure, (list, tuple)):
-    items = [select_replica(replica_id, item) for item in structure]
-    if hasattr(structure, "_fields"):
-      return type(structure)(*items)
-    return type(structure)(items)
+    return _sequence_like(structure, [select_replica(replica_id, item) for item in structure])
   if type(structure) in (dict, collections.OrderedDict):
     return type(structure)(
         (key, select_replica(replica_id, item)) for key, item in structure.items())
@@ -293,17 +266,17 @@ def select_replica(replica_id, structure):
 _LEAVES = (tf.Tensor, tf.Variable, int, float, str, bool, type(None))
 
 
+def _sequence_like(sequence, items):
+  """A list, tuple or namedtuple of `sequence`'s type holding `items`."""
+  if hasattr(sequence, "_fields"):
+    return type(sequence)(*items)
+  return type(sequence)(items)
+
+
 def is_split(value):
-  """Whether each replica sees its own component of `value`: a `PerReplica`
-  or `Mirrored`, not a distributed variable nor any other value.
-
-  A `tf.distribute.DistributedValues` of another implementation (one of
-  TensorFlow's own, a user's subclass) splits too unless it is a variable,
-  as in TensorFlow.
-
-  >>> is_split(PerReplica([1, 2])), is_split(1)
-  (True, False)
-  """
+  """Whether each replica sees its own component of `value`: a `PerReplica`,
+  a `Mirrored`, or as in TensorFlow any other `tf.distribute.DistributedValues`
+  but a variable (TensorFlow's own, a user's subclass)."""
   split = getattr(type(value), "_splits_per_replica", None)
   if split is None:
     return (isinstance(value, tf.distribute.DistributedValues) and
@@ -314,20 +287,15 @@ def is_split(value):
 def regroup(per_replica_results, wrap_class=PerReplica, always_wrap=False):
   """One nest of distributed values from a list of per-replica nests.
 
-  Lists, tuples, namedtuples and dicts are regrouped element by element.
-  Where every replica returned the very same object, that object is kept;
-  components of one distributed variable become that variable. Replicas
-  whose nests differ raise `ValueError` naming them and their nests.
+  Lists, tuples, namedtuples and dicts are regrouped element by element; an
+  object every replica returned is kept; components of one distributed
+  variable become that variable. Nests that differ raise `ValueError`.
 
   >>> regroup([(1, "a"), (2, "a")])
   (PerReplica:{
     0: 1,
     1: 2
   }, 'a')
-  >>> regroup([[1], [2, 3]])
-  Traceback (most recent call last):
-  ...
-  ValueError: Replicas returned different structures: replica 0 returned [int], replica 1 returned [int, int]; every replica must return the same nest (of lists, tuples and dicts).
   """
   return _regroup(per_replica_results, wrap_class, always_wrap, "")
 
@@ -336,12 +304,9 @@ def _regroup(per_replica_results, wrap_class, always_wrap, path):
   _check_same_structure(per_replica_results, path)
   first = per_replica_results[0]
   if isinstance(first, (list, tuple)):
-    items = [_regroup([r[i] for r in per_replica_results], wrap_class, always_wrap,
-                      f"{path}[{i}]")
-             for i in range(len(first))]
-    if hasattr(first, "_fields"):
-      return type(first)(*items)
-    return type(first)(items)
+    return _sequence_like(first, [
+        _regroup([r[i] for r in per_replica_results], wrap_class, always_wrap, f"{path}[{i}]")
+        for i in range(len(first))])
   if isinstance(first, dict):
     return type(first)((key, _regroup([r[key] for r in per_replica_results],
                                       wrap_class, always_wrap, f"{path}[{key!r}]"))
@@ -381,8 +346,7 @@ def _level(value):
 
 
 def _outline(value):
-  """A nest's structure, each leaf named by its type (and a tensor's shape
-  and dtype)."""
+  """A nest's structure, leaves named by their type (tensors' shape, dtype)."""
   if isinstance(value, dict):
     return "{" + ", ".join(f"{k!r}: {_outline(v)}" for k, v in value.items()) + "}"
   if isinstance(value, (list, tuple)):
@@ -405,10 +369,8 @@ def distributed_container(value):
 
 
 def local_results(value, num_replicas):
-  """The per-replica components of `value` as a tuple.
-
-  A distributed value gives its components; a nest gives the nest as each
-  replica sees it; any other value gives `(value,)`.
+  """The per-replica components of `value` as a tuple: a distributed value's
+  components, a nest as each replica sees it, or else `(value,)`.
 
   >>> local_results((PerReplica([1, 2]),), 2)
   ((1,), (2,))
