@@ -16,6 +16,9 @@ get TF's MirroredStrategy only from here, by two rules:
 Our own strategies each get their own collective group, so they need no rule.
 """
 
+import operator
+import traceback
+
 import pytest
 import tensorflow as tf
 from tensorflow.python.distribute import cross_device_ops as tf_cross_device_ops
@@ -141,36 +144,70 @@ def api(module):
 
 
 class Raised:
-  """An exception a snippet raised; equal to another of the same class."""
+  """An exception a snippet raised: equal to another `Raised` of the same
+  class, and to that class itself."""
 
   def __init__(self, error):
+    self.error = error
     self.type = type(error)
     self.message = str(error)
 
   def __eq__(self, other):
-    return isinstance(other, Raised) and other.type is self.type
+    if isinstance(other, Raised):
+      return other.type is self.type
+    return other is self.type
 
   def __repr__(self):
     return f"Raised({self.type.__name__}: {self.message[:300]})"
 
+  def formatted_traceback(self):
+    return "".join(traceback.format_exception(self.error))[-3000:]
 
-def _outcome(snippet, args):
+
+def outcome(call):
+  """What `call()` returns (a cluster spec as its dict), or the `Raised`
+  exception."""
   try:
-    return snippet(*args)
+    result = call()
   except Exception as e:  # pylint: disable=broad-except
     return Raised(e)
+  return result.as_dict() if isinstance(result, tf.train.ClusterSpec) else result
 
 
-def compare(snippet, tf_args, tfd_args):
-  """Runs `snippet(*tf_args)` and `snippet(*tfd_args)`; asserts equal outcomes.
+def same_repr(expected, actual):
+  """For `compare`: the two values print alike."""
+  return repr(actual) == repr(expected)
 
-  An outcome is the value returned or the `Raised`; returns TF's.
+
+def compare(snippet, tf_args, tfd_args, run_mode=None, alike=operator.eq, ours=False,
+            tf_key=None):
+  """Runs `snippet(*tf_args)` with TensorFlow and `snippet(*tfd_args)` with
+  tfd, each through `run_mode` if given (the `run_mode` fixture: eagerly or
+  in a `tf.function`); asserts equal outcomes and returns TF's (tfd's where
+  `ours`).
+
+  Equal outcomes are values that are `alike(theirs, ours)` (equal, by
+  default; `same_repr`; or a check of one's own, which may assert), or
+  exceptions of one class (`Raised`). With `tf_key`, TF's outcome is worked
+  out once per key in the process and reused.
   """
-  expected, actual = _outcome(snippet, tf_args), _outcome(snippet, tfd_args)
-  assert actual == expected, (
-      f"\ntf.distribute gave: {expected!r}\n"
-      f"tf_distribute_lite gave: {actual!r}")
-  return expected
+  def run(args):
+    def call():
+      return snippet(*args)
+    return outcome(call if run_mode is None else lambda: run_mode(call))
+  if tf_key is None:
+    expected = run(tf_args)
+  else:
+    expected = _once(("outcome", tf_key), lambda: run(tf_args))
+  actual = run(tfd_args)
+  message = f"\ntf.distribute gave: {expected!r}\ntf_distribute_lite gave: {actual!r}"
+  raised = [o for o in (expected, actual) if isinstance(o, Raised)]
+  if raised:
+    assert len(raised) == 2 and actual == expected, "\n".join(
+        [message] + [r.formatted_traceback() for r in raised])
+  else:
+    assert alike(expected, actual), message
+  return actual if ours else expected
 
 
 def check_misuse(snippet, theirs, ours, fragments, apis=(TF, TFD)):

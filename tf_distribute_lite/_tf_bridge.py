@@ -18,7 +18,8 @@ nested `tf.function`), the saving
 context (a `tf.saved_model.save` in progress maps distributed variables onto
 single ones; a function traced before it that updates them across replicas
 is marked unsaveable, `mark_function_unsaveable`), the per-thread variable-creator stack that replica threads
-inherit, and AutoGraph's list of
+inherit, the message AutoGraph records for an error raised while tracing
+(`add_error_note` names the replica that raised it), and AutoGraph's list of
 libraries it leaves alone: like TensorFlow's own `tf.distribute` (and Keras),
 this package is library code that AutoGraph must not rewrite when a user's
 `tf.function` calls into it (rewriting it costs seconds per trace).
@@ -88,6 +89,7 @@ _INTERNALS = (
     ("distribute.distribute_lib", "UpdateContext"),
     ("distribute.distribute_lib", "get_update_replica_id"),
     ("framework.ops", "Graph._get_control_flow_context"),
+    ("autograph.pyct.error_utils", "ErrorMetadataBase.cause_message"),
 )
 
 
@@ -316,6 +318,16 @@ class TraceMapperGuard:
       for stack, depth in zip(self._stacks, self._depths):
         del stack[depth:]
     return False
+
+
+def add_error_note(error, note):
+  """Adds `note` to `error`, and to the message of the error AutoGraph
+  raises in its place when it ends a trace: AutoGraph rebuilds that error
+  from the message it recorded (`ag_error_metadata`), without notes."""
+  error.add_note(note)
+  metadata = getattr(error, "ag_error_metadata", None)
+  if metadata is not None:
+    metadata.cause_message = f"{metadata.cause_message}\n{note}"
 
 
 def gradient_tape_active():

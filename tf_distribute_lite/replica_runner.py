@@ -207,6 +207,7 @@ class ReplicaRunner:
     self._merge_calls = 0
     self._merges_in_branches = []  # per such merge_call, each replica's graph
     self._shared = set()  # names of the tensors merges handed to replicas
+    self._named_errors = []  # errors that say which replica they concern
     self.aborting = False
 
   @property
@@ -264,8 +265,26 @@ class ReplicaRunner:
               tf.name_scope(f"{outer}/replica_{replica_id}/".lstrip("/")):
             return self._fn(*args, **kwargs)
         return self._fn(*args, **kwargs)
+    except Exception as error:
+      self._name_replica(error, replica_id)
+      raise
     finally:
       self._running.replica_id = None
+
+  def _name_replica(self, error, replica_id):
+    """Notes on an error of the replica function which replica raised it,
+    once (a replica thread's error passes through replica 0 too); the
+    runner's own errors and those of a merge name no replica."""
+    if not any(error is e for e in self._named_errors):
+      self._named_errors.append(error)
+      _tf_bridge.add_error_note(
+          error, f"(raised by replica {replica_id} of {self.num_replicas})")
+
+  def _error(self, message):
+    """A RuntimeError of the runner's own, which names its replicas itself."""
+    error = RuntimeError(message)
+    self._named_errors.append(error)
+    return error
 
   def _share_variable(self, next_creator, **kwargs):
     """Replica 0 creates variables; the others get the same ones: the next
@@ -280,7 +299,7 @@ class ReplicaRunner:
       return variable
     taken = self._taken_variables[replica_id][name]
     if taken >= len(self._created_variables[name]):
-      raise RuntimeError(
+      raise self._error(
           f"Tried to create variable {kwargs.get('name')} with mismatching "
           f"name on device {replica_id}: replica {replica_id} created a "
           f"variable that replica 0 did not; every replica must create the "
@@ -295,7 +314,7 @@ class ReplicaRunner:
     if threading.current_thread() is not self._main_thread:
       return self._threads[replica_id - 1].wait_for_merge((args, kwargs, graph))
     if replica_id != 0:
-      raise RuntimeError(
+      raise self._error(
           f"Replica {replica_id} called merge_call but replica 0 did not: "
           f"every replica must call merge_call (directly or through "
           f"all_reduce, variable updates, optimizers) the same number of "
@@ -316,7 +335,7 @@ class ReplicaRunner:
       self._advance(thread)
       if thread.done:
         self._abort()
-        raise RuntimeError(
+        raise self._error(
             f"Replica 0 called merge_call (call {self._merge_calls}) but "
             f"replica {thread.replica_id} returned without calling it: every "
             f"replica must call merge_call the same number of times.")
@@ -333,7 +352,8 @@ class ReplicaRunner:
       with contexts.Entered(contexts.ContextEntry.cross_replica(self._strategy)), \
           tf.device(None), tf.control_dependencies(_in_graph(control_inputs, graph)):
         result = merge_fn(self._strategy, *merged_args, **merged_kwargs)
-    except BaseException:
+    except BaseException as error:
+      self._named_errors.append(error)  # the merge's, not replica 0's
       self._abort()
       raise
     results = [values_lib.select_replica(i, result) for i in range(self.num_replicas)]
@@ -366,7 +386,7 @@ class ReplicaRunner:
       else:
         graph = graph.outer_graph
         continue
-      raise RuntimeError(
+      raise self._error(
           f"`merge_call` called while defining a new graph or a tf.function: "
           f"replica {replica_id} reaches a synchronization point (such as "
           f"all_reduce or optimizer.apply_gradients) inside {inside}, which "
@@ -386,7 +406,7 @@ class ReplicaRunner:
       for tensor in _symbolic_tensors(request):
         if not any(tensor.graph is g for g in readable):
           self._abort()
-          raise RuntimeError(
+          raise self._error(
               f"`merge_call` called while defining a new graph or a "
               f"tf.function: replica {replica_id} passes it {tensor.name} of "
               f"graph {tensor.graph.name}, a tf.cond branch of its own, which "
