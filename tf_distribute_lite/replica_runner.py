@@ -207,7 +207,7 @@ class ReplicaRunner:
     self._merge_calls = 0
     self._merges_in_branches = []  # per such merge_call, each replica's graph
     self._shared = set()  # names of the tensors merges handed to replicas
-    self._named_errors = []  # errors that say which replica they concern
+    self._named_errors = []  # errors that need no note naming a replica
     self.aborting = False
 
   @property
@@ -266,19 +266,16 @@ class ReplicaRunner:
             return self._fn(*args, **kwargs)
         return self._fn(*args, **kwargs)
     except Exception as error:
-      self._name_replica(error, replica_id)
+      # The replica's own error says which replica raised it, once (a replica
+      # thread's passes through replica 0 too); the runner's errors and those
+      # of a merge are in `_named_errors` already.
+      if not any(error is e for e in self._named_errors):
+        self._named_errors.append(error)
+        _tf_bridge.add_error_note(
+            error, f"(raised by replica {replica_id} of {self.num_replicas})")
       raise
     finally:
       self._running.replica_id = None
-
-  def _name_replica(self, error, replica_id):
-    """Notes on an error of the replica function which replica raised it,
-    once (a replica thread's error passes through replica 0 too); the
-    runner's own errors and those of a merge name no replica."""
-    if not any(error is e for e in self._named_errors):
-      self._named_errors.append(error)
-      _tf_bridge.add_error_note(
-          error, f"(raised by replica {replica_id} of {self.num_replicas})")
 
   def _error(self, message):
     """A RuntimeError of the runner's own, which names its replicas itself."""
