@@ -1,4 +1,7 @@
-"""TensorFlow's strategies as test oracles, and the tf/tfd API pair.
+"""TensorFlow as the test oracle: its strategies, the tf/tfd API pair, and
+`compare`, the one helper that runs a snippet under `tf.distribute` and under
+tfd and asserts the same outcome (values, reprs or numbers to a tolerance
+through `alike`; exception classes through `Raised`).
 
 TF 2.21 gives every MirroredStrategy that all-reduces with its default
 collective ops the same collective group and instance keys. Two of them in
@@ -11,7 +14,8 @@ get TF's MirroredStrategy only from here, by two rules:
 * `tf_mirrored()` is the only TF strategy with TF's default collective
   all-reduce: on all 4 CPUs, made once and shared.
 * Every other TF MirroredStrategy reduces with `ReductionToOneDevice`, or
-  with other non-collective cross-device ops a test names.
+  with other non-collective cross-device ops a test names
+  (`new_tf_mirrored`, from the strategy table in tests/strategies.py).
 
 Our own strategies each get their own collective group, so they need no rule.
 """
@@ -19,13 +23,14 @@ Our own strategies each get their own collective group, so they need no rule.
 import operator
 import traceback
 
+import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.distribute import cross_device_ops as tf_cross_device_ops
 
 import tf_distribute_lite as tfd
 
 from conftest import DEVICES
+from strategies import new_tf_mirrored
 
 _shared = {}
 
@@ -41,18 +46,6 @@ def _once(key, make):
   if key not in _shared:
     _shared[key] = make()
   return _shared[key]
-
-
-def new_tf_mirrored(devices=None, cross_device_ops=None, module=tf.distribute):
-  """A new TF MirroredStrategy that never runs TF's collective ops.
-
-  It reduces with `cross_device_ops`, by default `ReductionToOneDevice`.
-  `module` may be `tf.compat.v1.distribute`.
-  """
-  if isinstance(cross_device_ops, tf_cross_device_ops.CollectiveAllReduce):
-    raise ValueError("only tf_mirrored() may use TF's collective all-reduce")
-  return module.MirroredStrategy(
-      devices, cross_device_ops=cross_device_ops or tf.distribute.ReductionToOneDevice())
 
 
 def tf_mirrored(devices=None):
@@ -179,6 +172,55 @@ def same_repr(expected, actual):
   return repr(actual) == repr(expected)
 
 
+def assert_same_numbers(actual, expected, tolerance=0.0, path="result"):
+  """`actual` has the structure of `expected` (dicts, lists); numbers and
+  arrays agree to `tolerance` (relative and absolute), the rest is equal.
+  An outcome from another process may hold an exception as a dict with
+  "raised" (its class name) and "message": only the class must agree."""
+  if isinstance(expected, dict) and "raised" in expected:
+    assert isinstance(actual, dict) and actual.get("raised") == expected["raised"], (
+        f"{path}: TF raised {expected['raised']}: {expected['message']}\n"
+        f"tfd gave: {str(actual)[:3000]}")
+    return
+  if isinstance(actual, dict) and "raised" in actual:
+    pytest.fail(f"{path}: tfd raised {actual['raised']}: {actual['message']}")
+  if isinstance(expected, dict):
+    assert sorted(actual) == sorted(expected), path
+    for key in expected:
+      assert_same_numbers(actual[key], expected[key], tolerance, f"{path}[{key!r}]")
+  elif _numbers(expected):
+    np.testing.assert_allclose(actual, expected, rtol=tolerance, atol=tolerance, err_msg=path)
+  elif isinstance(expected, (list, tuple)):
+    assert len(actual) == len(expected), path
+    for i, (a, e) in enumerate(zip(actual, expected)):
+      assert_same_numbers(a, e, tolerance, f"{path}[{i}]")
+  else:
+    assert actual == expected, path
+
+
+def _numbers(value):
+  """Whether `value` is a number, or an array or nested lists of numbers."""
+  try:
+    return np.asarray(value).dtype.kind in "fiu"
+  except ValueError:  # lists of different lengths
+    return False
+
+
+def close(tolerance):
+  """For `compare`: `assert_same_numbers` to `tolerance`."""
+  def alike(expected, actual):
+    assert_same_numbers(actual, expected, tolerance)
+    return True
+  return alike
+
+
+def tf_outcome(key, call):
+  """`outcome(call)`, worked out once per `key` in the process: for
+  TensorFlow's outcomes that are slow to work out. `key` starts with the
+  test file's `__name__`."""
+  return _once(("outcome", key), lambda: outcome(call))
+
+
 def compare(snippet, tf_args, tfd_args, run_mode=None, alike=operator.eq, ours=False,
             tf_key=None):
   """Runs `snippet(*tf_args)` with TensorFlow and `snippet(*tfd_args)` with
@@ -188,18 +230,18 @@ def compare(snippet, tf_args, tfd_args, run_mode=None, alike=operator.eq, ours=F
 
   Equal outcomes are values that are `alike(theirs, ours)` (equal, by
   default; `same_repr`; or a check of one's own, which may assert), or
-  exceptions of one class (`Raised`). With `tf_key`, TF's outcome is worked
-  out once per key in the process and reused.
+  exceptions of one class (`Raised`). With `tf_key`, TF's outcome is
+  `tf_outcome(tf_key, ...)`.
   """
-  def run(args):
+  def runner(args):
     def call():
       return snippet(*args)
-    return outcome(call if run_mode is None else lambda: run_mode(call))
+    return call if run_mode is None else lambda: run_mode(call)
   if tf_key is None:
-    expected = run(tf_args)
+    expected = outcome(runner(tf_args))
   else:
-    expected = _once(("outcome", tf_key), lambda: run(tf_args))
-  actual = run(tfd_args)
+    expected = tf_outcome(tf_key, runner(tf_args))
+  actual = outcome(runner(tfd_args))
   message = f"\ntf.distribute gave: {expected!r}\ntf_distribute_lite gave: {actual!r}"
   raised = [o for o in (expected, actual) if isinstance(o, Raised)]
   if raised:
