@@ -15,7 +15,8 @@ scenario (module `ps_scenarios`), and worker and ps tasks that only serve
 them in its own process instead, as TensorFlow's tutorial does. A scenario
 may ask the cluster to kill or restart one of its tasks (`request`), which
 `finish` does by process id while it waits. A test may send a worker a
-signal (`send_signal`) and wait for every worker to exit (`wait_for_exits`).
+signal (`send_signal`, which returns once the worker has taken it) and wait
+for every worker to exit (`wait_for_exits`).
 """
 
 import fcntl
@@ -96,6 +97,20 @@ def run_once(tmp_path_factory, name, run):
       (shared / name).mkdir(exist_ok=True)
       done.write_bytes(pickle.dumps(run(shared / name)))
     return pickle.loads(done.read_bytes())
+
+
+def _signal_pending(pid, signum):
+  """Whether signal `signum` sent to process `pid` still waits to be
+  delivered (Linux's /proc/PID/status; False where it cannot be read)."""
+  try:
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+  except OSError:
+    return False
+  pending = 0
+  for line in status.splitlines():
+    if line.startswith(("SigPnd:", "ShdPnd:")):
+      pending |= int(line.split()[1], 16)
+  return bool(pending >> (signum - 1) & 1)
 
 
 class WorkerFailed(AssertionError):
@@ -190,9 +205,18 @@ class LocalCluster:
       time.sleep(0.05)
     return False
 
-  def send_signal(self, index, signum):
-    """Sends worker `index` the signal `signum`, by its process id."""
-    os.kill(self._processes[index].pid, signum)
+  def send_signal(self, index, signum, timeout=30):
+    """Sends worker `index` the signal `signum`, by its process id; returns
+    once the worker has taken it (the kernel holds it pending no longer:
+    its handler has run or is running, or the signal ended the worker)."""
+    process = self._processes[index]
+    os.kill(process.pid, signum)
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and _signal_pending(process.pid, signum):
+      if time.monotonic() > deadline:
+        raise WorkerFailed(f"worker {index} did not take signal {signum} in {timeout} s\n"
+                           + self.logs())
+      time.sleep(0.01)
 
   def exit_code(self, index):
     """Worker `index`'s exit code, None while it runs."""

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from keras_models import classification_data
 from keras_models import classifier
+from multi_worker_worker import wait_to_be_killed
 from tf_keras_cases import client_private_names
 
 
@@ -36,17 +37,24 @@ class Context:
     path = pathlib.Path(self.directory) / f"request-{time.monotonic_ns()}.json"
     path.with_suffix(".tmp").write_text(json.dumps({"action": action, "job": job, "index": index}))
     path.with_suffix(".tmp").rename(path)
-    deadline = time.monotonic() + timeout
-    while not path.with_suffix(".done").exists():
-      if time.monotonic() > deadline:
-        raise TimeoutError(f"the cluster did not {action} {job} {index} in {timeout} s")
-      time.sleep(0.05)
+    wait_for_file(path.with_suffix(".done"), timeout)
 
   def strategy(self, **options):
     """The module's MultiWorkerMirroredStrategy, with `options` as its
     CommunicationOptions."""
     return self.mod.MultiWorkerMirroredStrategy(
         communication_options=self.mod.experimental.CommunicationOptions(**options))
+
+
+def wait_for_file(path, timeout=60):
+  """Waits until the file `path` exists (another process's signal);
+  TimeoutError after `timeout` seconds."""
+  path = pathlib.Path(path)
+  deadline = time.monotonic() + timeout
+  while not path.exists():
+    if time.monotonic() > deadline:
+      raise TimeoutError(f"{path} did not appear within {timeout} s")
+    time.sleep(0.02)
 
 
 def _floats(values):
@@ -216,18 +224,23 @@ def _input(ctx, strategy):
 
 
 def _collective_timeout(ctx, strategy):
-  """Worker 0 alone all-reduces with a 2 s timeout; the others wait."""
+  """Worker 0 alone all-reduces with a 2 s timeout; the others wait until
+  it is done."""
+  done = os.path.join(ctx.directory, "collective_timeout_done")
   if ctx.index != 0:
-    time.sleep(4)
+    wait_for_file(done)
     return None
   options = ctx.mod.experimental.CommunicationOptions(timeout_seconds=2)
   start = time.monotonic()
   try:
     strategy.run(lambda: ctx.mod.get_replica_context().all_reduce(
         "SUM", tf.constant(1.0), options=options))
+    outcome = "no error"
   except Exception as e:  # pylint: disable=broad-except
-    return [type(e).__name__, time.monotonic() - start]
-  return ["no error", time.monotonic() - start]
+    outcome = type(e).__name__
+  seconds = time.monotonic() - start
+  open(done, "w").close()
+  return [outcome, seconds]
 
 
 def _collective_ops_in_graph(ctx):
@@ -316,7 +329,7 @@ def custom_loop(ctx):
           out["saved"] = [w.tolist() for w in model.get_weights()]
       if ctx.index == die_task and step == die_step:
         open(os.path.join(ctx.directory, "ready_to_die"), "w").close()
-        time.sleep(60)
+        wait_to_be_killed(60)
       start = time.monotonic()
   except Exception as e:  # pylint: disable=broad-except
     out["error"] = [type(e).__name__, str(e), time.monotonic() - start]

@@ -19,6 +19,8 @@ import traceback
 
 import tensorflow as tf
 
+_PARENT = os.getppid()  # the test process that started this one
+
 
 def main(scenario, module, directory, args, result_path):
   cpu = tf.config.list_physical_devices("CPU")[0]
@@ -48,19 +50,22 @@ def main(scenario, module, directory, args, result_path):
   sys.stdout.flush()
   # Wait to be killed: a task that left now could fail the others' last
   # collectives (it serves their reads) or their coordination service.
-  time.sleep(600)
-  os._exit(0)  # pylint: disable=protected-access
+  wait_to_be_killed()
 
 
-def serve(task, lifetime=600):
-  """Serves as `task` until killed, the starting process ends, or
-  `lifetime` seconds have passed."""
+def serve(task):
+  """Serves as `task` until killed (or `wait_to_be_killed` gives up)."""
   cluster = tf.train.ClusterSpec(json.loads(os.environ["TF_CONFIG"])["cluster"])
-  parent = os.getppid()
   tf.distribute.Server(cluster, job_name=task["type"], task_index=task["index"],
                        protocol="grpc", start=True)
-  deadline = time.monotonic() + lifetime
-  while os.getppid() == parent and time.monotonic() < deadline:
+  wait_to_be_killed()
+
+
+def wait_to_be_killed(timeout=600):
+  """Waits until the cluster kills this process; ends it if the process
+  that started it ends first, or after `timeout` seconds."""
+  deadline = time.monotonic() + timeout
+  while os.getppid() == _PARENT and time.monotonic() < deadline:
     time.sleep(0.2)
   os._exit(0)  # pylint: disable=protected-access
 

@@ -1,4 +1,7 @@
-"""TensorFlow's strategies as test oracles, and the tf/tfd API pair.
+"""TensorFlow as the test oracle: its strategies, the tf/tfd API pair, and
+`compare`, the one helper that runs a snippet under `tf.distribute` and under
+tfd and asserts the same outcome (values, reprs or numbers to a tolerance
+through `alike`; exception classes through `Raised`).
 
 TF 2.21 gives every MirroredStrategy that all-reduces with its default
 collective ops the same collective group and instance keys. Two of them in
@@ -11,18 +14,23 @@ get TF's MirroredStrategy only from here, by two rules:
 * `tf_mirrored()` is the only TF strategy with TF's default collective
   all-reduce: on all 4 CPUs, made once and shared.
 * Every other TF MirroredStrategy reduces with `ReductionToOneDevice`, or
-  with other non-collective cross-device ops a test names.
+  with other non-collective cross-device ops a test names
+  (`new_tf_mirrored`, from the strategy table in tests/strategies.py).
 
 Our own strategies each get their own collective group, so they need no rule.
 """
 
+import operator
+import traceback
+
+import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.distribute import cross_device_ops as tf_cross_device_ops
 
 import tf_distribute_lite as tfd
 
 from conftest import DEVICES
+from strategies import new_tf_mirrored
 
 _shared = {}
 
@@ -38,18 +46,6 @@ def _once(key, make):
   if key not in _shared:
     _shared[key] = make()
   return _shared[key]
-
-
-def new_tf_mirrored(devices=None, cross_device_ops=None, module=tf.distribute):
-  """A new TF MirroredStrategy that never runs TF's collective ops.
-
-  It reduces with `cross_device_ops`, by default `ReductionToOneDevice`.
-  `module` may be `tf.compat.v1.distribute`.
-  """
-  if isinstance(cross_device_ops, tf_cross_device_ops.CollectiveAllReduce):
-    raise ValueError("only tf_mirrored() may use TF's collective all-reduce")
-  return module.MirroredStrategy(
-      devices, cross_device_ops=cross_device_ops or tf.distribute.ReductionToOneDevice())
 
 
 def tf_mirrored(devices=None):
@@ -141,36 +137,119 @@ def api(module):
 
 
 class Raised:
-  """An exception a snippet raised; equal to another of the same class."""
+  """An exception a snippet raised: equal to another `Raised` of the same
+  class, and to that class itself."""
 
   def __init__(self, error):
+    self.error = error
     self.type = type(error)
     self.message = str(error)
 
   def __eq__(self, other):
-    return isinstance(other, Raised) and other.type is self.type
+    if isinstance(other, Raised):
+      return other.type is self.type
+    return other is self.type
 
   def __repr__(self):
     return f"Raised({self.type.__name__}: {self.message[:300]})"
 
+  def formatted_traceback(self):
+    return "".join(traceback.format_exception(self.error))[-3000:]
 
-def _outcome(snippet, args):
+
+def outcome(call):
+  """What `call()` returns (a cluster spec as its dict), or the `Raised`
+  exception."""
   try:
-    return snippet(*args)
+    result = call()
   except Exception as e:  # pylint: disable=broad-except
     return Raised(e)
+  return result.as_dict() if isinstance(result, tf.train.ClusterSpec) else result
 
 
-def compare(snippet, tf_args, tfd_args):
-  """Runs `snippet(*tf_args)` and `snippet(*tfd_args)`; asserts equal outcomes.
+def same_repr(expected, actual):
+  """For `compare`: the two values print alike."""
+  return repr(actual) == repr(expected)
 
-  An outcome is the value returned or the `Raised`; returns TF's.
+
+def assert_same_numbers(actual, expected, tolerance=0.0, path="result"):
+  """`actual` has the structure of `expected` (dicts, lists); numbers and
+  arrays agree to `tolerance` (relative and absolute), the rest is equal.
+  An outcome from another process may hold an exception as a dict with
+  "raised" (its class name) and "message": only the class must agree."""
+  if isinstance(expected, dict) and "raised" in expected:
+    assert isinstance(actual, dict) and actual.get("raised") == expected["raised"], (
+        f"{path}: TF raised {expected['raised']}: {expected['message']}\n"
+        f"tfd gave: {str(actual)[:3000]}")
+    return
+  if isinstance(actual, dict) and "raised" in actual:
+    pytest.fail(f"{path}: tfd raised {actual['raised']}: {actual['message']}")
+  if isinstance(expected, dict):
+    assert sorted(actual) == sorted(expected), path
+    for key in expected:
+      assert_same_numbers(actual[key], expected[key], tolerance, f"{path}[{key!r}]")
+  elif _numbers(expected):
+    np.testing.assert_allclose(actual, expected, rtol=tolerance, atol=tolerance, err_msg=path)
+  elif isinstance(expected, (list, tuple)):
+    assert len(actual) == len(expected), path
+    for i, (a, e) in enumerate(zip(actual, expected)):
+      assert_same_numbers(a, e, tolerance, f"{path}[{i}]")
+  else:
+    assert actual == expected, path
+
+
+def _numbers(value):
+  """Whether `value` is a number, or an array or nested lists of numbers."""
+  try:
+    return np.asarray(value).dtype.kind in "fiu"
+  except ValueError:  # lists of different lengths
+    return False
+
+
+def close(tolerance):
+  """For `compare`: `assert_same_numbers` to `tolerance`."""
+  def alike(expected, actual):
+    assert_same_numbers(actual, expected, tolerance)
+    return True
+  return alike
+
+
+def tf_outcome(key, call):
+  """`outcome(call)`, worked out once per `key` in the process: for
+  TensorFlow's outcomes that are slow to work out. `key` starts with the
+  test file's `__name__`."""
+  return _once(("outcome", key), lambda: outcome(call))
+
+
+def compare(snippet, tf_args, tfd_args, run_mode=None, alike=operator.eq, ours=False,
+            tf_key=None):
+  """Runs `snippet(*tf_args)` with TensorFlow and `snippet(*tfd_args)` with
+  tfd, each through `run_mode` if given (the `run_mode` fixture: eagerly or
+  in a `tf.function`); asserts equal outcomes and returns TF's (tfd's where
+  `ours`).
+
+  Equal outcomes are values that are `alike(theirs, ours)` (equal, by
+  default; `same_repr`; or a check of one's own, which may assert), or
+  exceptions of one class (`Raised`). With `tf_key`, TF's outcome is
+  `tf_outcome(tf_key, ...)`.
   """
-  expected, actual = _outcome(snippet, tf_args), _outcome(snippet, tfd_args)
-  assert actual == expected, (
-      f"\ntf.distribute gave: {expected!r}\n"
-      f"tf_distribute_lite gave: {actual!r}")
-  return expected
+  def runner(args):
+    def call():
+      return snippet(*args)
+    return call if run_mode is None else lambda: run_mode(call)
+  if tf_key is None:
+    expected = outcome(runner(tf_args))
+  else:
+    expected = tf_outcome(tf_key, runner(tf_args))
+  actual = outcome(runner(tfd_args))
+  message = f"\ntf.distribute gave: {expected!r}\ntf_distribute_lite gave: {actual!r}"
+  raised = [o for o in (expected, actual) if isinstance(o, Raised)]
+  if raised:
+    assert len(raised) == 2 and actual == expected, "\n".join(
+        [message] + [r.formatted_traceback() for r in raised])
+  else:
+    assert alike(expected, actual), message
+  return actual if ours else expected
 
 
 def check_misuse(snippet, theirs, ours, fragments, apis=(TF, TFD)):

@@ -1,4 +1,6 @@
-"""Comparing what a call gives under TensorFlow's classes and under ours."""
+"""What programs in processes of their own give under TensorFlow's classes
+and under ours (`program_outcomes`), and the names a strategy gives its
+devices (`device_names`). Outcomes in this process: `oracle.compare`."""
 
 import json
 import os
@@ -8,23 +10,6 @@ import sys
 import tensorflow as tf
 
 import tf_distribute_lite as tfd
-
-
-def outcome(call):
-  """What `call()` returns (a cluster spec as its dict), or the class of
-  the exception it raises."""
-  try:
-    result = call()
-  except Exception as e:  # pylint: disable=broad-except
-    return type(e)
-  return result.as_dict() if isinstance(result, tf.train.ClusterSpec) else result
-
-
-def same(call, theirs, ours):
-  """Asserts `call(theirs)` and `call(ours)` have the same outcome; returns it."""
-  expected, actual = outcome(lambda: call(theirs)), outcome(lambda: call(ours))
-  assert actual == expected
-  return actual
 
 
 def program_outcomes(path, timeout=300):

@@ -6,8 +6,8 @@
 one `handler.run` per step, from the checkpoint the handler restores. A
 worker named in `signal_at` stops after that many steps, says so in the
 file `ready-INDEX` (holding its process id) and waits until the test has
-sent it SIGTERM and written `signal-sent`: the notice always comes after the
-same step. `keras_fit` does the same with tf_keras's `fit` and
+sent it SIGTERM, seen it taken and written `signal-sent`: the notice always
+comes after the same step. `keras_fit` does the same with tf_keras's `fit` and
 `BackupAndRestore`.
 """
 
@@ -18,6 +18,8 @@ import time
 
 import numpy as np
 import tensorflow as tf
+
+from multi_worker_scenarios import wait_for_file
 
 BATCH = 16
 LEARNING_RATE = 0.1
@@ -154,20 +156,13 @@ def _wait_for_signal(ctx):
   directory = pathlib.Path(ctx.directory)
   (directory / f"ready-{ctx.index}.tmp").write_text(json.dumps(os.getpid()))
   (directory / f"ready-{ctx.index}.tmp").rename(directory / f"ready-{ctx.index}")
-  _wait_for_file(directory / "signal-sent")
-
-
-def _wait_for_file(path, timeout=60):
-  deadline = time.monotonic() + timeout
-  while not path.exists():
-    if time.monotonic() > deadline:
-      raise TimeoutError(f"{path} did not appear within {timeout} s")
-    time.sleep(0.02)
+  wait_for_file(directory / "signal-sent")
 
 
 def without_handler(ctx):
   """Joins the cluster and waits; the worker in `signal_at` gets SIGTERM
-  (no handler), then every worker waits 2 s more and reports it lived on.
+  (no handler). Once the signal has been taken (the test writes
+  `signal-sent` then), every worker still running reports it lived on.
   Args "watch_seconds": a `PreemptionWatcher` reports the notice it saw
   within that time, and returns from `block_until_worker_exit`."""
   strategy = ctx.mod.MultiWorkerMirroredStrategy()
@@ -177,8 +172,7 @@ def without_handler(ctx):
   if ctx.args["signal_at"][0] == ctx.index:
     _wait_for_signal(ctx)
   else:
-    _wait_for_file(pathlib.Path(ctx.directory) / "signal-sent")
-  time.sleep(2)
+    wait_for_file(pathlib.Path(ctx.directory) / "signal-sent")
   out = {"lived_on": True}
   if watcher is not None:
     deadline = time.monotonic() + watch_seconds

@@ -306,14 +306,16 @@ def faults(context):
   coordinator = mod.coordinator.ClusterCoordinator(strategy)
   with strategy.scope():
     counter = tf.Variable(0.0)
+    started = tf.Variable([0.0, 0.0])  # functions each worker has begun
 
   @tf.function
   def slow():
-    x = tf.constant(0.0)
+    index = mod.coordinator.experimental_get_current_worker_index()
+    x = 0.0 * tf.reduce_sum(started.assign_add(tf.one_hot(index, 2)))
     for _ in tf.range(context.args.get("loops", 20000)):
       x += tf.reduce_sum(tf.random.uniform([50, 50]))
     counter.assign_add(1.0)
-    return mod.coordinator.experimental_get_current_worker_index()
+    return index
 
   @tf.function
   def read(it):
@@ -324,7 +326,11 @@ def faults(context):
   facts = {}
   start = time.monotonic()
   results = [coordinator.schedule(slow) for _ in range(6)]
-  time.sleep(1.0)
+  deadline = time.monotonic() + 60
+  while started.numpy()[1] < 1:  # until worker 1 has begun one
+    if time.monotonic() > deadline:
+      raise TimeoutError("worker 1 began no function in 60 s")
+    time.sleep(0.02)
   context.request("kill", "worker", 1)
   context.request("restart", "worker", 1)
   coordinator.join()

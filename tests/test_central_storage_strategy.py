@@ -3,7 +3,6 @@ devices, variables on the parameter device, aggregated updates, reductions,
 input, checkpoints, a custom loop and Keras `fit`."""
 
 import keras
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -13,6 +12,7 @@ from conftest import DEVICES
 from keras_models import classification_data
 from keras_models import classifier
 from keras_models import TOLERANCE
+import oracle
 
 MODULES = pytest.mark.parametrize("mod", [tf.distribute, tfd], ids=["tf", "tfd"])
 _strategies = {}
@@ -26,12 +26,11 @@ def _strategy(mod, compute_devices=DEVICES, parameter_device=None):
   return _strategies[key]
 
 
-def _both(snippet, run_mode=lambda fn: fn()):
-  """`snippet(mod, strategy)` under TF and tfd; their reprs must be equal."""
-  results = [run_mode(lambda mod=mod: snippet(mod, _strategy(mod)))
-             for mod in (tf.distribute, tfd)]
-  assert repr(results[1]) == repr(results[0])
-  return results[1]
+def _both(snippet, run_mode=None):
+  """`oracle.compare` of `snippet(mod, strategy)` with TF and tfd by repr;
+  returns tfd's outcome."""
+  return oracle.compare(snippet, (tf.distribute, _strategy(tf.distribute)),
+                        (tfd, _strategy(tfd)), run_mode, alike=oracle.same_repr, ours=True)
 
 
 def _replica_id(mod):
@@ -50,8 +49,7 @@ def test_devices_like_tensorflows(compute_devices, parameter_device):
     return (strategy.num_replicas_in_sync, strategy.extended.worker_devices,
             strategy.extended.parameter_devices, v.device, repr(v),
             strategy.experimental_local_results(v)[0] is not v)
-  ours, theirs = describe(tfd), describe(tf.distribute)
-  assert ours == theirs
+  ours = oracle.compare(describe, (tf.distribute,), (tfd,))
   if compute_devices is None:
     assert ours[:3] == (1, [DEVICES[0]], (DEVICES[0],))
 
@@ -221,10 +219,7 @@ def test_custom_training_loop_matches_tensorflow():
         tf.data.Dataset.from_tensor_slices(classification_data(48)).batch(16))
     losses = [float(step(x, y)) for x, y in dataset]
     return losses, model.get_weights()
-  theirs, ours = train(tf.distribute), train(tfd)
-  np.testing.assert_allclose(ours[0], theirs[0], atol=TOLERANCE)
-  for a, b in zip(ours[1], theirs[1]):
-    np.testing.assert_allclose(a, b, atol=TOLERANCE)
+  oracle.compare(train, (tf.distribute,), (tfd,), alike=oracle.close(TOLERANCE))
 
 
 def test_keras_fit_matches_tensorflow():
@@ -236,8 +231,4 @@ def test_keras_fit_matches_tensorflow():
                     metrics=["accuracy"])
     history = model.fit(*classification_data(64), batch_size=16, epochs=2, shuffle=False, verbose=0)
     return history.history, model.get_weights()
-  theirs, ours = fit(tf.distribute), fit(tfd)
-  for name in theirs[0]:
-    np.testing.assert_allclose(ours[0][name], theirs[0][name], atol=TOLERANCE)
-  for a, b in zip(ours[1], theirs[1]):
-    np.testing.assert_allclose(a, b, atol=TOLERANCE)
+  oracle.compare(fit, (tf.distribute,), (tfd,), alike=oracle.close(TOLERANCE))

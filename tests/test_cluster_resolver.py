@@ -14,8 +14,7 @@ import tensorflow as tf
 import tf_distribute_lite as tfd
 
 from multi_worker import free_ports
-from outcomes import outcome
-from outcomes import same
+import oracle
 
 TF = tf.distribute.cluster_resolver
 OURS = tfd.cluster_resolver
@@ -23,7 +22,7 @@ BOTH = pytest.mark.parametrize("mod", [TF, OURS], ids=["tf", "tfd"])
 
 
 def _same(call):
-  return same(call, TF, OURS)
+  return oracle.compare(call, (TF,), (OURS,))
 
 
 def test_every_tensorflow_resolver_is_here():
@@ -181,7 +180,7 @@ def test_a_sparse_job_of_one_task_is_not_a_local_master_like_tf(monkeypatch):
   monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": {"1": "a:1"}}}')
   assert _same(lambda m: m.TFConfigClusterResolver().master("worker", 1, "grpc")) == (
       "grpc://a:1")
-  assert _same(lambda m: m.TFConfigClusterResolver().master()) is ValueError
+  assert _same(lambda m: m.TFConfigClusterResolver().master()) == ValueError
 
 
 def test_tf_config_is_read_at_every_call(monkeypatch):
@@ -257,16 +256,16 @@ def test_slurm_resolver_like_tf(kwargs, slurm_env):
 def test_slurm_hostlists_like_tf(hostlist):
   from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver  # pylint: disable=g-import-not-at-top
   from tf_distribute_lite.cluster_resolver import slurm_cluster_resolver as ours  # pylint: disable=g-import-not-at-top
-  assert (outcome(lambda: ours.expand_hostlist(hostlist)) ==
-          outcome(lambda: slurm_cluster_resolver.expand_hostlist(hostlist)))
+  assert (oracle.outcome(lambda: ours.expand_hostlist(hostlist)) ==
+          oracle.outcome(lambda: slurm_cluster_resolver.expand_hostlist(hostlist)))
 
 
 @pytest.mark.parametrize("tasks_per_node", ["2(x3),1", "2(x2)\n", "1\n,3\n", "2\n\n", "x"])
 def test_slurm_tasks_per_node_like_tf(tasks_per_node):
   from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver  # pylint: disable=g-import-not-at-top
   from tf_distribute_lite.cluster_resolver import slurm_cluster_resolver as ours  # pylint: disable=g-import-not-at-top
-  assert (outcome(lambda: ours.expand_tasks_per_node(tasks_per_node)) ==
-          outcome(lambda: slurm_cluster_resolver.expand_tasks_per_node(tasks_per_node)))
+  assert (oracle.outcome(lambda: ours.expand_tasks_per_node(tasks_per_node)) ==
+          oracle.outcome(lambda: slurm_cluster_resolver.expand_tasks_per_node(tasks_per_node)))
 
 
 def test_slurm_variables_ending_in_a_newline_like_tf(slurm_env):
@@ -278,7 +277,7 @@ def test_slurm_variables_ending_in_a_newline_like_tf(slurm_env):
 
 def test_slurm_outside_a_step_raises_like_tf(monkeypatch):
   monkeypatch.delenv("SLURM_PROCID", raising=False)
-  assert _same(lambda m: m.SlurmClusterResolver(gpus_per_node=0)) is RuntimeError
+  assert _same(lambda m: m.SlurmClusterResolver(gpus_per_node=0)) == RuntimeError
 
 
 def test_slurm_on_nodes_without_gpus(slurm_env):
@@ -357,12 +356,12 @@ def test_kubernetes_accepts_tensorflows_executable_locations(location, fake_kube
 def test_kubernetes_rejects_other_executable_locations_like_tf(fake_kubernetes_package):
   del fake_kubernetes_package
   for location in (1, "OFF_CLUSTER"):
-    assert _same(lambda m: m.KubernetesClusterResolver(executable_location=location)) is (  # pylint: disable=cell-var-from-loop
+    assert _same(lambda m: m.KubernetesClusterResolver(executable_location=location)) == (  # pylint: disable=cell-var-from-loop
         ValueError)
 
 
 def test_kubernetes_without_its_package_raises_import_error_naming_it():
-  assert _same(lambda m: m.KubernetesClusterResolver()) is ImportError
+  assert _same(lambda m: m.KubernetesClusterResolver()) == ImportError
   with pytest.raises(ImportError, match="pip install kubernetes"):
     OURS.KubernetesClusterResolver()
 
@@ -407,5 +406,5 @@ def test_gce_resolver_like_tf():
 def test_gce_task_type_is_fixed_and_client_optional_like_tf():
   def reset(m):
     m.GCEClusterResolver("p", "z", "g", 1, service=FakeCompute()).task_type = "ps"
-  assert _same(reset) is RuntimeError
-  assert _same(lambda m: m.GCEClusterResolver("p", "z", "g", 1)) is ImportError
+  assert _same(reset) == RuntimeError
+  assert _same(lambda m: m.GCEClusterResolver("p", "z", "g", 1)) == ImportError

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import tf_distribute_lite as tfd
 
+import oracle
 from oracle import TF, TFD
 
 DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4))
@@ -351,9 +352,9 @@ def test_compute_average_loss_in_our_run_uses_our_replica_count(run_mode, device
 
 
 def test_compute_average_loss_matches_tensorflows_strategy():
-  results = [a.mirrored.run(lambda: tf.nn.compute_average_loss(tf.constant([1.0, 3.0])))
-             for a in (TF, TFD)]
-  assert repr(results[1]) == repr(results[0])
+  oracle.compare(lambda a: a.mirrored.run(
+      lambda: tf.nn.compute_average_loss(tf.constant([1.0, 3.0]))), (TF,), (TFD,),
+                 alike=oracle.same_repr)
 
 
 def test_tensorflows_default_run_uses_a_strategys_variables(api, run_mode):

@@ -29,7 +29,7 @@ def _per_replica(fn, devices=DEVICES, cls=values_lib.PerReplica):
   return cls(components)
 
 
-def _both(fn, devices=DEVICES):
+def _per_replica_pair(fn, devices=DEVICES):
   """The same per-replica value for us and for TensorFlow."""
   return (_per_replica(fn, devices),
           _per_replica(fn, devices, cls=tf_values.PerReplica))
@@ -153,8 +153,8 @@ def test_reduce_onto_one_device_is_a_tensor(algorithm, reduce_op, run_mode):
 def test_reduce_onto_other_devices_is_mirrored_on_them(algorithm):
   """Destinations given as a distributed value on devices 1 and 3."""
   ours_cls, theirs_cls = ALL_ALGORITHMS[algorithm]
-  ours_value, theirs_value = _both(_vector)
-  ours_dest, theirs_dest = _both(lambda i: tf.constant(0.0),
+  ours_value, theirs_value = _per_replica_pair(_vector)
+  ours_dest, theirs_dest = _per_replica_pair(lambda i: tf.constant(0.0),
                                  [DEVICES[1], DEVICES[3]])
   ours = ours_cls().reduce("MEAN", ours_value, destinations=ours_dest)
   theirs = theirs_cls().reduce(tf.distribute.ReduceOp.MEAN, theirs_value,
@@ -176,7 +176,7 @@ def test_reduce_accepts_reduce_op_enum_and_plain_tensor():
 
 @pytest.mark.parametrize("destinations", [3, ""])
 def test_reduce_rejects_bad_destinations_like_tf(destinations):
-  value, theirs_value = _both(_vector)
+  value, theirs_value = _per_replica_pair(_vector)
   with pytest.raises(ValueError):
     tf.distribute.ReductionToOneDevice().reduce(
         tf.distribute.ReduceOp.SUM, theirs_value, destinations=destinations)
@@ -233,7 +233,7 @@ def test_accumulation_fn_replaces_add_n(reduce_op):
   """A max "accumulation" shows the function is really used, as in TF."""
   def maximum(tensors):
     return tf.reduce_max(tf.stack(tensors), axis=0)
-  ours_value, theirs_value = _both(lambda i: tf.constant([float(i), -float(i)]))
+  ours_value, theirs_value = _per_replica_pair(lambda i: tf.constant([float(i), -float(i)]))
   ours = tfd.ReductionToOneDevice(accumulation_fn=maximum).reduce(
       reduce_op, ours_value, destinations=DEVICES[0])
   theirs = tf.distribute.ReductionToOneDevice(accumulation_fn=maximum).reduce(
@@ -354,7 +354,7 @@ def test_batch_reduce_indexed_slices(algorithm, reduce_op):
   ours_cls, theirs_cls = ALL_ALGORITHMS[algorithm]
   if algorithm == "nccl":
     theirs_cls = tf.distribute.ReductionToOneDevice
-  ours_slices, theirs_slices = _both(_slices)
+  ours_slices, theirs_slices = _per_replica_pair(_slices)
   ours = ours_cls().batch_reduce(reduce_op, [(ours_slices, ours_slices)])
   theirs = theirs_cls().batch_reduce(_tf_op(reduce_op),
                                      [(theirs_slices, theirs_slices)])
@@ -462,7 +462,7 @@ def test_broadcast(algorithm, run_mode):
 # --- NcclAllReduce without GPUs.
 
 def test_nccl_all_reduce_between_cpus_raises_invalid_argument():
-  ours_value, theirs_value = _both(_vector)
+  ours_value, theirs_value = _per_replica_pair(_vector)
   with pytest.raises(tf.errors.InvalidArgumentError):
     tf.distribute.NcclAllReduce().batch_reduce(
         tf.distribute.ReduceOp.SUM, [(theirs_value, theirs_value)])
@@ -476,7 +476,7 @@ def test_nccl_all_reduce_between_cpus_raises_invalid_argument():
 
 def test_nccl_reduce_between_cpus_falls_back_like_tf():
   """TF's `reduce` uses ReductionToOneDevice whenever a destination is a CPU."""
-  ours_value, theirs_value = _both(_vector)
+  ours_value, theirs_value = _per_replica_pair(_vector)
   theirs = tf.distribute.NcclAllReduce().reduce(
       tf.distribute.ReduceOp.SUM, theirs_value, destinations=theirs_value)
   ours = tfd.NcclAllReduce().reduce("SUM", ours_value, destinations=ours_value)
@@ -484,7 +484,7 @@ def test_nccl_reduce_between_cpus_falls_back_like_tf():
 
 
 def test_nccl_reduce_onto_a_different_device_falls_back():
-  ours_value, theirs_value = _both(_vector)
+  ours_value, theirs_value = _per_replica_pair(_vector)
   ours = tfd.NcclAllReduce().batch_reduce(
       "MEAN", [(ours_value, DEVICES[3]), (ours_value, DEVICES[0])])
   theirs = tf.distribute.NcclAllReduce().batch_reduce(

@@ -20,38 +20,21 @@ DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range
 Pair = collections.namedtuple("Pair", ["first", "second"])
 
 
-def _outcome(fn):
-  try:
-    return fn()
-  except Exception as e:  # pylint: disable=broad-except
-    return e
-
-
 def _is_eager(run_mode):
   return bool(run_mode(tf.executing_eagerly))
 
 
 def both(snippet, run_mode=None, oracle_in_function=True):
-  """Runs `snippet(api)` with TF and with tfd; returns tfd's result.
+  """`oracle.compare` of `snippet(api)` with TF and tfd by repr; returns
+  tfd's result (its exception, if it raised).
 
-  The results must have equal reprs, or both raise the same exception class.
   Where TensorFlow is slow, `oracle_in_function=False` runs only tfd inside
   a `tf.function`.
   """
   if run_mode and not oracle_in_function and not _is_eager(run_mode):
     return run_mode(lambda: snippet(TFD))
-  results = []
-  for api in (TF, TFD):
-    def call(api=api):
-      return snippet(api)
-    results.append(_outcome(lambda: run_mode(call) if run_mode else call()))
-  expected, actual = results
-  if isinstance(expected, Exception) or isinstance(actual, Exception):
-    assert type(actual) is type(expected), (
-        f"tf.distribute: {expected!r}\ntf_distribute_lite: {actual!r}")
-    return actual
-  assert repr(actual) == repr(expected)
-  return actual
+  result = oracle.compare(snippet, (TF,), (TFD,), run_mode, alike=oracle.same_repr, ours=True)
+  return result.error if isinstance(result, oracle.Raised) else result
 
 
 def local(strategy, value):

@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -133,9 +132,10 @@ def test_parameter_server_example_trains_on_its_own_local_cluster():
 
 
 def test_preemption_example_stops_on_sigterm_and_resumes_to_the_same_weights(tmp_path):
-  """examples/preemption_training.py gets SIGTERM a moment into training:
-  it saves and exits with 42; run again it resumes and ends with the
-  weights of a run that was never stopped."""
+  """examples/preemption_training.py gets SIGTERM once it says it starts
+  training (its handler is in place by then): it saves and exits with 42;
+  run again it resumes and ends with the weights of a run that was never
+  stopped."""
   example = [sys.executable, str(EXAMPLES / "preemption_training.py"), "--steps", "40"]
   stopped = subprocess.Popen(  # pylint: disable=consider-using-with
       example + ["--checkpoint-dir", str(tmp_path / "stopped"), "--pause", "0.05"],
@@ -143,7 +143,6 @@ def test_preemption_example_stops_on_sigterm_and_resumes_to_the_same_weights(tmp
       env=environment_of_a_newcomer())
   try:
     assert stopped.stdout.readline() == "starting at step 0 of 40\n"
-    time.sleep(0.5)
     stopped.send_signal(signal.SIGTERM)
     assert stopped.wait(timeout=120) == 42, stopped.stdout.read()
   finally:

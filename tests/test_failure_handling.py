@@ -255,7 +255,8 @@ def test_on_google_cloud_without_gpus_tensorflow_turns_the_handler_off(tmp_path,
 def _sigterm_to_last_workers(runs, scenario, after_steps, env=None, timeout=120):
   """Starts `scenario` on each `(cluster, module, args)` of `runs` at once;
   the last worker of each gets SIGTERM once it has run `after_steps` steps
-  (arg "signal_at"). Every worker is killed when the block ends."""
+  (arg "signal_at"), and the file `signal-sent` once it has taken the
+  signal. Every worker is killed when the block ends."""
   try:
     for cluster, mod, args in runs:
       cluster.start(scenario, mod, env=env, args=dict(

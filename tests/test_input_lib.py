@@ -22,6 +22,7 @@ from tf_distribute_lite import input_lib
 
 import oracle
 from conftest import DEVICES
+import strategies
 
 MODULES = pytest.mark.parametrize("mod", [tf.distribute, tfd], ids=["tf", "tfd"])
 Dataset = tf.data.Dataset
@@ -56,34 +57,24 @@ def _strip(value):
   return value
 
 
-def _outcome(snippet, mod, strategy):
-  try:
-    return snippet(mod, strategy)
-  except Exception as e:  # pylint: disable=broad-except
-    return oracle.Raised(e)
-
-
 def _both(snippet, strategy=oracle.mirrored):
-  """Runs `snippet(mod, strategy(mod))` with TF and tfd; asserts equal
-  outcomes and returns TF's."""
+  """`oracle.compare` of `snippet(mod, strategy(mod))` with TF and tfd;
+  returns TF's outcome."""
   return oracle.compare(snippet, (tf.distribute, strategy(tf.distribute)),
                         (tfd, strategy(tfd)))
-
-
-_TF_OUTCOMES = {}
 
 
 def _tf_once(key, snippet, strategy=oracle.mirrored):
   """TF's outcome of `snippet(tf.distribute, strategy(tf.distribute))`,
   worked out once per `key`."""
-  if key not in _TF_OUTCOMES:
-    _TF_OUTCOMES[key] = _outcome(snippet, tf.distribute, strategy(tf.distribute))
-  return _TF_OUTCOMES[key]
+  return oracle.tf_outcome((__name__, key), lambda: snippet(tf.distribute,
+                                                             strategy(tf.distribute)))
 
 
 def _assert_same(expected, actual):
   assert actual == expected, (f"\ntf.distribute gave: {expected!r}\n"
                               f"tf_distribute_lite gave: {actual!r}")
+  return True
 
 
 _EAGER = lambda fn: fn()
@@ -98,12 +89,11 @@ def _read_like_tf(key, read, run_mode, strategy=oracle.mirrored):
   that returns values TF's iterator read by `next` can hang TF on a machine
   with few cores (its inter-op threads all wait).
   """
-  expected = _tf_once(key, lambda mod, s: read(mod, s, _EAGER), strategy)
-  actual = _outcome(lambda mod, s: read(mod, s, run_mode), tfd, strategy(tfd))
-  _assert_same(_strip(expected), _strip(actual))
-  if actual != _strip(actual):  # read eagerly: the devices must agree too
-    _assert_same(expected, actual)
-  return expected
+  def alike(expected, actual):
+    _assert_same(_strip(expected), _strip(actual))
+    return actual == _strip(actual) or _assert_same(expected, actual)  # devices, if read
+  return oracle.compare(lambda mod, mode: read(mod, strategy(mod), mode), (tf.distribute, _EAGER),
+                        (tfd, run_mode), alike=alike, tf_key=(__name__, key))
 
 
 def _fresh(mod):
@@ -1038,11 +1028,7 @@ def test_function_returning_non_dataset_raises_type_error(result):
 
 # --- experimental_make_numpy_dataset.
 
-NUMPY_STRATEGIES = {
-    "mirrored": lambda: oracle.mirrored(tfd),
-    "v1_mirrored": lambda: oracle.TFD.v1_mirrored,
-    "one_device": lambda: oracle.TFD.one_device("CPU:1"),
-}
+NUMPY_STRATEGIES = ["mirrored", "v1_mirrored", "one_device"]
 NUMPY_INPUTS = {
     "array": lambda: np.arange(30, dtype=np.float32).reshape(10, 3),
     "dict": lambda: {"x": np.arange(10), "y": np.arange(30.0).reshape(10, 3)},
@@ -1071,7 +1057,7 @@ def test_numpy_dataset_matches_tensorflow_v1(data):
 @pytest.mark.parametrize("name", NUMPY_STRATEGIES)
 def test_numpy_dataset_values(name, data):
   numpy_input = NUMPY_INPUTS[data]()
-  dataset = NUMPY_STRATEGIES[name]().experimental_make_numpy_dataset(numpy_input)
+  dataset = strategies.shared(name, ours=True).experimental_make_numpy_dataset(numpy_input)
   got = [tf.nest.map_structure(lambda t: t.numpy().tolist(), x) for x in dataset]
   assert got == _slices(numpy_input)
   assert tf.nest.map_structure(lambda s: s.dtype.as_numpy_dtype, dataset.element_spec) == (
@@ -1094,7 +1080,7 @@ def _largest_const(graph_def):
 
 @pytest.mark.parametrize("name", NUMPY_STRATEGIES)
 def test_numpy_dataset_in_function_is_not_a_constant(name):
-  strategy = NUMPY_STRATEGIES[name]()
+  strategy = strategies.shared(name, ours=True)
   array = np.arange(4000, dtype=np.float32).reshape(1000, 4)
 
   @tf.function

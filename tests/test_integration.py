@@ -10,7 +10,9 @@ import tensorflow as tf
 import tf_distribute_lite as tfd
 from tf_distribute_lite import executors
 
+import oracle
 from oracle import TF, TFD
+import strategies
 
 
 @pytest.fixture(params=[TF, TFD], ids=lambda a: a.name)
@@ -23,11 +25,8 @@ def _local(strategy, value):
 
 
 def _per_api(make):
-  """`make(api)` for TF and tfd: the results must be equal."""
-  expected, actual = make(TF), make(TFD)
-  for e, a in zip(expected, actual):
-    np.testing.assert_allclose(a, e, rtol=1e-6)
-  return actual
+  """`oracle.compare` of `make(api)` with TF and tfd, to 1e-6; tfd's outcome."""
+  return oracle.compare(make, (TF,), (TFD,), alike=oracle.close(1e-6), ours=True)
 
 
 @pytest.mark.parametrize("in_function", [False, True])
@@ -88,31 +87,14 @@ def test_all_reduce_inside_a_tf_range_loop(api):
 # `extended.update` it updates the component being updated, else it calls
 # `extended.update` itself.
 
-_PAIR = ("CPU:0", "CPU:1")
-# TF's and tfd's strategy of each kind, made once. TF's MultiWorkerMirrored
-# Strategy would share TF's collective keys with the other TF strategies of
-# this process (tests/oracle.py); on one worker it is one replica on CPU:0,
-# as TF's OneDeviceStrategy there. TF has no TPUStrategy without a TPU:
-# tfd's on an emulated v4-8 is compared with TF's MirroredStrategy on the
-# same 4 CPUs.
-_UPDATE_STRATEGIES = {
-    "mirrored": (lambda: TF.pair, lambda: TFD.pair),
-    "one_device": (TF.one_device, TFD.one_device),
-    "central_storage": (lambda: tf.distribute.experimental.CentralStorageStrategy(_PAIR),
-                        lambda: tfd.experimental.CentralStorageStrategy(_PAIR)),
-    "multi_worker_mirrored": (lambda: TF.one_device("CPU:0"), tfd.MultiWorkerMirroredStrategy),
-    "tpu": (lambda: TF.mirrored, lambda: tfd.TPUStrategy(
-        tfd.cluster_resolver.TPUClusterResolver("emulated:v4-8"))),
-}
-_made = {}
+# The strategies of tests/strategies.py whose updates are compared, each
+# made once.
+UPDATE_STRATEGIES = ["mirrored_pair", "one_device", "central_storage_pair", "multi_worker", "tpu"]
 _names = itertools.count()
 
 
 def _update_strategy(kind, api):
-  key = (kind, api.name)
-  if key not in _made:
-    _made[key] = _UPDATE_STRATEGIES[kind][api is TFD]()
-  return _made[key]
+  return strategies.shared(kind, ours=api is TFD)
 
 
 def _variable(strategy):
@@ -207,7 +189,7 @@ def _allow_eager_tpu_steps(monkeypatch):
     _average_in_update, _average_in_update_non_slot, _average_in_replicas,
     _exponential_moving_average, _exponential_moving_average_in_replicas,
     _tf_keras_moving_average_update], ids=lambda f: f.__name__.lstrip("_"))
-@pytest.mark.parametrize("kind", _UPDATE_STRATEGIES)
+@pytest.mark.parametrize("kind", UPDATE_STRATEGIES)
 def test_moving_averages_like_tensorflow(kind, snippet, zero_debias, run_mode,
                                         monkeypatch):
   """TF updates each component once; before tfd shared TF's update context,
@@ -220,15 +202,16 @@ def test_moving_averages_like_tensorflow(kind, snippet, zero_debias, run_mode,
   # traces twice on its first call and gets them again only where the
   # variable scope reuses variables, as every scope entered eagerly does
   # (TensorFlow's root scope does not if a function made it first).
+  def alike(expected, actual):
+    if kind == "tpu":  # 4 replicas, each with TF's value
+      expected = expected[:1] * 4
+    return oracle.close(1e-6)(expected, actual)
   with tf.compat.v1.variable_scope("moving_averages"):
-    expected, actual = [snippet(api, _update_strategy(kind, api), run_mode, zero_debias)
-                        for api in (TF, TFD)]
-  if kind == "tpu":  # 4 replicas, each with TF's value
-    expected = expected[:1] * 4
-  np.testing.assert_allclose(actual, expected, rtol=1e-6)
+    oracle.compare(lambda api: snippet(api, _update_strategy(kind, api), run_mode, zero_debias),
+                   (TF,), (TFD,), alike=alike)
 
 
-@pytest.mark.parametrize("kind", _UPDATE_STRATEGIES)
+@pytest.mark.parametrize("kind", UPDATE_STRATEGIES)
 def test_tf_keras_batch_normalization_statistics_like_tensorflow(kind, run_mode, monkeypatch):
   import tf_keras  # pylint: disable=g-import-not-at-top
   _allow_eager_tpu_steps(monkeypatch)
@@ -244,4 +227,4 @@ def test_tf_keras_batch_normalization_statistics_like_tensorflow(kind, run_mode,
       layer(tf.stack([[i, 1.0], [2.0 * i, 3.0]]), training=True)
     run_mode(lambda: strategy.run(step))
     return [_local(strategy, w) for w in (layer.moving_mean, layer.moving_variance)]
-  np.testing.assert_allclose(statistics(TFD), statistics(TF), rtol=1e-6)
+  oracle.compare(statistics, (TF,), (TFD,), alike=oracle.close(1e-6))

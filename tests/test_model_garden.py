@@ -26,10 +26,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tf_distribute_lite as tfd
-
-from conftest import DEVICES
 import oracle
+import strategies
 
 pytest.importorskip("tf_keras")
 pytest.importorskip("official.core.train_lib")
@@ -51,27 +49,9 @@ HIDDEN = 4
 # Float sums in another order (TPUStrategy's replicas, MirroredStrategy's
 # collectives) differ in the last bits.
 TOLERANCE = 1e-5
-PAIR = ("CPU:0", "CPU:1")
 
-# TF's strategies, each made anew. TF has no TPUStrategy without a TPU:
-# tfd's, on an emulated v4-8 (the 4 CPUs), is compared with TF's
-# MirroredStrategy on those devices.
-TF_STRATEGIES = {
-    "one_device": lambda: tf.distribute.OneDeviceStrategy("CPU:1"),
-    "mirrored": lambda: oracle.new_tf_mirrored(list(DEVICES)),
-    "central_storage": lambda: tf.distribute.experimental.CentralStorageStrategy(PAIR),
-    "multi_worker": tf.distribute.MultiWorkerMirroredStrategy,
-}
-# name -> (the TF strategy it is compared with, tfd's strategy made anew).
-STRATEGIES = {
-    "one_device": ("one_device", lambda: tfd.OneDeviceStrategy("CPU:1")),
-    "mirrored": ("mirrored", tfd.MirroredStrategy),
-    "central_storage": ("central_storage",
-                        lambda: tfd.experimental.CentralStorageStrategy(PAIR)),
-    "multi_worker": ("multi_worker", tfd.MultiWorkerMirroredStrategy),
-    "tpu": ("mirrored", lambda: tfd.TPUStrategy(
-        tfd.cluster_resolver.TPUClusterResolver("emulated:v4-8"))),
-}
+# Rows of tests/strategies.py, each strategy made anew.
+STRATEGIES = ["central_storage_pair", "mirrored", "multi_worker", "one_device", "tpu"]
 
 
 # --- A tiny regression task on fixed data.
@@ -200,22 +180,6 @@ def _summaries(directory):
 
 def _checkpoints(model_dir):
   return sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_dir, "ckpt-*.index")))
-
-
-def assert_same_numbers(actual, expected, path="result"):
-  """Same structure; floats to TOLERANCE, everything else equal."""
-  if isinstance(expected, dict):
-    assert sorted(actual) == sorted(expected), path
-    for key in expected:
-      assert_same_numbers(actual[key], expected[key], f"{path}[{key!r}]")
-  elif isinstance(expected, list) and expected and not isinstance(expected[0], (float, int)):
-    assert len(actual) == len(expected), path
-    for index, (a, e) in enumerate(zip(actual, expected)):
-      assert_same_numbers(a, e, f"{path}[{index}]")
-  elif isinstance(expected, (float, int, list)):
-    np.testing.assert_allclose(actual, expected, rtol=TOLERANCE, atol=TOLERANCE, err_msg=path)
-  else:
-    assert actual == expected, path
 
 
 # --- The programs, each under the strategy it is given.
@@ -366,35 +330,31 @@ def _clean_up(monkeypatch):
   gc.collect()
 
 
-_tf_results = {}
-
-
-def _both(program, strategy_name, tmp_path=None, **kwargs):
-  """`program` under TF's strategy and under tfd's: (TF's result, tfd's).
-  TF's result is computed once per strategy and arguments (TPUStrategy and
-  MirroredStrategy are both compared with TF's MirroredStrategy)."""
-  tf_name, make_ours = STRATEGIES[strategy_name]
-  key = (program, tf_name, tuple(sorted(kwargs.items())))
-  if key not in _tf_results:
-    _tf_results[key] = program(TF_STRATEGIES[tf_name](), **_model_dir(tmp_path, "tf"), **kwargs)
+def _compare(program, strategy_name, tmp_path=None, **kwargs):
+  """`oracle.compare` of `program(strategy, **kwargs)` under TF's strategy
+  and tfd's, to TOLERANCE; returns TF's result. TF's is worked out once per
+  strategy and arguments ("tpu" and "mirrored" share TF's MirroredStrategy)."""
+  def run(ours):
+    result = program(strategies.make(strategy_name, ours),
+                     **_model_dir(tmp_path, "tfd" if ours else "tf"), **kwargs)
     gc.collect()
-  theirs = _tf_results[key]
-  ours = program(make_ours(), **_model_dir(tmp_path, "tfd"), **kwargs)
-  assert_same_numbers(ours, theirs)
-  return theirs, ours
+    return result
+  tf_key = (__name__, program, strategies.STRATEGIES[strategy_name].tf,
+            tuple(sorted(kwargs.items())))
+  return oracle.compare(run, (False,), (True,), alike=oracle.close(TOLERANCE), tf_key=tf_key)
 
 
 def _model_dir(tmp_path, name):
   return {} if tmp_path is None else {"model_dir": str(tmp_path / name)}
 
 
-@pytest.mark.parametrize("strategy_name", sorted(STRATEGIES))
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
 def test_run_experiment_trains_and_evaluates(strategy_name, tmp_path):
   """`train_lib.run_experiment`: losses, metrics, summaries, weights, the
   checkpoints and the best one as under TF's strategy; where the variables
   are laid out differently from one device, also through a restart."""
-  restart = strategy_name in ("central_storage", "mirrored", "tpu")
-  theirs, _ = _both(run_experiment_program, strategy_name, tmp_path, restart=restart)
+  restart = strategy_name in ("central_storage_pair", "mirrored", "tpu")
+  theirs = _compare(run_experiment_program, strategy_name, tmp_path, restart=restart)
   steps = [2, 4, 6, 8] if restart else [2, 4, 6]
   assert theirs["checkpoints"] == [f"ckpt-{step}.index" for step in steps]
   assert [step for step, _ in theirs["train_summaries"]["training_loss"]] == steps
@@ -408,7 +368,7 @@ def test_trainer_with_a_moving_average_optimizer(strategy_name):
   """`base_trainer.Trainer` with the Model Garden's EMA optimizer: it
   averages in `extended.update` and swaps the averages in for evaluation
   (through `merge_call` under TPUStrategy) and back out."""
-  theirs, _ = _both(ema_trainer_program, strategy_name)
+  theirs = _compare(ema_trainer_program, strategy_name)
   assert theirs["global_step"] == 6
   assert theirs["weights"] != theirs["averages"]
 
@@ -417,17 +377,17 @@ def test_trainer_with_a_moving_average_optimizer(strategy_name):
 def test_the_model_gardens_mock_task(strategy_name):
   """The Model Garden's own test task, as its tests drive it: the
   validation `counter` adds up 1 per step on every replica."""
-  theirs, _ = _both(mock_task_program, strategy_name)
+  theirs = _compare(mock_task_program, strategy_name)
   replicas = {"one_device": 1, "tpu": 4}[strategy_name]
   assert theirs["eval"]["counter"] == 5.0 * replicas
 
 
 @pytest.mark.parametrize("strategy_name, trainer_type", [
-    ("tpu", "joint"), ("central_storage", "interleaving"), ("multi_worker", "interleaving")])
+    ("tpu", "joint"), ("central_storage_pair", "interleaving"), ("multi_worker", "interleaving")])
 def test_multitask_run_experiment(strategy_name, trainer_type, tmp_path):
   """`official.modeling.multitask.train_lib.run_experiment` with the joint
   or the interleaving trainer and the multi-task evaluator."""
-  theirs, _ = _both(multitask_program, strategy_name, tmp_path, trainer_type=trainer_type)
+  theirs = _compare(multitask_program, strategy_name, tmp_path, trainer_type=trainer_type)
   assert theirs["checkpoints"] == ["ckpt-2.index", "ckpt-5.index", "ckpt-6.index"]
   # 3 and 2 evaluation steps of 8 examples.
   assert [theirs["post_eval"][name]["examples"] for name in TASK_NAMES] == [24.0, 16.0]

@@ -19,11 +19,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tf_distribute_lite as tfd
-
-from conftest import DEVICES
 import oracle
 import orbit_programs
+import strategies
 
 pytest.importorskip("orbit")
 pytest.importorskip("tf_keras")
@@ -34,14 +32,8 @@ from orbit import StandardTrainerOptions  # pylint: disable=g-import-not-at-top
 HERE = pathlib.Path(__file__).resolve().parent
 TOLERANCE = 1e-5
 
-# name -> (TF's strategy, ours), each made anew.
-STRATEGIES = {
-    "mirrored": (lambda: oracle.new_tf_mirrored(list(DEVICES)), tfd.MirroredStrategy),
-    "one_device": (lambda: tf.distribute.OneDeviceStrategy("CPU:1"),
-                   lambda: tfd.OneDeviceStrategy("CPU:1")),
-    "central_storage": (tf.distribute.experimental.CentralStorageStrategy,
-                        tfd.experimental.CentralStorageStrategy),
-}
+# Rows of tests/strategies.py, each strategy made anew.
+STRATEGIES = ["central_storage", "mirrored", "one_device"]
 
 
 def collect_garbage():
@@ -63,31 +55,17 @@ def _clean_up():
   collect_garbage()
 
 
-def assert_same_numbers(actual, expected, path="", atol=TOLERANCE):
-  """`actual` and `expected` have one structure; their floats agree to
-  `atol`, everything else is equal."""
-  if isinstance(expected, dict):
-    assert sorted(actual) == sorted(expected), path
-    for key in expected:
-      assert_same_numbers(actual[key], expected[key], f"{path}/{key}", atol)
-  elif isinstance(expected, list):
-    assert len(actual) == len(expected), path
-    for index, (a, e) in enumerate(zip(actual, expected)):
-      assert_same_numbers(a, e, f"{path}[{index}]", atol)
-  elif isinstance(expected, float):
-    np.testing.assert_allclose(actual, expected, atol=atol, rtol=atol, err_msg=path)
-  else:
-    assert actual == expected, path
-
-
-def _both(program, strategy_name, **kwargs):
-  """`program` under TF's strategy and under ours: (TF's result, ours)."""
-  make_tf, make_ours = STRATEGIES[strategy_name]
-  theirs = program(make_tf(), **kwargs)
-  collect_garbage()
-  ours = program(make_ours(), **kwargs)
-  assert_same_numbers(ours, theirs)
-  return theirs, ours
+def _compare(program, strategy_name, ours=False, tmp_path=None, **kwargs):
+  """`oracle.compare` of `program(strategy, **kwargs)` under TF's strategy
+  and tfd's, to TOLERANCE (with a `model_dir` each in `tmp_path`, if given);
+  returns TF's result (tfd's where `ours`)."""
+  def run(ours):
+    if tmp_path is not None:
+      kwargs["model_dir"] = str(tmp_path / ("tfd" if ours else "tf"))
+    result = program(strategies.make(strategy_name, ours), **kwargs)
+    collect_garbage()
+    return result
+  return oracle.compare(run, (False,), (True,), alike=oracle.close(TOLERANCE), ours=ours)
 
 
 def assert_trainer_test(result):
@@ -133,19 +111,19 @@ def assert_loop_fns(result):
   np.testing.assert_allclose(result["all"][2:], result["rest"], rtol=1e-5)
 
 
-@pytest.mark.parametrize("strategy_name", sorted(STRATEGIES))
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
 def test_single_task_trainer_as_orbit_tests_it(strategy_name):
   """Orbit's `single_task_trainer_test`: `Controller.train` with 5 steps
   per loop; the same losses and weights as under TF's strategy."""
-  theirs, _ = _both(orbit_programs.trainer_test, strategy_name)
+  theirs = _compare(orbit_programs.trainer_test, strategy_name)
   assert_trainer_test(theirs)
 
 
-@pytest.mark.parametrize("strategy_name", sorted(STRATEGIES))
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
 def test_single_task_evaluator_as_orbit_tests_it(strategy_name):
   """Orbit's `single_task_evaluator_test`: one pass of training over a
   dataset with a partial last batch, then evaluation to its end."""
-  theirs, _ = _both(orbit_programs.evaluator_test, strategy_name)
+  theirs = _compare(orbit_programs.evaluator_test, strategy_name)
   assert_evaluator_test(theirs)
 
 
@@ -154,21 +132,17 @@ def test_a_loss_with_keras_default_reduction_is_refused_as_in_tf():
   under a strategy tf_keras refuses it, under ours as under TF's."""
   def run(strategy):
     return orbit_programs.evaluator_test(strategy, reduction="auto")
-  raised = oracle.compare(run, (oracle.new_tf_mirrored(list(DEVICES)),),
-                          (tfd.MirroredStrategy(),))
+  raised = oracle.compare(run, (strategies.make("mirrored", False),),
+                          (strategies.make("mirrored", True),))
   assert isinstance(raised, oracle.Raised) and raised.type is ValueError
   assert "Reduction.NONE" in raised.message
 
 
-@pytest.mark.parametrize("strategy_name", sorted(STRATEGIES))
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
 def test_controller_train_and_evaluate_with_checkpoints_and_summaries(strategy_name, tmp_path):
   """`Controller.train_and_evaluate`, 2 steps per loop, with a checkpoint
   manager and summaries, restored by a second Controller that trains on."""
-  make_tf, make_ours = STRATEGIES[strategy_name]
-  theirs = orbit_programs.controller(make_tf(), str(tmp_path / "tf"))
-  collect_garbage()
-  ours = orbit_programs.controller(make_ours(), str(tmp_path / "tfd"))
-  assert_same_numbers(ours, theirs)
+  ours = _compare(orbit_programs.controller, strategy_name, ours=True, tmp_path=tmp_path)
   assert_controller(ours)
   assert (tmp_path / "tfd" / "checkpoint").exists()
 
@@ -176,19 +150,18 @@ def test_controller_train_and_evaluate_with_checkpoints_and_summaries(strategy_n
 def test_controller_with_python_train_loop_and_while_eval_loop():
   """The other loop options: training steps each a `tf.function` in a
   Python loop, evaluation steps in a `tf.while_loop` (3 steps)."""
-  theirs, ours = _both(
-      orbit_programs.controller, "mirrored",
+  ours = _compare(
+      orbit_programs.controller, "mirrored", ours=True,
       trainer_options=StandardTrainerOptions(use_tf_while_loop=False),
       evaluator_options=StandardEvaluatorOptions(use_tf_while_loop=True))
   assert_controller(ours)
-  del theirs
 
 
-@pytest.mark.parametrize("strategy_name", sorted(STRATEGIES))
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
 def test_loop_fns_over_a_distributed_iterator(strategy_name):
   """`create_tf_while_loop_fn` and `create_loop_fn` (to the end of the
   input) over `make_distributed_dataset`'s iterator."""
-  theirs, _ = _both(orbit_programs.loop_fns, strategy_name)
+  theirs = _compare(orbit_programs.loop_fns, strategy_name)
   assert_loop_fns(theirs)
 
 
@@ -202,7 +175,7 @@ def test_orbit_under_tpu_strategy_on_emulated_v3_8_equals_mirrored_strategy():
   runs = json.loads(result.stdout.strip().splitlines()[-1])
   tpu, mirrored = runs["tpu"], runs["mirrored"]
   assert tpu["devices"] == mirrored["devices"] == 8
-  assert_same_numbers(tpu, mirrored)
+  oracle.assert_same_numbers(tpu, mirrored, TOLERANCE)
   assert_trainer_test(tpu["trainer_test"])
   assert_evaluator_test(tpu["evaluator_test"])
   assert_controller(tpu["controller"])

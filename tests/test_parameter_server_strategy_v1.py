@@ -15,7 +15,6 @@ import tf_distribute_lite as tfd
 
 import oracle
 from outcomes import program_outcomes
-from outcomes import same
 
 HERE = pathlib.Path(__file__).resolve().parent
 TF1 = tf.compat.v1.distribute
@@ -98,7 +97,7 @@ def test_made_eagerly_like_tf():
             extended.should_checkpoint, extended.should_save_summary,
             extended.experimental_should_init, extended.experimental_between_graph,
             extended._in_multi_worker_mode(), strategy.cluster_resolver)  # pylint: disable=protected-access
-  assert same(made, TF1, OURS) == (
+  assert oracle.compare(made, (TF1,), (OURS,)) == (
       1, ["/job:worker/replica:0/task:1/device:CPU:0"],
       ("/job:ps/task:0", "/job:ps/task:1", "/job:ps/task:2"),
       [["/job:worker/replica:0/task:1/device:CPU:0"]],
@@ -137,7 +136,7 @@ def test_variables_go_to_the_ps_tasks_in_turn_like_tf():
     return ([(v.op.name, v.device) for v in tf.compat.v1.global_variables()],
             [v.op.name for v in tf.compat.v1.trainable_variables()],
             type(parts).__name__, slot.device, other.device, repr(small))
-  assert same(_in_graph(placed), TF1, OURS) == (
+  assert oracle.compare(_in_graph(placed), (TF1,), (OURS,)) == (
       [("big", "/job:ps/task:0"), ("global_step", "/job:ps/task:1"),
        ("parts/part_0", "/job:ps/task:2"), ("parts/part_1", "/job:ps/task:0"),
        ("slot", "/job:ps/task:0"), ("small", "/job:ps/task:1")],
@@ -155,7 +154,7 @@ def test_a_worker_with_gpus_runs_a_replica_on_each_like_tf():
     return (strategy.num_replicas_in_sync, strategy.extended.worker_devices,
             type(v).__name__, v.device, [t.device for t in result.values],
             strategy.reduce("SUM", result).device)
-  assert same(_in_graph(replicas), TF1, OURS) == (
+  assert oracle.compare(_in_graph(replicas), (TF1,), (OURS,)) == (
       2, ["/job:worker/replica:0/task:1/device:GPU:0", "/job:worker/replica:0/task:1/device:GPU:1"],
       "AggregatingVariable", "/job:ps/task:0",
       ["/job:worker/replica:0/task:1/device:GPU:0", "/job:worker/replica:0/task:1/device:GPU:1"],
@@ -174,7 +173,7 @@ def test_reductions_stay_on_the_worker_or_go_to_the_ps_like_tf():
             [t.device for t in extended.batch_reduce_to(
                 "SUM", [(value, v), (value, "/job:worker/task:1/device:CPU:0")])],
             extended.broadcast_to(value, "/job:ps/task:1").device)
-  assert same(_in_graph(reduced), TF1, OURS) == (
+  assert oracle.compare(_in_graph(reduced), (TF1,), (OURS,)) == (
       "/job:worker/replica:0/task:1/device:CPU:0", "/job:ps/replica:0/task:2/device:CPU:0",
       ["/job:ps/replica:0/task:0/device:CPU:0", "/job:worker/replica:0/task:1/device:CPU:0"],
       "/job:ps/replica:0/task:1/device:CPU:0")
@@ -210,7 +209,7 @@ def test_updates_run_where_the_variables_are_like_tf():
     return (update.device, type(ungrouped).__name__, len(ungrouped), non_slot.device,
             extended.non_slot_devices([v, step]).op.name, extended.read_var(v).device,
             extended.value_container(v) is v)
-  assert same(_in_graph(updated), TF1, OURS) == (
+  assert oracle.compare(_in_graph(updated), (TF1,), (OURS,)) == (
       "/job:ps/task:0", "tuple", 1, "/job:ps/task:1", "global_step", "", True)
 
 
@@ -228,7 +227,7 @@ def test_each_task_sees_its_own_devices_like_tf(cluster, task_type, task_id):
     config = strategy.update_config_proto(tf.compat.v1.ConfigProto(allow_soft_placement=True))
     return (str(config), strategy.extended.worker_devices, strategy.extended.should_checkpoint,
             strategy.extended.experimental_should_init)
-  config, devices, chief, _ = same(seen, TF1, OURS)
+  config, devices, chief, _ = oracle.compare(seen, (TF1,), (OURS,))
   assert devices == [f"/job:{task_type}/replica:0/task:{task_id}/device:CPU:0"]
   assert chief == (task_type in ("chief", "evaluator") or
                    (task_type, task_id, "chief" in cluster) == ("worker", 0, False))
@@ -243,7 +242,8 @@ def test_each_task_sees_its_own_devices_like_tf(cluster, task_type, task_id):
     (dict(CLUSTER, trainer=["t0:1"]), "worker", 0),
 ], ids=["no_ps", "no_task", "no_task_id", "task_id_outside", "unknown_job"])
 def test_clusters_it_cannot_train_in_raise_value_error_like_tf(cluster, task_type, task_id):
-  assert same(lambda mod: _strategy(mod, cluster, task_type, task_id), TF1, OURS) is ValueError
+  made = lambda mod: _strategy(mod, cluster, task_type, task_id)
+  assert oracle.compare(made, (TF1,), (OURS,)) == ValueError
 
 
 def test_what_is_not_a_resolver_is_a_value_error():
@@ -269,14 +269,14 @@ def test_configure_joins_a_cluster_like_tf():
       devices = [tf.Variable(1.0).device for _ in range(4)]
     return (local, strategy.extended.worker_devices, strategy.extended.parameter_devices,
             strategy.extended.should_checkpoint, str(config), devices)
-  assert same(configured, TF1, OURS) == (
+  assert oracle.compare(configured, (TF1,), (OURS,)) == (
       ["/job:localhost/replica:0/task:0/device:CPU:0"],
       ["/job:worker/replica:0/task:1/device:CPU:0"],
       ("/job:ps/task:0", "/job:ps/task:1", "/job:ps/task:2"), False,
       'device_filters: "/job:worker/task:1"\ndevice_filters: "/job:ps"\n',
       ["/job:ps/task:0", "/job:ps/task:1", "/job:ps/task:2", "/job:ps/task:0"])
-  assert same(lambda mod: _strategy(mod, cluster={}).configure(cluster_spec=CLUSTER),
-              TF1, OURS) is ValueError
+  assert oracle.compare(lambda mod: _strategy(mod, cluster={}).configure(cluster_spec=CLUSTER),
+                 (TF1,), (OURS,)) == ValueError
 
 
 def test_the_default_resolver_reads_tf_config_like_tf(monkeypatch):
@@ -285,7 +285,7 @@ def test_the_default_resolver_reads_tf_config_like_tf(monkeypatch):
   def made(mod):
     extended = mod.experimental.ParameterServerStrategy().extended
     return extended.worker_devices, extended.parameter_devices, extended.should_checkpoint
-  assert same(made, TF1, OURS)[0] == ["/job:worker/replica:0/task:1/device:CPU:0"]
+  assert oracle.compare(made, (TF1,), (OURS,))[0] == ["/job:worker/replica:0/task:1/device:CPU:0"]
 
 
 @pytest.mark.parametrize("cluster, task_type, task_id", [
@@ -302,7 +302,7 @@ def test_input_functions_get_this_workers_share_like_tf(cluster, task_type, task
     host = strategy.experimental_local_results(iterator.get_next())[0].device
     return [(c.num_input_pipelines, c.input_pipeline_id, c.num_replicas_in_sync)
             for c in seen], host
-  seen, host = same(_in_graph(contexts), TF1, OURS)
+  seen, host = oracle.compare(_in_graph(contexts), (TF1,), (OURS,))
   assert host == f"/job:{task_type}/replica:0/task:{task_id}/device:CPU:0"
   assert seen == [(1, 0, 1)] if task_type == "evaluator" else [
       (3, 0 if task_type == "chief" else task_id + 1, 1)]
@@ -348,7 +348,7 @@ def test_per_replica_input_is_refused_like_tf():
     with tf.Graph().as_default():
       _strategy(mod).distribute_datasets_from_function(
           lambda ctx: tf.data.Dataset.range(2), options)
-  assert same(per_replica, TF1, OURS) is NotImplementedError
+  assert oracle.compare(per_replica, (TF1,), (OURS,)) == NotImplementedError
 
 
 def test_numpy_datasets_come_from_the_worker():

@@ -12,7 +12,8 @@ import tf_distribute_lite as tfd
 from tf_distribute_lite import strategy_v1
 
 from outcomes import program_outcomes
-from outcomes import same
+from oracle import compare
+import strategies
 
 HERE = pathlib.Path(__file__).resolve().parent
 TF1 = tf.compat.v1.distribute
@@ -42,7 +43,7 @@ def test_tf1_metric_value_fetched_without_pulling_the_next_input():
         session.run([iterator.initializer, tf.compat.v1.local_variables_initializer()])
         updates = session.run(strategy.experimental_local_results(update))
         return [float(x) for x in updates], float(session.run(mean))
-  assert same(metric, TF1, OURS) == ([1.5, 3.5], 2.5)
+  assert compare(metric, (TF1,), (OURS,)) == ([1.5, 3.5], 2.5)
 
 
 def test_class_relations_like_tf():
@@ -58,15 +59,12 @@ def test_class_relations_like_tf():
   assert OURS.get_loss_reduction().value == TF1.get_loss_reduction().value
 
 
-@pytest.mark.parametrize("make", [
-    lambda mod, v2: _mirrored(v2), lambda mod, v2: v2.OneDeviceStrategy("/cpu:0"),
-    lambda mod, v2: mod.get_strategy()], ids=["mirrored", "one_device", "default"])
-def test_tf2_strategies_have_the_tf1_methods_like_tf(make):
+@pytest.mark.parametrize("name", ["mirrored_pair", "one_device", "default"])
+def test_tf2_strategies_have_the_tf1_methods_like_tf(name):
   """Every strategy's extended object is a TF 1.x `StrategyExtended`, and
   the TF 2.x strategies (the default one too) keep TF 1.x's methods."""
-  def run(apis):
-    mod, v2 = apis
-    strategy = make(mod, v2)
+  def run(mod):
+    strategy = strategies.make(name, ours=mod is OURS)
     iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(4).batch(4))
     doubled = strategy.experimental_run(lambda x: x * 2, iterator)
     numpy_dataset = strategy.extended.experimental_make_numpy_dataset(np.arange(3))
@@ -75,7 +73,7 @@ def test_tf2_strategies_have_the_tf1_methods_like_tf(make):
             int(numpy_dataset.cardinality()),
             type(strategy.update_config_proto(tf.compat.v1.ConfigProto())).__name__,
             hasattr(strategy.extended, "experimental_run_steps_on_iterator"))
-  assert same(run, (TF1, tf.distribute), (OURS, tfd))[::2] == (True, 3, True)
+  assert compare(run, (TF1,), (OURS,))[::2] == (True, 3, True)
 
 
 @pytest.mark.parametrize("name", ["experimental_run", "make_dataset_iterator",
@@ -105,7 +103,7 @@ def test_extended_flags_are_properties_like_tf():
   def kinds(mod):
     extended = type(_mirrored(mod).extended)
     return [type(getattr(extended, name)).__name__ for name in names]
-  assert same(kinds, TF1, OURS) == ["property"] * len(names)
+  assert compare(kinds, (TF1,), (OURS,)) == ["property"] * len(names)
 
 
 def test_experimental_run_on_an_iterator_eagerly_like_tf():
@@ -117,7 +115,7 @@ def test_experimental_run_on_an_iterator_eagerly_like_tf():
     second = strategy.experimental_run(tf.reduce_sum, iterator)
     return ([t.numpy().tolist() for t in strategy.experimental_local_results(first)],
             strategy.reduce("SUM", second).numpy().item())
-  assert same(run, TF1, OURS) == ([[0.0, 2.0], [4.0, 6.0]], 22.0)
+  assert compare(run, (TF1,), (OURS,)) == ([[0.0, 2.0], [4.0, 6.0]], 22.0)
 
 
 def test_input_fn_iterator_like_tf():
@@ -132,10 +130,11 @@ def test_input_fn_iterator_like_tf():
     iterator = strategy.make_input_fn_iterator(input_fn)
     values = strategy.experimental_local_results(iterator.get_next())
     return contexts, [v.numpy().tolist() for v in values]
-  assert same(run, TF1, OURS) == ([(1, 0, 2)], [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]])
-  assert same(lambda m: _mirrored(m).make_input_fn_iterator(
+  assert compare(run, (TF1,), (OURS,)) == (
+      [(1, 0, 2)], [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]])
+  assert compare(lambda m: _mirrored(m).make_input_fn_iterator(
       lambda ctx: _dataset(), tf.distribute.InputReplicationMode.PER_REPLICA),
-              TF1, OURS) is ValueError
+                 (TF1,), (OURS,)) == ValueError
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
@@ -217,7 +216,7 @@ def test_input_fn_iterator_ends_at_a_partial_step_like_tf(input_fn, expected, gr
     with tf.Graph().as_default() if graph else contextlib.nullcontext():
       strategy = _mirrored(mod)
       return _read_to_the_end(strategy, strategy.make_input_fn_iterator(input_fn), graph)
-  assert same(run, TF1, OURS) == expected
+  assert compare(run, (TF1,), (OURS,)) == expected
 
 
 @pytest.mark.parametrize("make", ["make_dataset_iterator", "make_input_fn_iterator"])
@@ -234,7 +233,7 @@ def test_eager_initialize_restarts_the_iterator_like_tf(make):
     read.append(first())
     initializer = iterator.initializer
     return read + [first(), returned, initializer]
-  expected = same(run, TF1, OURS)
+  expected = compare(run, (TF1,), (OURS,))
   assert expected[0] == expected[2] == expected[3] != expected[1]
   assert expected[-2:] == [None, None]
 
@@ -249,7 +248,7 @@ def test_graph_initialize_returns_an_op_like_tf():
       with tf.compat.v1.Session() as session:
         session.run(initialize)
         return type(initialize).__name__, session.run(result)
-  assert same(run, TF1, OURS) == ("Operation", 6.0)
+  assert compare(run, (TF1,), (OURS,)) == ("Operation", 6.0)
 
 
 @pytest.mark.parametrize("make", ["make_dataset_iterator", "make_input_fn_iterator"])
@@ -271,7 +270,7 @@ def test_default_strategy_graph_iterators_like_tf(make):
         again = session.run(element).tolist()
         second = session.run(optional.get_value()).tolist()
         return type(initializer).__name__, len(initializer), first, again, second
-  assert same(run, tf.distribute, tfd) == (
+  assert compare(run, (tf.distribute,), (tfd,)) == (
       "list", 1, [0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0])
 
 
@@ -303,7 +302,7 @@ def test_graph_run_update_and_fetch_local_results_like_tf():
         session.run(tf.compat.v1.global_variables_initializer())
         session.run(grouped)
         return session.run(strategy.experimental_local_results(v)), isinstance(grouped, tf.Operation)
-  assert same(run, TF1, OURS) == ((3.0, 3.0), True)
+  assert compare(run, (TF1,), (OURS,)) == ((3.0, 3.0), True)
 
 
 def test_numpy_datasets_like_tf():
@@ -313,7 +312,7 @@ def test_numpy_datasets_like_tf():
     on_extended = strategy.extended.experimental_make_numpy_dataset(
         (np.ones([2, 2], np.float32), np.arange(2)), session=None)
     return [float(x) for x in on_strategy], [(a.numpy().tolist(), int(b)) for a, b in on_extended]
-  assert same(run, TF1, OURS) == ([0.0, 1.0, 2.0], [([1.0, 1.0], 0), ([1.0, 1.0], 1)])
+  assert compare(run, (TF1,), (OURS,)) == ([0.0, 1.0, 2.0], [([1.0, 1.0], 0), ([1.0, 1.0], 1)])
 
 
 def test_graph_numpy_datasets_with_a_session_like_tf():
@@ -331,7 +330,7 @@ def test_graph_numpy_datasets_with_a_session_like_tf():
         return ([a.tolist() for a in session.run(
             strategy.experimental_local_results(iterator.get_next()))],
                 session.run(plain.get_next()).tolist())
-  assert same(run, TF1, OURS) == ([[0.0, 1.0], [2.0, 3.0]], [1.0, 1.0])
+  assert compare(run, (TF1,), (OURS,)) == ([[0.0, 1.0], [2.0, 3.0]], [1.0, 1.0])
 
 
 def test_graph_reduce_along_an_axis_like_tf():
@@ -346,7 +345,7 @@ def test_graph_reduce_along_an_axis_like_tf():
       with tf.compat.v1.Session() as session:
         session.run(iterator.initializer)
         return [np.asarray(r).tolist() for r in session.run(reduced)]
-  assert same(run, TF1, OURS) == [1.5, [2.0, 4.0], 6.0]
+  assert compare(run, (TF1,), (OURS,)) == [1.5, [2.0, 4.0], 6.0]
 
 
 def test_extended_v1_members_like_tf():
@@ -365,7 +364,7 @@ def test_extended_v1_members_like_tf():
             extended.experimental_should_init, extended.experimental_between_graph,
             len(extended.non_slot_devices([v])),
             strategy.reduce("SUM", extended.call_for_each_replica(lambda: tf.constant(1.0))).numpy().item())
-  same(run, TF1, OURS)
+  compare(run, (TF1,), (OURS,))
 
 
 def test_config_protos_like_tf():
@@ -375,7 +374,7 @@ def test_config_protos_like_tf():
     updated = strategy.update_config_proto(config)
     strategy.configure(config)
     return updated is config, updated.allow_soft_placement, config.allow_soft_placement
-  same(run, TF1, OURS)
+  compare(run, (TF1,), (OURS,))
 
 
 CLUSTER = {"worker": ["localhost:12345", "localhost:12346"]}
@@ -386,7 +385,7 @@ def test_configure_with_a_cluster_is_ignored_by_one_device_strategy_like_tf():
     strategy = mod.OneDeviceStrategy("/cpu:0")
     strategy.configure(cluster_spec=CLUSTER, task_type="worker", task_id=0)
     return strategy.extended.worker_devices
-  assert same(run, TF1, OURS) == ("/job:localhost/replica:0/task:0/device:CPU:0",)
+  assert compare(run, (TF1,), (OURS,)) == ("/job:localhost/replica:0/task:0/device:CPU:0",)
 
 
 @pytest.mark.parametrize("make, match", [
@@ -470,7 +469,7 @@ def test_run_steps_on_iterator_like_tf(case, graph):
   def run(mod):
     with tf.Graph().as_default() if graph else contextlib.nullcontext():
       return _run_steps(mod, case, graph)
-  outcome = same(run, TF1, OURS)
+  outcome = compare(run, (TF1,), (OURS,))
   if case == "in_replicas":  # the last step's batch is [8..11]; totals of 0..11
     assert outcome == ([(38.0,), (66.0, 66.0)], {"note": (7,)},
                        "Operation" if graph else "NoneType")
@@ -583,7 +582,7 @@ def test_tf1_moving_averages_like_tf(tf1_client_programs):
   theirs, ours = tf1_client_programs
   assert ours["moving_averages"] == theirs["moving_averages"]
   assert len(ours["moving_averages"]) == 10
-  assert ours["moving_averages"]["mirrored/False"][0] == [[1.5, 3.0], [1.5, 3.0]]
+  assert ours["moving_averages"]["v1_mirrored_pair/False"][0] == [[1.5, 3.0], [1.5, 3.0]]
 
 
 def test_tf1_metric_value_made_outside_the_step_loop_like_tf(tf1_client_programs):
@@ -756,7 +755,7 @@ def test_saver_saves_and_restores_distributed_variables_like_tf(tmp_path, apis, 
         tf.compat.v1.train.Saver([w, count]).restore(session, path)
         restored = session.run(fetches)
     return saved, tf.nest.map_structure(lambda a: np.asarray(a).tolist(), restored)
-  saved, restored = same(run, *apis)
+  saved, restored = compare(run, apis[:1], apis[1:])
   assert saved == {"w": [pytest.approx(1.8)] * 2, "count": 2.0, "global_step": 1}
   if restore_into == "strategy":  # each replica's count holds its share
     assert restored[1:] == [(1.0, 1.0), 2.0]
@@ -781,6 +780,6 @@ def test_monitored_training_session_checkpoints_and_resumes_like_tf(tmp_path):
     first = train(mod, checkpoint_dir, last_step=2)
     resumed = train(mod, checkpoint_dir, last_step=3)
     return first, resumed, tf.train.latest_checkpoint(checkpoint_dir).rsplit("/", 1)[1]
-  first, resumed, latest = same(run, TF1, OURS)
+  first, resumed, latest = compare(run, (TF1,), (OURS,))
   assert first[1] == 4.0 and resumed[1] == 6.0 and latest == "model.ckpt-3"
   assert resumed[0][0] == resumed[0][1] != first[0][0]

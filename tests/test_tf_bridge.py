@@ -158,6 +158,28 @@ def test_gradient_tape_active():
   assert traced().numpy().tolist() == [True, False]
 
 
+def test_error_notes_reach_the_error_autograph_raises_at_the_end_of_a_trace():
+  """Eagerly the error carries the note; a traced function's error is
+  rebuilt by AutoGraph from its message, which then ends with the note."""
+  def fail():
+    raise ValueError("bad value")
+
+  def noted():
+    try:
+      fail()
+    except ValueError as error:  # traced: AutoGraph has recorded its message
+      _tf_bridge.add_error_note(error, "(raised by replica 2 of 4)")
+      raise
+  with pytest.raises(ValueError) as eager:
+    noted()
+  assert str(eager.value) == "bad value"
+  assert eager.value.__notes__ == ["(raised by replica 2 of 4)"]
+  with pytest.raises(ValueError) as traced:
+    tf.function(noted)()
+  assert traced.value is not eager.value
+  assert str(traced.value).rstrip().endswith("ValueError: bad value\n    (raised by replica 2 of 4)")
+
+
 def test_control_flow_kind_tells_branches_loops_and_functions():
   kinds = {}
 

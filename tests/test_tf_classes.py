@@ -12,6 +12,7 @@ import tf_distribute_lite as tfd
 from tf_distribute_lite import tf_classes
 
 import oracle
+import strategies
 from test_namespace import NAMESPACES
 
 
@@ -45,26 +46,19 @@ def test_each_class_answers_isinstance_for_exactly_tensorflows_classes(name):
   assert issubclass(reported, ours) and reported.__name__ == ours.__name__
 
 
-def _strategies(module):
-  return {
-      "Mirrored": oracle.mirrored(module),
-      "OneDevice": module.OneDeviceStrategy("/cpu:0"),
-      "CentralStorage": module.experimental.CentralStorageStrategy(),
-      "default": module.get_strategy(),
-      "v1.Mirrored": oracle.mirrored(module.compat.v1 if module is tfd
-                                     else tf.compat.v1.distribute),
-  }
+# Rows of tests/strategies.py, each strategy made once.
+STRATEGIES = ["mirrored", "one_device", "central_storage", "default", "v1_mirrored"]
 
 
-def test_strategies_and_their_parts_answer_isinstance_as_tensorflows():
-  ours, theirs = _strategies(tfd), _strategies(tf.distribute)
-  def answers(strategy):
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_strategies_and_their_parts_answer_isinstance_as_tensorflows(name):
+  def answers(ours):
+    strategy = strategies.shared(name, ours)
     seen = strategy.run(lambda: tf.distribute.get_replica_context())
     context = strategy.experimental_local_results(seen)[0]
     return [[isinstance(obj, c) for c in TF_CLASSES]
             for obj in (strategy, strategy.extended, context)]
-  for name in ours:
-    assert answers(ours[name]) == answers(theirs[name]), name
+  oracle.compare(answers, (False,), (True,))
 
 
 def test_tpu_strategy_is_tensorflows_tpu_strategy():
@@ -100,12 +94,14 @@ def test_objects_that_tensorflow_pickles_still_pickle():
   assert isinstance(partitioner, tf.distribute.experimental.partitioners.Partitioner)
 
 
-def test_tf_keras_tells_strategies_apart_as_under_tensorflow():
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_tf_keras_tells_strategies_apart_as_under_tensorflow(name):
   """tf_keras allows `mixed_float16`, backs training up and gathers
   predictions by `isinstance` against TensorFlow's classes."""
   import tf_keras  # pylint: disable=g-import-not-at-top
   from tf_keras.src.engine import training  # pylint: disable=g-import-not-at-top
-  def answers(strategy):
+  def answers(ours):
+    strategy = strategies.shared(name, ours)
     with strategy.scope():
       try:
         tf_keras.layers.Dense(1, dtype="mixed_float16")
@@ -115,6 +111,4 @@ def test_tf_keras_tells_strategies_apart_as_under_tensorflow():
     backup = tf_keras.callbacks.BackupAndRestore("unused")
     return (mixed, isinstance(strategy, backup._supported_strategies),  # pylint: disable=protected-access
             training._collective_all_reduce_multi_worker(strategy))  # pylint: disable=protected-access
-  ours, theirs = _strategies(tfd), _strategies(tf.distribute)
-  for name in ours:
-    assert answers(ours[name]) == answers(theirs[name]), name
+  oracle.compare(answers, (False,), (True,))

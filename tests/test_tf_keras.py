@@ -21,6 +21,7 @@ from tensorflow.python.distribute import values as tf_values
 import tf_distribute_lite as tfd
 
 import oracle
+import strategies
 import tf_keras_cases
 from tf_keras_cases import ABSENT
 from tf_keras_cases import CASES
@@ -35,50 +36,19 @@ EXACT, TPU_TOLERANCE = 0.0, 1e-6
 # tfd's, although weights, losses and metrics come out equal bit for bit.
 FLOAT16_TOLERANCE = 2.0 ** -10
 
-# Each strategy's TF and tfd versions, made once. TF's MirroredStrategy
-# reduces with ReductionToOneDevice, as ours does on CPUs: same sums, same
-# bits. TF has no TPUStrategy without a TPU: ours, on an emulated v4-8 (the
-# 4 CPUs), is compared with TF's MirroredStrategy on those devices.
-_STRATEGIES = {
-    "mirrored_2": (lambda: oracle.TF.pair, lambda: oracle.TFD.pair),
-    "mirrored_4": (oracle.new_tf_mirrored, lambda: oracle.TFD.mirrored),
-    "one_device": (oracle.TF.one_device, oracle.TFD.one_device),
-    "central_storage": (lambda: tf.distribute.experimental.CentralStorageStrategy(PAIR),
-                        lambda: tfd.experimental.CentralStorageStrategy(PAIR)),
-    "tpu": (lambda: _strategy("mirrored_4", tf.distribute),
-            lambda: tfd.TPUStrategy(tfd.cluster_resolver.TPUClusterResolver("emulated:v4-8"))),
-    "default": (tf.distribute.get_strategy, tfd.get_strategy),
-}
-_made = {}
-_outcomes = {}
-
-
-def _strategy(name, module):
-  key = (name, module.__name__)
-  if key not in _made:
-    _made[key] = _STRATEGIES[name][module is tfd]()
-  return _made[key]
-
-
-def _outcome(case, strategy, workdir):
-  """`tf_keras_cases.outcome`, once per case and strategy."""
-  key = (case, id(strategy))
-  if key not in _outcomes:
-    _outcomes[key] = tf_keras_cases.outcome(case, strategy, workdir)
-  return _outcomes[key]
-
-
-# Every case runs under a MirroredStrategy; fit and custom loops under all.
+# Rows of tests/strategies.py (each strategy made once) and the cases run
+# under each: every case under a MirroredStrategy; fit and custom loops
+# under all.
 MATRIX = {
-    "mirrored_2": ["fit_dataset", "fit_distributed_dataset", "fit_dataset_creator",
-                   "input_batch_size", "metrics_and_losses", "model_checkpoint",
-                   "backup_and_restore", "custom_loop", "saving", "mixed_float16",
-                   "sharpness_aware"],
-    "mirrored_4": ["fit_arrays", "fit_datasets_from_function", "steps_per_execution",
-                   "early_stopping", "tensorboard", "custom_loop_legacy"],
+    "mirrored_pair": ["fit_dataset", "fit_distributed_dataset", "fit_dataset_creator",
+                      "input_batch_size", "metrics_and_losses", "model_checkpoint",
+                      "backup_and_restore", "custom_loop", "saving", "mixed_float16",
+                      "sharpness_aware"],
+    "mirrored": ["fit_arrays", "fit_datasets_from_function", "steps_per_execution",
+                 "early_stopping", "tensorboard", "custom_loop_legacy"],
     "one_device": ["fit_arrays", "custom_loop_legacy", "mixed_float16", "sharpness_aware"],
-    "central_storage": ["fit_arrays", "custom_loop", "custom_loop_legacy", "saving",
-                        "backup_and_restore", "mixed_float16", "sharpness_aware"],
+    "central_storage_pair": ["fit_arrays", "custom_loop", "custom_loop_legacy", "saving",
+                             "backup_and_restore", "mixed_float16", "sharpness_aware"],
     "tpu": ["fit_arrays", "fit_distributed_dataset", "steps_per_execution", "custom_loop",
             "saving", "backup_and_restore"],
     "default": ["custom_loop", "custom_loop_legacy"],
@@ -87,50 +57,22 @@ MATRIX = {
 V3_8_CASES = ["fit_arrays", "custom_loop_legacy"]
 
 
-def assert_same(actual, expected, tolerance=EXACT, path="result"):
-  """`actual` equals `expected` leaf by leaf (numbers to `tolerance`); an
-  exception only by its class."""
-  if isinstance(expected, dict) and "raised" in expected:
-    assert isinstance(actual, dict) and actual.get("raised") == expected["raised"], (
-        f"{path}: TF raised {expected['raised']}: {expected['message']}\n"
-        f"tfd gave: {str(actual)[:3000]}")
-    return
-  if isinstance(actual, dict) and "raised" in actual:
-    pytest.fail(f"{path}: tfd raised {actual['raised']}: {actual['message']}")
-  if isinstance(expected, dict):
-    assert sorted(actual) == sorted(expected), path
-    for key in expected:
-      assert_same(actual[key], expected[key], tolerance, f"{path}[{key!r}]")
-  elif _is_array(expected):
-    np.testing.assert_allclose(actual, expected, rtol=tolerance, atol=tolerance,
-                               err_msg=path)
-  elif isinstance(expected, list):
-    assert len(actual) == len(expected), path
-    for i, (a, e) in enumerate(zip(actual, expected)):
-      assert_same(a, e, tolerance, f"{path}[{i}]")
-  else:
-    assert actual == expected, path
-
-
-def _is_array(value):
-  """Whether `value` is a number or nested lists of numbers of one shape."""
-  try:
-    return np.asarray(value).dtype.kind in "fiu"
-  except ValueError:
-    return False
-
-
 @pytest.mark.parametrize("strategy, case", [
     pytest.param(strategy, case, id=f"{strategy}-{case}")
     for strategy, cases in MATRIX.items() for case in cases])
 def test_matches_tf_distribute(strategy, case, tmp_path):
-  expected = _outcome(case, _strategy(strategy, tf.distribute), str(tmp_path / "tf"))
-  actual = _outcome(case, _strategy(strategy, tfd), str(tmp_path / "tfd"))
+  """TF's outcome once per case and TF strategy ("tpu" is compared with
+  TF's strategy of "mirrored")."""
   if strategy == "tpu":
     tolerance = TPU_TOLERANCE
   else:
     tolerance = FLOAT16_TOLERANCE if case == "mixed_float16" else EXACT
-  assert_same(actual, expected, tolerance)
+
+  def outcome(ours):
+    return tf_keras_cases.outcome(case, strategies.shared(strategy, ours),
+                                  str(tmp_path / ("tfd" if ours else "tf")))
+  actual = oracle.compare(outcome, (False,), (True,), alike=oracle.close(tolerance), ours=True,
+                          tf_key=(__name__, case, strategies.STRATEGIES[strategy].tf))
   if case == "tensorboard":  # Each epoch's loss was logged for training and validation.
     assert [len(actual["scalars"][f"{kind}/epoch_loss"]) for kind in ("train", "validation")] == [
         tf_keras_cases.EPOCHS] * 2
@@ -152,7 +94,8 @@ def v3_8_results(tmp_path_factory):
 @pytest.mark.parametrize("case", V3_8_CASES)
 def test_tpu_strategy_on_8_cores_matches_mirrored_strategy(v3_8_results, case):
   assert v3_8_results["replicas"] == 8
-  assert_same(v3_8_results[case]["tpu"], v3_8_results[case]["mirrored"], TPU_TOLERANCE)
+  oracle.assert_same_numbers(v3_8_results[case]["tpu"], v3_8_results[case]["mirrored"],
+                             TPU_TOLERANCE)
 
 
 def test_model_calls_run_under_the_default_strategy_it_was_built_in():
@@ -247,12 +190,7 @@ def test_apply_gradients_with_or_without_aggregation_matches_tf(optimizer, kwarg
   np.testing.assert_allclose(oracle.compare(snippet, (tf.distribute,), (tfd,)), expected)
 
 
-_CENTRAL_STORAGE = {
-    "v2": (lambda: tf.distribute.experimental.CentralStorageStrategy(PAIR),
-           lambda: tfd.experimental.CentralStorageStrategy(PAIR)),
-    "v1": (lambda: tf.compat.v1.distribute.experimental.CentralStorageStrategy(PAIR),
-           lambda: tfd.compat.v1.experimental.CentralStorageStrategy(PAIR)),
-}
+_CENTRAL_STORAGE = {"v2": "central_storage_pair", "v1": "v1_central_storage_pair"}
 
 
 @pytest.mark.parametrize("api", sorted(_CENTRAL_STORAGE))
@@ -269,25 +207,25 @@ def test_central_storage_refuses_what_tf_keras_refuses_under_tf(
   CentralStorageStrategy, as under TF's."""
   import tf_keras as keras  # pylint: disable=g-import-not-at-top
 
-  def snippet(make_strategy):
-    strategy = make_strategy()
+  def snippet(ours):
+    strategy = strategies.make(_CENTRAL_STORAGE[api], ours)
     with strategy.scope():
       v = tf.Variable([1.0, 2.0])
       sgd = keras.optimizers.legacy.SGD(0.1, **optimizer_kwargs)
     strategy.run(lambda: sgd.apply_gradients([(tf.constant([3.0, 4.0]), v)], **apply_kwargs))
     return v.numpy().tolist()
-  outcome = oracle.compare(snippet, *[(make,) for make in _CENTRAL_STORAGE[api]])
+  outcome = oracle.compare(snippet, (False,), (True,))
   assert outcome.type is (NotImplementedError if apply_kwargs else ValueError)
 
 
-def _mean_in_a_tf1_graph(make_strategy):
+def _mean_in_a_tf1_graph(name, ours):
   """tf_keras's Mean in a TF1 graph, updated by each replica on its batch of
   an input-function iterator, as tf_keras's metric tests do: its result
   after each step, until 4 batches are read."""
   import tf_keras as keras  # pylint: disable=g-import-not-at-top
   results = []
   with tf.Graph().as_default(), tf.compat.v1.Session() as session:
-    strategy = make_strategy()
+    strategy = strategies.make(name, ours)
     with strategy.scope():
       metric = keras.metrics.Mean()
       iterator = strategy.make_input_fn_iterator(
@@ -304,40 +242,23 @@ def _mean_in_a_tf1_graph(make_strategy):
 
 @pytest.mark.parametrize("strategy, expected", [
     ("default", [1.5, 3.5, 5.5, 7.5]), ("one_device", [1.5, 3.5, 5.5, 7.5]),
-    ("mirrored", [3.5, 7.5])])
+    ("mirrored_pair", [3.5, 7.5])])
 def test_metric_in_a_tf1_graph_matches_tf(strategy, expected):
-  make_theirs, make_ours = _NAMED_STRATEGIES[strategy]
-  assert oracle.compare(_mean_in_a_tf1_graph, (make_theirs,), (make_ours,)) == expected
+  assert oracle.compare(_mean_in_a_tf1_graph, (strategy, False), (strategy, True)) == expected
 
 
 # --- The private names tf_keras reads (docs/client_private_names.md).
 
-_NAMED_STRATEGIES = {
-    "default": (tf.distribute.get_strategy, tfd.get_strategy),
-    "one_device": (lambda: tf.distribute.OneDeviceStrategy("CPU:0"),
-                   lambda: tfd.OneDeviceStrategy("CPU:0")),
-    "mirrored": (lambda: oracle.new_tf_mirrored(PAIR), lambda: tfd.MirroredStrategy(PAIR)),
-    "central_storage": (lambda: tf.distribute.experimental.CentralStorageStrategy(PAIR),
-                        lambda: tfd.experimental.CentralStorageStrategy(PAIR)),
-    "multi_worker_mirrored": (tf.distribute.MultiWorkerMirroredStrategy,
-                              tfd.MultiWorkerMirroredStrategy),
-    "v1_one_device": (lambda: tf.compat.v1.distribute.OneDeviceStrategy("CPU:0"),
-                      lambda: tfd.compat.v1.OneDeviceStrategy("CPU:0")),
-    "v1_mirrored": (lambda: oracle.new_tf_mirrored(PAIR, module=tf.compat.v1.distribute),
-                    lambda: tfd.compat.v1.MirroredStrategy(PAIR)),
-    "v1_central_storage": (
-        lambda: tf.compat.v1.distribute.experimental.CentralStorageStrategy(PAIR),
-        lambda: tfd.compat.v1.experimental.CentralStorageStrategy(PAIR)),
-    "v1_multi_worker_mirrored": (tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy,
-                                 tfd.compat.v1.experimental.MultiWorkerMirroredStrategy),
-}
+# Rows of tests/strategies.py, each strategy made anew.
+NAMED_STRATEGIES = ["default", "one_device", "mirrored_pair", "central_storage_pair",
+                    "multi_worker", "v1_one_device", "v1_mirrored_pair",
+                    "v1_central_storage_pair", "v1_multi_worker"]
 
 
-@pytest.mark.parametrize("name", _NAMED_STRATEGIES)
+@pytest.mark.parametrize("name", NAMED_STRATEGIES)
 def test_client_private_names_match_tensorflow(name):
-  make_theirs, make_ours = _NAMED_STRATEGIES[name]
-  theirs = tf_keras_cases.client_private_names(make_theirs())
-  assert tf_keras_cases.client_private_names(make_ours()) == theirs
+  theirs = oracle.compare(lambda ours: tf_keras_cases.client_private_names(
+      strategies.make(name, ours)), (False,), (True,))
   assert theirs["extended._global_batch_size"] is True
   assert theirs["_should_use_with_coordinator"] is False
 

@@ -19,8 +19,7 @@ from cloud_fakes import FakeCloud
 from cloud_fakes import FakeTpuService
 from cloud_fakes import node
 from multi_worker import free_ports
-from outcomes import outcome
-from outcomes import same
+import oracle
 
 OURS = tfd.cluster_resolver.TPUClusterResolver
 THEIRS = tf.distribute.cluster_resolver.TPUClusterResolver
@@ -50,7 +49,7 @@ def cloud(monkeypatch, tmp_path):
 
 
 def _same(call):
-  return same(call, THEIRS, OURS)
+  return oracle.compare(call, (THEIRS,), (OURS,))
 
 
 def _answers(resolver):
@@ -122,7 +121,7 @@ def test_name_lookup_with_a_service_like_tf(description, cloud):
 def test_a_node_that_is_not_ready_raises_like_tf(state, cloud):
   del cloud
   service = FakeTpuService({FULL_NAME: node(state)})
-  assert _same(lambda r: r("my-tpu", service=service).master()) is RuntimeError
+  assert _same(lambda r: r("my-tpu", service=service).master()) == RuntimeError
   with pytest.raises(RuntimeError, match=f'TPU "my-tpu" is not yet ready; state: "{state}"'):
     OURS("my-tpu", service=service).cluster_spec()
 
@@ -130,14 +129,14 @@ def test_a_node_that_is_not_ready_raises_like_tf(state, cloud):
 def test_a_failed_lookup_raises_value_error_like_tf(cloud):
   del cloud
   service = FakeTpuService({FULL_NAME: KeyError("no such node")})
-  assert _same(lambda r: r("my-tpu", service=service).master()) is ValueError
+  assert _same(lambda r: r("my-tpu", service=service).master()) == ValueError
 
 
 def test_a_node_without_endpoints_raises_value_error_like_tf(cloud):
   del cloud
   service = FakeTpuService({FULL_NAME: {"state": "READY", "networkEndpoints": []}})
   assert _same(lambda r: r("my-tpu", service=service).cluster_spec()) == {"worker": {}}
-  assert _same(lambda r: r("my-tpu", service=service).master()) is ValueError
+  assert _same(lambda r: r("my-tpu", service=service).master()) == ValueError
 
 
 def test_project_and_zone_may_be_bytes_like_tf(cloud):
@@ -234,7 +233,7 @@ def test_preemption_and_recreation_like_tf_when_the_cache_is_off(cloud, monkeypa
     resolver = r("my-tpu", service=service)
     first = resolver.master()
     nodes[FULL_NAME] = node("PREEMPTED")
-    preempted = outcome(resolver.master)
+    preempted = oracle.outcome(resolver.master)
     nodes[FULL_NAME] = {"state": "READY", "networkEndpoints": [{"ipAddress": "10.9.9.9",
                                                                 "port": 8470}]}
     return first, preempted, resolver.master(), resolver.cluster_spec().as_dict(), service.calls
@@ -290,7 +289,7 @@ def test_the_fake_metadata_server_wants_the_flavor_header(cloud):
 
 def test_metadata_404_raises_http_error_like_tf(cloud):
   cloud.metadata("project/project-id", "gone", status=404)
-  assert _same(lambda r: r("my-tpu", service=FakeTpuService({}))) is urllib.error.HTTPError
+  assert _same(lambda r: r("my-tpu", service=FakeTpuService({}))) == urllib.error.HTTPError
 
 
 def test_a_hanging_metadata_server_times_out(cloud, monkeypatch):

@@ -16,24 +16,13 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 
 import tf_distribute_lite as tfd  # pylint: disable=g-import-not-at-top
 
+import strategies  # pylint: disable=g-import-not-at-top
+
 tf.compat.v1.disable_v2_behavior()
 
-PAIR = ["/cpu:0", "/cpu:1"]
-
-
-def _strategies(mod):
-  return {
-      "mirrored": lambda: mod.MirroredStrategy(PAIR, cross_device_ops=mod.ReductionToOneDevice()),
-      "one_device": lambda: mod.OneDeviceStrategy("/cpu:1"),
-      "central_storage": lambda: mod.experimental.CentralStorageStrategy(PAIR),
-      "multi_worker_mirrored": mod.experimental.MultiWorkerMirroredStrategy,
-      # TensorFlow has no TPUStrategy without a TPU: its MirroredStrategy on
-      # the 4 CPUs the emulated v4-8 is made of.
-      "tpu": (lambda: mod.MirroredStrategy(cross_device_ops=mod.ReductionToOneDevice()))
-             if mod is tf.compat.v1.distribute else
-             lambda: mod.experimental.TPUStrategy(tfd.cluster_resolver.TPUClusterResolver(
-                 "emulated:v4-8")),
-  }
+# Rows of tests/strategies.py.
+STRATEGIES = ["v1_mirrored_pair", "v1_one_device", "v1_central_storage_pair", "v1_multi_worker",
+              "v1_tpu"]
 
 
 def _components(session, strategy, value):
@@ -45,10 +34,10 @@ def moving_averages(mod):
   moving-average helper (biased and zero-debiased) inside
   `extended.update`, in the replicas, and applied across them."""
   results = {}
-  for name, make in _strategies(mod).items():
+  for name in STRATEGIES:
     for zero_debias in (False, True):
       with tf.Graph().as_default():
-        strategy = make()
+        strategy = strategies.make(name, ours=mod is tfd.compat.v1)
         with strategy.scope():
           v = tf.compat.v1.get_variable("v", initializer=[1.0, 2.0])
           w = tf.compat.v1.get_variable("w", initializer=[1.0, 2.0])
@@ -82,7 +71,7 @@ def metric_in_a_step_loop(mod):
   can fetch it, when the strategy says which control flow the loop left
   (`extended._outer_control_flow_context`)."""
   with tf.Graph().as_default():
-    strategy = mod.MirroredStrategy(PAIR, cross_device_ops=mod.ReductionToOneDevice())
+    strategy = strategies.make("v1_mirrored_pair", ours=mod is tfd.compat.v1)
     iterator = strategy.make_dataset_iterator(
         tf.data.Dataset.range(8).map(lambda v: tf.cast(v, tf.float32)).batch(2))
     values = {}
@@ -113,7 +102,7 @@ def keras_session(mod):
   `_keras_initialized`) and reads them with `eval`."""
   from tf_keras.src import backend  # pylint: disable=g-import-not-at-top
   with tf.Graph().as_default():
-    strategy = _strategies(mod)["mirrored"]()
+    strategy = strategies.make("v1_mirrored_pair", ours=mod is tfd.compat.v1)
     with strategy.scope():
       v = backend.variable(3.0)
       value = float(backend.get_value(v))

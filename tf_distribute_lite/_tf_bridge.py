@@ -59,6 +59,7 @@ _REQUIRED = {
         "ResourceVariable._write_object_proto"),
     _PY + "distribute.distribute_lib": "UpdateContext get_update_replica_id",
     _PY + "util.tf_stack": "_source_mapper_stacks _source_filter_stacks",
+    _PY + "autograph.pyct.error_utils": "ErrorMetadataBase().cause_message",
 }
 
 # {feature: (what fails without it, {module: names})}.
@@ -394,6 +395,16 @@ class TraceMapperGuard:
       for stack, depth in zip(self._stacks, self._depths):
         del stack[depth:]
     return False
+
+
+def add_error_note(error, note):
+  """Adds `note` to `error`, and to the message of the error AutoGraph
+  raises in its place when it ends a trace: AutoGraph rebuilds that error
+  from the message it recorded (`ag_error_metadata`), without notes."""
+  error.add_note(note)
+  metadata = getattr(error, "ag_error_metadata", None)
+  if metadata is not None:
+    metadata.cause_message = f"{metadata.cause_message}\n{note}"
 
 
 def gradient_tape_active():

@@ -192,6 +192,7 @@ class ReplicaRunner:
     self._merges_in_branches = []  # per such merge_call, each replica's graph
     self._shared = set()  # refs of the tensors merges handed to replicas
     self._replica_local = set()  # refs of tensors each replica has its own of
+    self._named_errors = []  # errors that need no note naming a replica
     self.aborting = False
     self.num_replicas = len(replica_inputs)
 
@@ -243,8 +244,23 @@ class ReplicaRunner:
         with tf.compat.v1.variable_scope(self._state.variable_scope, reuse=True,
                                          auxiliary_name_scope=False), name_scope:
           return self._fn(*args, **kwargs)
+    except Exception as error:
+      # The replica's own error says which replica raised it, once (a replica
+      # thread's passes through replica 0 too); the runner's errors and those
+      # of a merge are in `_named_errors` already.
+      if not any(error is e for e in self._named_errors):
+        self._named_errors.append(error)
+        _tf_bridge.add_error_note(
+            error, f"(raised by replica {replica_id} of {self.num_replicas})")
+      raise
     finally:
       self._running.replica_id = None
+
+  def _error(self, message):
+    """A RuntimeError of the runner's own, which names its replicas itself."""
+    error = RuntimeError(message)
+    self._named_errors.append(error)
+    return error
 
   def _share_variable(self, next_creator, **kwargs):
     """Replica 0 creates variables; the others get the same ones: the next
@@ -259,7 +275,7 @@ class ReplicaRunner:
       return variable
     taken = self._taken_variables[replica_id][name]
     if taken >= len(self._created_variables[name]):
-      raise RuntimeError(
+      raise self._error(
           f"Tried to create variable {kwargs.get('name')} with mismatching "
           f"name on device {replica_id}: replica {replica_id} created a "
           f"variable that replica 0 did not; every replica must create the "
@@ -274,7 +290,7 @@ class ReplicaRunner:
     if threading.current_thread() is not self._main_thread:
       return self._threads[replica_id - 1].wait_for_merge((args, kwargs, graph))
     if replica_id != 0:
-      raise RuntimeError(f"Replica {replica_id} called merge_call but replica 0 did not: "
+      raise self._error(f"Replica {replica_id} called merge_call but replica 0 did not: "
                          f"{_SAME_MERGE_CALLS}")
     self._merge_calls += 1
     if self._threads is None:
@@ -292,7 +308,7 @@ class ReplicaRunner:
       self._advance(thread)
       if thread.done:
         self._abort()
-        raise RuntimeError(
+        raise self._error(
             f"Replica 0 called merge_call (call {self._merge_calls}) but "
             f"replica {thread.replica_id} returned without calling it: every "
             f"replica must call merge_call the same number of times.")
@@ -305,7 +321,7 @@ class ReplicaRunner:
     # `merge_fn` runs after what every replica's `tf.control_dependencies`
     # blocks wait for, not only this thread's, as in TensorFlow: a tf_keras
     # metric's result after each replica's update.
-    with self._aborting_on_error(), \
+    with self._aborting_on_error(named=True), \
         contexts.Entered(contexts.ContextEntry.cross_replica(self._strategy)), \
         tf.device(None), tf.control_dependencies(_in_graph(control_inputs, graph)):
       result = merge_fn(self._strategy, *merged_args, **merged_kwargs)
@@ -337,7 +353,7 @@ class ReplicaRunner:
       else:
         graph = graph.outer_graph
         continue
-      raise RuntimeError(
+      raise self._error(
           f"{_NEW_GRAPH}replica {replica_id} reaches a synchronization point (such as "
           f"all_reduce or optimizer.apply_gradients) inside {inside}, which each replica "
           f"traces on its own, so the replicas cannot meet there. Move the "
@@ -356,7 +372,7 @@ class ReplicaRunner:
       for tensor in _symbolic_tensors(request):
         if not any(tensor.graph is g for g in readable):
           self._abort()
-          raise RuntimeError(
+          raise self._error(
               f"{_NEW_GRAPH}replica {replica_id} passes it {tensor.name} of graph "
               f"{tensor.graph.name}, a tf.cond branch of its own, which other replicas "
               f"cannot read. Move the synchronization (all_reduce, "
@@ -423,10 +439,14 @@ class ReplicaRunner:
     self._replica_local.add(tensor.ref())
 
   @contextlib.contextmanager
-  def _aborting_on_error(self):
+  def _aborting_on_error(self, named=False):
+    """Aborts the replicas on an error; `named`: the error (a merge's) names
+    no replica of its own and gets no note."""
     try:
       yield
-    except BaseException:
+    except BaseException as error:
+      if named:
+        self._named_errors.append(error)
       self._abort()
       raise
 
