@@ -158,6 +158,16 @@ def test_no_module_but_the_bridge_imports_tensorflow_python():
   assert not importers, f"import tensorflow.python outside _tf_bridge: {importers}"
 
 
+def test_only_cluster_runtime_handles_signals():
+  """One owner of SIGTERM: the others ask `cluster_runtime.on_sigterm`."""
+  importers = sorted(
+      name for name, path in MODULES.items()
+      for node in ast.walk(ast.parse(path.read_text(), str(path)))
+      if isinstance(node, ast.Import) and any(a.name == "signal" for a in node.names)
+      or isinstance(node, ast.ImportFrom) and node.module == "signal")
+  assert importers == [f"{PACKAGE}.cluster_runtime"], importers
+
+
 def _architecture_paths():
   """The file and folder paths ARCHITECTURE.md names in backquotes."""
   return set(re.findall(r"`([\w./-]+?(?:\.py|/))`", ARCHITECTURE.read_text()))

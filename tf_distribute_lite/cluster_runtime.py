@@ -12,13 +12,14 @@ the other tasks. Every wait is bounded:
   `HEARTBEAT_TIMEOUT_SECONDS` TensorFlow aborts every collective op of the
   survivors with `tf.errors.UnavailableError` naming the lost task.
 
-TensorFlow's runtime takes the signal SIGTERM when the process joins, and
-only records a preemption notice in its coordination service: a worker of
-TensorFlow's MultiWorkerMirroredStrategy trains on after a SIGTERM. Here
-the process then ends as SIGTERM ends any program, once it has recorded the
-same notice (`PREEMPTION_NOTICE_KEY`, which `PreemptionWatcher` reads); a
-handler the program had set for SIGTERM stays, and a
-`PreemptionCheckpointHandler` sets its own.
+This module alone sets SIGTERM's handler. TensorFlow's runtime takes the
+signal when the process joins, and only records a preemption notice in its
+coordination service: a worker of TensorFlow's MultiWorkerMirroredStrategy
+trains on after a SIGTERM. `join` takes the signal back: the process then
+ends as SIGTERM ends any program, once it has recorded the same notice
+(`PREEMPTION_NOTICE_KEY`, which `PreemptionWatcher` reads); a handler the
+program had set for SIGTERM stays. `on_sigterm` replaces the handler
+(`PreemptionCheckpointHandler` calls it).
 
 A process joins one cluster, once: TensorFlow configures its runtime at
 program start. The helpers below answer the questions strategies ask of a
@@ -275,6 +276,12 @@ def _take_back_sigterm(on_sigterm, task_type, task_id):
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
   signal.signal(signal.SIGTERM, end if on_sigterm in (signal.SIG_DFL, None) else on_sigterm)
+
+
+def on_sigterm(callback):
+  """Makes SIGTERM call `callback()` instead of what it did (from the main
+  thread only, as `signal.signal`)."""
+  signal.signal(signal.SIGTERM, lambda signum, frame: callback())
 
 
 def publish_preemption_notice(task_type, task_id):
