@@ -74,9 +74,29 @@ def startup_timeout():
 
 # --- Questions about a cluster.
 
+def validate_jobs(cluster_spec):
+  """Raises `ValueError` for a job TensorFlow does not know, or for more than
+  one chief or evaluator task.
+
+  >>> validate_jobs(tf.train.ClusterSpec({"chief": ["a:1", "b:1"]}))
+  Traceback (most recent call last):
+  ...
+  ValueError: There must be at most one 'chief' task; the cluster has 2: ['a:1', 'b:1'].
+  """
+  cluster = cluster_spec.as_dict()
+  unknown = [job for job in cluster if job not in _TASK_TYPES]
+  if unknown:
+    raise ValueError(f"The cluster names jobs {unknown}; the jobs allowed are "
+                     f"{list(_TASK_TYPES)}. Cluster: {cluster}.")
+  for job in ("chief", "evaluator"):
+    if len(cluster.get(job, ())) > 1:
+      raise ValueError(f"There must be at most one {job!r} task; the cluster "
+                       f"has {len(cluster[job])}: {cluster[job]}.")
+
+
 def validate_task(cluster_spec, task_type, task_id):
-  """Raises `ValueError` naming the field of the task that does not fit the
-  cluster.
+  """Raises `ValueError` naming what of the cluster (`validate_jobs`) or of
+  the task does not fit.
 
   >>> cluster = tf.train.ClusterSpec({"worker": ["a:1", "b:1"]})
   >>> validate_task(cluster, "worker", 2)
@@ -84,11 +104,8 @@ def validate_task(cluster_spec, task_type, task_id):
   ...
   ValueError: The task index 2 (`task.index`) is outside job 'worker', which has 2 tasks (indices 0 to 1) in the cluster {'worker': ['a:1', 'b:1']}.
   """
+  validate_jobs(cluster_spec)
   cluster = cluster_spec.as_dict()
-  unknown = [job for job in cluster if job not in _TASK_TYPES]
-  if unknown:
-    raise ValueError(f"The cluster names jobs {unknown}; the jobs allowed are "
-                     f"{list(_TASK_TYPES)}. Cluster: {cluster}.")
   if task_type is None or task_id is None:
     raise ValueError(
         f"The cluster {cluster} is given but this task's `task` entry (its "
@@ -97,10 +114,6 @@ def validate_task(cluster_spec, task_type, task_id):
   if task_type not in cluster and task_type != "evaluator":
     raise ValueError(f"The task type {task_type!r} (`task.type`) is not a job "
                      f"of the cluster, whose jobs are {sorted(cluster)}.")
-  for job in ("chief", "evaluator"):
-    if len(cluster.get(job, ())) > 1:
-      raise ValueError(f"There must be at most one {job!r} task; the cluster "
-                       f"has {len(cluster[job])}: {cluster[job]}.")
   if task_type in cluster:
     size = cluster_spec.num_tasks(task_type)
     if not isinstance(task_id, int) or not 0 <= task_id < size:
