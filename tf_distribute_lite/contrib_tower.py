@@ -281,7 +281,7 @@ class TPUStrategy(OneDeviceStrategy):  # pylint: disable=super-init-not-called
     if num_cores is not None:
       distribute_lib.check_count(num_cores, "num_cores", 1)
       topology = (tpu_system.initialized_topology(tpu_cluster_resolver) or
-                  tpu_system.initialize_tpu_system(tpu_cluster_resolver))
+                  tpu_system.initialize(tpu_cluster_resolver))
       device_assignment = tf.tpu.experimental.DeviceAssignment.build(
           topology, num_replicas=num_cores)
     DistributionStrategy.__init__(self, tpu_strategy.TPUStrategyV1(

@@ -334,7 +334,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
   def _experimental_initialize_system(self):
     """Read by TensorFlow's TF 1.x `SessionManager`, which initializes the
     TPU system before its session restores variables onto the TPU."""
-    tpu_system.initialize_tpu_system(self._tpu_cluster_resolver)
+    tpu_system.initialize(self._tpu_cluster_resolver)
 
   @property
   def num_hosts(self):
