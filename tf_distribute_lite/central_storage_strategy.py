@@ -191,7 +191,7 @@ class AggregatingVariable(distributed_variables.ComponentsVariable):
                                                    self._aggregation, self)
       return strategy.extended.update(self, update_fn, args=(aggregated,), group=True)
 
-    return contexts.get_replica_context().merge_call(merge_fn, args=(value,))
+    return contexts.top().replica_context.merge_call(merge_fn, args=(value,))
 
   def __repr__(self):
     return repr(self._primary)

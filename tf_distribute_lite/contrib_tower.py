@@ -376,7 +376,7 @@ def get_tower_context():
   >>> get_tower_context().tower_id
   0
   """
-  replica_context = contexts.get_replica_context()
+  replica_context = default_strategy.get_replica_context()
   if replica_context is None:
     return None
   return TowerContext(replica_context, getattr(replica_context, "_replica_id", 0))
@@ -399,7 +399,7 @@ def get_distribution_strategy():
   >>> get_distribution_strategy().num_towers
   1
   """
-  return _facade(contexts.get_strategy())
+  return _facade(default_strategy.get_strategy())
 
 
 def has_distribution_strategy():

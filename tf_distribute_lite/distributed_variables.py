@@ -164,7 +164,9 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
     TensorFlow 2.21 reads the component of that strategy's replica id,
     which is no replica of this variable's strategy.
     """
-    entry = contexts.current()
+    entry = contexts.top()
+    if entry is None:
+      return None  # no strategy in effect: the variable reads as one value
     if entry.replica_context is None:
       return contexts.update_replica_id()
     if entry.strategy is self._distribute_strategy:
@@ -176,14 +178,15 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
           f"another strategy, {entry.strategy}. A variable belongs to the "
           f"strategy whose scope created it: create the model, its variables "
           f"and its optimizer in the scope of the strategy that runs them.")
-    return None  # no strategy in effect: the variable reads as one value
+    return None  # a default strategy's replica
 
   def _in_foreign_replica(self):
     """Whether this runs in a replica of a strategy other than this
     variable's."""
-    entry = contexts.current()
-    return (entry.replica_context is not None and contexts.has_strategy() and
-            entry.strategy is not self._distribute_strategy)
+    if not contexts.has_strategy():
+      return False
+    entry = contexts.top()
+    return entry.replica_context is not None and entry.strategy is not self._distribute_strategy
 
   def _component_for_attributes(self):
     """The component whose attributes (and handle) this variable shows: the
@@ -266,8 +269,7 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
       return update_fn(self._primary, value)
     if method.startswith("assign"):
       self._check_assignable(value)
-    entry = contexts.current()
-    if entry.replica_context is None and contexts.update_replica_id() is not None:
+    if contexts.in_cross_replica_context() and contexts.update_replica_id() is not None:
       return update_fn(self._values[contexts.update_replica_id()], value)
     if self._current_replica_id() is not None:
       return self._update_in_replica(update_fn, value, method)
@@ -506,7 +508,7 @@ class MirroredVariable(DistributedVariable, tf.types.experimental.distributed.Mi
       aggregated = aggregate(strategy, value, self._aggregation, self)
       return strategy.extended.update(self, update_fn, args=(aggregated,), group=True)
 
-    return contexts.get_replica_context().merge_call(merge_fn, args=(value,))
+    return contexts.top().replica_context.merge_call(merge_fn, args=(value,))
 
 
 def checked_aggregation(aggregation, name):

@@ -558,7 +558,7 @@ def _refuse_in_a_replica(call, args):
   each replica would get every replica's input (a step takes its input as
   `run`'s argument: `args`). The default strategy's context is not a
   replica's."""
-  if contexts.has_strategy() and contexts.get_replica_context() is not None:
+  if contexts.has_strategy() and not contexts.in_cross_replica_context():
     raise ValueError(f"{call} should be called from outside of replica_fn. "
                      f"e.g. strategy.run(replica_fn, {args})")
 
