@@ -265,8 +265,7 @@ def _assert_strategy_api_matches_tensorflow(results):
     assert ours["chief_flags"] == [index == 0, index == 0, True, True]
     assert ours["replica_ids"] == ours["value_ids"] == [index]
     names = ours["client_private_names"]
-    assert (names["extended._in_multi_worker_mode"], names["extended._task_type"],
-            names["extended._task_id"]) == (True, "worker", index)
+    assert (names["extended._in_multi_worker_mode"], names["extended._task_id"]) == (True, index)
     assert ours["initial_value"] == ours["read_in_replica_context_by_hand"] == 10.0  # the chief's
     assert ours["counter"] == num_workers
     # Every field of CommunicationOptions reaches the collective ops; with

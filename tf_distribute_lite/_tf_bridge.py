@@ -138,7 +138,6 @@ def strategy_stack():
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def tensorflow_default_strategy():
   """TensorFlow's own default strategy, one object per process.
 

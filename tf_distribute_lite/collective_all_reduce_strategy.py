@@ -181,9 +181,9 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     task_id = self._cluster_resolver.task_id
     self._task = ""
     self._num_workers, self._id_in_cluster, self._is_chief = 1, 0, True
-    # Read by tf_keras (docs/client_private_names.md): the cluster task this
-    # process is, None without a cluster.
-    self._task_type, self._task_id = (task_type, task_id) if cluster_spec.jobs else (None, None)
+    # Read by tf_keras (docs/client_private_names.md): this process's index
+    # in its job, None without a cluster.
+    self._task_id = task_id if cluster_spec.jobs else None
     if cluster_spec.jobs:
       cluster_runtime.validate_task(cluster_spec, task_type, task_id)
       if task_type != "evaluator":  # an evaluator works on its own

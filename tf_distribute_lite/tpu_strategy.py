@@ -240,8 +240,6 @@ class TPUStrategyV1(_TPUStrategyMethods, strategy_v1.StrategyV1,
     return self._extended._tpu_cluster_resolver  # pylint: disable=protected-access
 
 
-TPUStrategyV1.__name__ = "TPUStrategyV1"
-
 
 class TPUExtended(mirrored_strategy.MirroredExtended):
   """`strategy.extended` of the TPU strategies."""
