@@ -91,19 +91,13 @@ class CollectiveAllReduceStrategy(strategy_v1.TF1Methods, distribute_lib.Strateg
     return self._extended._cluster_resolver  # pylint: disable=protected-access
 
 
-class _AnyMultiWorkerStrategy(type):
-  """`isinstance` answers True for every `MultiWorkerMirroredStrategy`."""
-
-  def __instancecheck__(cls, instance):
-    return isinstance(instance, CollectiveAllReduceStrategy)
-
-
 class ExperimentalMultiWorkerMirroredStrategy(
-    CollectiveAllReduceStrategy, metaclass=_AnyMultiWorkerStrategy,
+    CollectiveAllReduceStrategy, covers_parent=True,
     stands_for=tf.distribute.experimental.MultiWorkerMirroredStrategy):
   """Deprecated: `tf.distribute.experimental.MultiWorkerMirroredStrategy`,
   which takes a `communication` implementation; use
-  `MultiWorkerMirroredStrategy`.
+  `MultiWorkerMirroredStrategy`. Every `MultiWorkerMirroredStrategy` is one
+  to `isinstance`, as in TensorFlow.
 
   >>> strategy = ExperimentalMultiWorkerMirroredStrategy("RING")
   >>> strategy.extended._communication_options.implementation

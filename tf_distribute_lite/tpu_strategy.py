@@ -188,17 +188,11 @@ class TPUStrategyV2(_TPUStrategyMethods, strategy_v1.TF1Methods, distribute_lib.
     return self.run(fn, args, kwargs, options)
 
 
-class _AnyTPUStrategy(type):
-  """`isinstance` answers True for every `TPUStrategy`."""
-
-  def __instancecheck__(cls, instance):
-    return isinstance(instance, TPUStrategyV2)
-
-
-class ExperimentalTPUStrategy(TPUStrategyV2, metaclass=_AnyTPUStrategy,
+class ExperimentalTPUStrategy(TPUStrategyV2, covers_parent=True,
                               stands_for=tf.distribute.experimental.TPUStrategy):
   """Deprecated: `tf.distribute.experimental.TPUStrategy` (TF 2.2), which
-  names its device assignment `device_assignment`.
+  names its device assignment `device_assignment`. Every `TPUStrategy` is
+  one to `isinstance`, as in TensorFlow.
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> ExperimentalTPUStrategy(resolver).num_replicas_in_sync
