@@ -49,6 +49,14 @@ def test_experimental_and_compat_forms():
   assert float(v1.reduce("SUM", v1.run(lambda: tf.constant(2.0)))) == 2.0
 
 
+def test_session_config_on_one_worker_is_tensorflows(monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  config = tf.compat.v1.ConfigProto(allow_soft_placement=True, device_filters=["/job:a"])
+  ours, theirs = (mod.MultiWorkerMirroredStrategy().extended._update_config_proto(config)  # pylint: disable=protected-access
+                  for mod in (tfd, tf.distribute))
+  assert ours == theirs and ours != config
+
+
 @MODULES
 def test_one_worker_without_a_cluster(mod, monkeypatch):
   monkeypatch.delenv("TF_CONFIG", raising=False)

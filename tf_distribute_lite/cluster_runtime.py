@@ -76,13 +76,7 @@ def startup_timeout():
 
 def validate_jobs(cluster_spec):
   """Raises `ValueError` for a job TensorFlow does not know, or for more than
-  one chief or evaluator task.
-
-  >>> validate_jobs(tf.train.ClusterSpec({"chief": ["a:1", "b:1"]}))
-  Traceback (most recent call last):
-  ...
-  ValueError: There must be at most one 'chief' task; the cluster has 2: ['a:1', 'b:1'].
-  """
+  one chief or evaluator task."""
   cluster = cluster_spec.as_dict()
   unknown = [job for job in cluster if job not in _TASK_TYPES]
   if unknown:
@@ -311,15 +305,25 @@ def publish_preemption_notice(task_type, task_id):
   thread.join(NOTICE_TIMEOUT_SECONDS)
 
 
-def _session_config(cluster_spec, task_type, task_id, register_seconds):
-  """The context's config, plus the cluster's collective leader, this
-  task's device filter and the coordination service with its timeouts."""
-  config = _tf_bridge.eager_context_config()
-  config.experimental.collective_group_leader = leader(cluster_spec)
-  config.device_filters.append(f"/job:{task_type}/task:{task_id}")
+def configure_collectives(config, cluster_spec=None, task_type=None, task_id=None):
+  """Sets up `config` (a `ConfigProto`, changed in place) for collective
+  ops: the scoped allocator packs `CollectiveReduce`'s inputs; in a cluster,
+  also its collective leader and this task's device filter."""
   rewrites = config.graph_options.rewrite_options
   rewrites.scoped_allocator_optimization = rewrites.ON
+  del rewrites.scoped_allocator_opts.enable_op[:]
   rewrites.scoped_allocator_opts.enable_op.append("CollectiveReduce")
+  if cluster_spec is not None:
+    config.experimental.collective_group_leader = leader(cluster_spec)
+    del config.device_filters[:]
+    config.device_filters.append(f"/job:{task_type}/task:{task_id}")
+
+
+def _session_config(cluster_spec, task_type, task_id, register_seconds):
+  """The context's config, set up for collective ops in the cluster, and
+  the coordination service with its timeouts."""
+  config = _tf_bridge.eager_context_config()
+  configure_collectives(config, cluster_spec, task_type, task_id)
   coordination = config.experimental.coordination_config
   coordination.service_type = "standalone"
   coordination.service_leader = leader(cluster_spec)

@@ -232,15 +232,12 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
 
   def _update_config_proto(self, config_proto):
     updated = copy.deepcopy(config_proto)
-    rewrites = updated.graph_options.rewrite_options
-    rewrites.scoped_allocator_optimization = rewrites.ON
-    del rewrites.scoped_allocator_opts.enable_op[:]
-    rewrites.scoped_allocator_opts.enable_op.append("CollectiveReduce")
-    if self._task:
-      cluster_spec = self._cluster_resolver.cluster_spec()
-      updated.experimental.collective_group_leader = cluster_runtime.leader(cluster_spec)
-      del updated.device_filters[:]
-      updated.device_filters.append(self._task.replace("/replica:0", ""))
+    if not self._task:
+      cluster_runtime.configure_collectives(updated)
+    else:
+      task = tf.DeviceSpec.from_string(self._task)
+      cluster_runtime.configure_collectives(
+          updated, self._cluster_resolver.cluster_spec(), task.job, task.task)
     return updated
 
   # --- Replicas and input.

@@ -1,8 +1,6 @@
 """The default strategy: the one in effect outside every `scope()`, with
 one replica on whatever device is current; and `get_strategy` and
-`get_replica_context`, which return it and its replica context where no
-strategy is entered (the other questions about the current context are in
-`contexts`).
+`get_replica_context`, which return it and its replica context there.
 """
 
 import threading

@@ -637,11 +637,8 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     """The current replica context if it is one of this strategy's, else
     None. (With no strategy entered, the default strategy's is current,
     which its `extended` answers.)"""
-    entry = contexts.top()
-    replica = None if entry is None else entry.replica_context
-    if replica is None or replica.strategy is not self._container_strategy():
-      return None
-    return replica
+    replica = getattr(contexts.top(), "replica_context", None)
+    return replica if getattr(replica, "strategy", None) is self._container_strategy() else None
 
   def _get_local_replica_id(self, replica_id_in_sync_group):
     """Read by `tf.distribute.ReplicaContext(strategy, replica_id)`: the

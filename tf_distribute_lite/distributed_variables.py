@@ -33,7 +33,42 @@ _OWN_ATTRIBUTES = frozenset(
      "_distributed_container", "_use_resource_variables", "_attribute_sentinel"])
 
 
-class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
+class SavedAsOneVariable:
+  """What the variables kept in parts (`ComponentsVariable`'s components,
+  `ShardedVariable`'s shards) share: a checkpoint stores the one variable
+  they stand for, under the key plain variables use, so that it restores
+  into any of them or into a plain variable; `scatter_*` go through
+  `_update`. Subclasses give `_saved_value()`, `_assign_restored(value)`
+  and `_update(method, value, **kwargs)`."""
+
+  def _serialize_to_tensors(self):
+    return {VARIABLE_VALUE: self._saved_value()}
+
+  def _restore_from_tensors(self, restored_tensors):
+    restored = restored_tensors[VARIABLE_VALUE]
+    if not restored.shape.is_compatible_with(self.shape):
+      raise ValueError(
+          f"Received incompatible tensor with shape {restored.shape} when "
+          f"attempting to restore variable with shape {self.shape} and name "
+          f"{self.name}.")
+    return self._assign_restored(restored)
+
+
+def _scatter_method(method):
+  def scatter(self, sparse_delta, use_locking=False, name=None):
+    return self._update(method, sparse_delta, use_locking=use_locking, name=name)  # pylint: disable=protected-access
+  scatter.__name__ = method
+  scatter.__doc__ = f"`tf.Variable.{method}` on every part, as for `assign`."
+  return scatter
+
+
+for _method in ("scatter_sub", "scatter_add", "scatter_mul", "scatter_div",
+                "scatter_min", "scatter_max", "scatter_update",
+                "batch_scatter_update"):
+  setattr(SavedAsOneVariable, _method, _scatter_method(_method))
+
+
+class ComponentsVariable(SavedAsOneVariable, tf.Variable, tf.__internal__.types.Tensor):
   """A `tf.Variable` that stands for its component variables (`_values`)
   under a strategy: reads, updates, checkpoints and SavedModels. Subclasses
   say which component a read uses (`_get`, `_get_on_device_or_primary`,
@@ -314,16 +349,12 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
     del context
     return _VariableTraceType(self)
 
-  def _serialize_to_tensors(self):
-    return {VARIABLE_VALUE: self._saved_value()}
-
   def _saved_value(self):
     with self._strategy_scope():
       return self.read_value()
 
-  def _restore_from_tensors(self, restored_tensors):
-    restored = self._component_restore_value(
-        restored_value(restored_tensors, self.shape, self.name))
+  def _assign_restored(self, restored):
+    restored = self._component_restore_value(restored)
     updates = []
     for component in self._values:
       with tf.device(component.device):
@@ -383,31 +414,6 @@ class ComponentsVariable(tf.Variable, tf.__internal__.types.Tensor):
   def __tf_experimental_restore_capture__(self, concrete_function, internal_capture):
     concrete_function.graph.replace_capture(self, internal_capture)
     return self
-
-
-def restored_value(restored_tensors, shape, name):
-  """The value a checkpoint restores into the variable `name` of `shape`;
-  another shape is TensorFlow's ValueError."""
-  restored = restored_tensors[VARIABLE_VALUE]
-  if not restored.shape.is_compatible_with(shape):
-    raise ValueError(
-        f"Received incompatible tensor with shape {restored.shape} when "
-        f"attempting to restore variable with shape {shape} and name {name}.")
-  return restored
-
-
-def _scatter_method(method):
-  def scatter(self, sparse_delta, use_locking=False, name=None):
-    return self._update(method, sparse_delta, use_locking=use_locking, name=name)  # pylint: disable=protected-access
-  scatter.__name__ = method
-  scatter.__doc__ = f"`tf.Variable.{method}` on every component, as for `assign`."
-  return scatter
-
-
-for _method in ("scatter_sub", "scatter_add", "scatter_mul", "scatter_div",
-                "scatter_min", "scatter_max", "scatter_update",
-                "batch_scatter_update"):
-  setattr(ComponentsVariable, _method, _scatter_method(_method))
 
 
 class DistributedVariable(ComponentsVariable, values_lib.DistributedValues):

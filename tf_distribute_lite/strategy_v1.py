@@ -243,9 +243,7 @@ class MultiStepContext:
   """
 
   def __init__(self, strategy=None):
-    # The strategy running the loop: where no strategy is entered, the
-    # default strategy's replica context is current, which it answers.
-    self._strategy = strategy
+    self._strategy = strategy  # the loop's: with none entered, the default
     self._last_step_outputs = {}
     self._reduced = {}
     self._non_tensor_outputs = {}
