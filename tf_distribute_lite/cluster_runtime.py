@@ -342,8 +342,8 @@ def _session_config(cluster_spec, task_type, task_id, register_seconds):
 def _startup_failure(cluster_spec, task_type, task_id, timeout, probe_seconds, detail):
   """The message of a failed start: which tasks are missing, where. Their
   servers are asked at once, each for at most `probe_seconds`."""
-  others = [(job, index, address) for job, index, address in _training_tasks(cluster_spec)
-            if (job, index) != (task_type, task_id)]
+  others = [task for task in _tasks(cluster_spec, _COORDINATED_JOBS)
+            if task[:2] != (task_type, task_id)]
   with concurrent.futures.ThreadPoolExecutor(max(len(others), 1)) as pool:
     answered = list(pool.map(lambda task: _listening(task[2], probe_seconds), others))
   missing = [task for task, answers in zip(others, answered) if not answers]
@@ -360,11 +360,10 @@ def _startup_failure(cluster_spec, task_type, task_id, timeout, probe_seconds, d
           f"TensorFlow's message: {detail}")
 
 
-def _training_tasks(cluster_spec):
-  for job in _COORDINATED_JOBS:
-    if job in cluster_spec.jobs:
-      for index in range(cluster_spec.num_tasks(job)):
-        yield job, index, cluster_spec.task_address(job, index)
+def _tasks(cluster_spec, jobs):
+  """`(job, index, address)` of each task of `jobs` in the cluster."""
+  return [(job, index, cluster_spec.task_address(job, index)) for job in jobs
+          if job in cluster_spec.jobs for index in range(cluster_spec.num_tasks(job))]
 
 
 def unanswered_tasks(cluster_spec, jobs, deadline):
@@ -375,9 +374,7 @@ def unanswered_tasks(cluster_spec, jobs, deadline):
   >>> unanswered_tasks(spec, ["ps"], time.monotonic())
   [('ps', 0, '127.0.0.1:1')]
   """
-  tasks = [(job, index, cluster_spec.task_address(job, index))
-           for job in jobs for index in range(cluster_spec.num_tasks(job))]
-  return [task for task in tasks if not _answers_by(task[2], deadline)]
+  return [task for task in _tasks(cluster_spec, jobs) if not _answers_by(task[2], deadline)]
 
 
 def _answers_by(address, deadline):

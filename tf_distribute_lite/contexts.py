@@ -57,9 +57,8 @@ def pop():
 
 
 def top():
-  """The innermost entry, or None: the default strategy in its replica
-  context. An entry of TensorFlow's own (Keras pushes TensorFlow's default
-  replica context) has the same three fields."""
+  """The innermost entry (TensorFlow's have the same fields), or None: the
+  default strategy in its replica context."""
   stack = _tf_bridge.strategy_stack()
   return stack[-1] if stack else None
 
@@ -67,12 +66,6 @@ def top():
 class DefaultStrategy:
   """Base of the default strategy's class: where it is current,
   `has_strategy()` is False."""
-
-
-def is_default(strategy):
-  """Whether `strategy` is a default strategy, tfd's or TensorFlow's."""
-  return (isinstance(strategy, DefaultStrategy) or
-          strategy is _tf_bridge.tensorflow_default_strategy())
 
 
 def is_current(strategy):
@@ -91,7 +84,9 @@ def has_strategy():
   False
   """
   entry = top()
-  return entry is not None and not is_default(entry.strategy)
+  return entry is not None and not (
+      isinstance(entry.strategy, DefaultStrategy) or
+      entry.strategy is _tf_bridge.tensorflow_default_strategy())
 
 
 def in_cross_replica_context():

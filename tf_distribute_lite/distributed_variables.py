@@ -34,12 +34,10 @@ _OWN_ATTRIBUTES = frozenset(
 
 
 class SavedAsOneVariable:
-  """What the variables kept in parts (`ComponentsVariable`'s components,
-  `ShardedVariable`'s shards) share: a checkpoint stores the one variable
-  they stand for, under the key plain variables use, so that it restores
-  into any of them or into a plain variable; `scatter_*` go through
-  `_update`. Subclasses give `_saved_value()`, `_assign_restored(value)`
-  and `_update(method, value, **kwargs)`."""
+  """What variables kept in parts (`ComponentsVariable`, `ShardedVariable`)
+  share: checkpoints store the one variable they stand for, as a plain one;
+  `scatter_*` go through `_update(method, value, **kwargs)`. Subclasses give
+  `_saved_value()` and `_assign_restored(value)`."""
 
   def _serialize_to_tensors(self):
     return {VARIABLE_VALUE: self._saved_value()}

@@ -12,9 +12,8 @@ TensorFlow classes it stands for where it is defined::
 
 and `isinstance` answers yes for its instances against those classes (and
 their bases), for any caller. A subclass that names none stands for what its
-parent stands for. A subclass declared with `covers_parent=True` (a
-deprecated variant, as `tf.distribute.experimental.TPUStrategy`) is also
-answered for every instance of its parent, as in TensorFlow.
+parent stands for; one declared with `covers_parent=True` (a deprecated
+variant) is also answered for every instance of its parent.
 
 How: `isinstance(obj, cls)` looks at `obj.__class__` when `type(obj)` does
 not match (the rule `unittest.mock`'s `spec` relies on). An instance of a
@@ -45,8 +44,7 @@ class StandsFor:
   """Base of the tfd classes that stand for public TensorFlow classes.
 
   `class X(..., stands_for=tf.X)` (a class or a tuple of classes) declares
-  them; `covers_parent=True`, that the parent's instances are X's too. See
-  the module docstring.
+  them; `covers_parent=True`, that the parent's instances are X's too.
   """
 
   _tensorflow_classes = ()
@@ -80,8 +78,8 @@ def _new(cls, *args):
 @functools.lru_cache(maxsize=None)
 def reported_class(cls):
   """What instances of `cls` give as `__class__`: `cls` itself, or a
-  subclass of `cls` and of the TensorFlow classes it stands for (and of the
-  subclasses that cover it, which come in place of `cls`).
+  subclass of `cls` (or of its covering subclasses) and of the TensorFlow
+  classes it stands for.
 
   >>> import tensorflow as tf
   >>> import tf_distribute_lite as tfd
