@@ -41,6 +41,19 @@ def test_invalid_tasks_raise_value_error_naming_the_field(cluster, task_type, ta
     cluster_runtime.validate_task(tf.train.ClusterSpec(cluster), task_type, task_id)
 
 
+def test_configure_collectives_sets_the_leader_the_task_filter_and_the_allocator():
+  config = tf.compat.v1.ConfigProto(device_filters=["/job:old"])
+  config.graph_options.rewrite_options.scoped_allocator_opts.enable_op.append("Old")
+  cluster_runtime.configure_collectives(config)
+  rewrites = config.graph_options.rewrite_options
+  assert (rewrites.scoped_allocator_optimization, list(rewrites.scoped_allocator_opts.enable_op),
+          list(config.device_filters)) == (rewrites.ON, ["CollectiveReduce"], ["/job:old"])
+  cluster_runtime.configure_collectives(config, WITH_CHIEF, "worker", 1)
+  assert (config.experimental.collective_group_leader, list(config.device_filters),
+          list(rewrites.scoped_allocator_opts.enable_op)) == (
+              "/job:chief/replica:0/task:0", ["/job:worker/task:1"], ["CollectiveReduce"])
+
+
 def test_a_ps_task_has_no_id_as_in_tensorflow():
   cluster = tf.train.ClusterSpec({"worker": ["a:1"], "ps": ["b:1"]})
   cluster_runtime.validate_task(cluster, "ps", 0)

@@ -49,6 +49,14 @@ def test_experimental_and_compat_forms():
   assert float(v1.reduce("SUM", v1.run(lambda: tf.constant(2.0)))) == 2.0
 
 
+def test_session_config_on_one_worker_is_tensorflows(monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  config = tf.compat.v1.ConfigProto(allow_soft_placement=True, device_filters=["/job:a"])
+  ours, theirs = (mod.MultiWorkerMirroredStrategy().extended._update_config_proto(config)  # pylint: disable=protected-access
+                  for mod in (tfd, tf.distribute))
+  assert ours == theirs and ours != config
+
+
 @MODULES
 def test_one_worker_without_a_cluster(mod, monkeypatch):
   monkeypatch.delenv("TF_CONFIG", raising=False)
@@ -265,8 +273,7 @@ def _assert_strategy_api_matches_tensorflow(results):
     assert ours["chief_flags"] == [index == 0, index == 0, True, True]
     assert ours["replica_ids"] == ours["value_ids"] == [index]
     names = ours["client_private_names"]
-    assert (names["extended._in_multi_worker_mode"], names["extended._task_type"],
-            names["extended._task_id"]) == (True, "worker", index)
+    assert (names["extended._in_multi_worker_mode"], names["extended._task_id"]) == (True, index)
     assert ours["initial_value"] == ours["read_in_replica_context_by_hand"] == 10.0  # the chief's
     assert ours["counter"] == num_workers
     assert ours["saving_all_reduce"] is True  # TF's refusal of collectives

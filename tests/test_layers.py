@@ -30,13 +30,21 @@ MODULES = {_module_name(p): p for p in sorted(PACKAGE_DIR.rglob("*.py"))
 
 def _imported(node):
   """The package's modules an `import` or `from ... import` node names; a
-  name imported from a package is its submodule when there is one."""
+  name imported from a package is its submodule when there is one.
+
+  `from P import m` also reads package P: at run time that is a loop when
+  P's `__init__` (still running) led to this import. The root package, which
+  every import starts from, is left out.
+  """
   if isinstance(node, ast.Import):
     return [alias.name for alias in node.names]
   if node.module is None or node.level:
     return []
   submodules = [f"{node.module}.{alias.name}" for alias in node.names]
-  return [m for m in submodules if m in MODULES] or [node.module]
+  found = [m for m in submodules if m in MODULES]
+  if not found or node.module != PACKAGE:
+    found.append(node.module)
+  return found
 
 
 def import_graph():
@@ -46,7 +54,7 @@ def import_graph():
     tree = ast.parse(path.read_text(), str(path))
     graph[name] = {target for node in ast.walk(tree)
                    if isinstance(node, (ast.Import, ast.ImportFrom))
-                   for target in _imported(node) if target in MODULES}
+                   for target in _imported(node) if target in MODULES and target != name}
   return graph
 
 
@@ -76,6 +84,16 @@ def test_find_cycle_finds_a_lazy_import_loop():
   assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
+def test_a_read_of_a_package_being_initialised_is_a_loop():
+  # `cluster_resolver/__init__` imports the TPU resolver, which took a
+  # helper module from the `cluster_resolver` package while it initialised.
+  node = ast.parse(f"from {PACKAGE}.cluster_resolver import cluster_resolver").body[0]
+  assert set(_imported(node)) == {f"{PACKAGE}.cluster_resolver",
+                                  f"{PACKAGE}.cluster_resolver.cluster_resolver"}
+  root = ast.parse(f"from {PACKAGE} import contexts").body[0]
+  assert _imported(root) == [f"{PACKAGE}.contexts"]
+
+
 def test_the_package_has_no_import_loop():
   cycle = find_cycle(import_graph())
   assert cycle is None, "import loop: " + " -> ".join(cycle)
@@ -85,8 +103,8 @@ def test_the_package_has_no_import_loop():
     # Legacy code adapts the core, never the reverse.
     (f"{PACKAGE}.distribute_lib", f"{PACKAGE}.strategy_v1"),
     (f"{PACKAGE}.replica_context", f"{PACKAGE}.strategy_v1"),
-    # The resolver finds, the TPU system starts.
-    (f"{PACKAGE}.cluster_resolver.tpu_cluster_resolver", f"{PACKAGE}.tpu_system"),
+    # The TPU system starts the TPU of a resolver it is given, never finds one.
+    (f"{PACKAGE}.tpu_system", f"{PACKAGE}.cluster_resolver.tpu_cluster_resolver"),
 ])
 def test_lower_layer_does_not_import_upper(importer, imported):
   assert imported not in import_graph()[importer]
@@ -143,6 +161,16 @@ def test_only_namespaces_import_namespaces():
            for module, imported in import_graph().items()
            if module not in NAMESPACES and imported & NAMESPACES - allowed}
   assert not wrong, f"modules importing a namespace package: {wrong}"
+
+
+def test_only_cluster_runtime_handles_signals():
+  """One owner of SIGTERM: the others ask `cluster_runtime.on_sigterm`."""
+  importers = sorted(
+      name for name, path in MODULES.items()
+      for node in ast.walk(ast.parse(path.read_text(), str(path)))
+      if isinstance(node, ast.Import) and any(a.name == "signal" for a in node.names)
+      or isinstance(node, ast.ImportFrom) and node.module == "signal")
+  assert importers == [f"{PACKAGE}.cluster_runtime"], importers
 
 
 def _architecture_paths():

@@ -99,9 +99,9 @@ def test_tpu_names_we_do_not_rewrite_are_tensorflows():
 
 
 def test_cluster_resolver_modules_stay_importable_by_their_full_names():
-  from tf_distribute_lite.cluster_resolver import tpu_discovery  # pylint: disable=g-import-not-at-top
-  assert tpu_discovery.__name__ == "tf_distribute_lite.cluster_resolver.tpu_discovery"
-  assert "tpu_discovery" not in dir(tfd.cluster_resolver)
+  from tf_distribute_lite.cluster_resolver import tpu_cluster_resolver  # pylint: disable=g-import-not-at-top
+  assert tpu_cluster_resolver.__name__ == "tf_distribute_lite.cluster_resolver.tpu_cluster_resolver"
+  assert "tpu_cluster_resolver" not in dir(tfd.cluster_resolver)
 
 
 @pytest.mark.parametrize("ours, theirs, name", [

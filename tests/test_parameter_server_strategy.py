@@ -275,10 +275,16 @@ def test_backup_and_restore_trains_and_removes_its_backup_as_tensorflow(tutorial
 
 # --- Without a cluster.
 
-@pytest.mark.parametrize("cluster", [{"worker": ["localhost:1"]}, {"ps": ["localhost:1"]},
-                                     {"chief": ["localhost:1"]}, {}])
+_PS_AND_WORKER = {"worker": ["localhost:1"], "ps": ["localhost:2"]}
+
+
+@pytest.mark.parametrize("cluster", [
+    {"worker": ["localhost:1"]}, {"ps": ["localhost:1"]}, {"chief": ["localhost:1"]}, {},
+    dict(_PS_AND_WORKER, chief=["localhost:3", "localhost:4"]),
+    dict(_PS_AND_WORKER, evaluator=["localhost:3", "localhost:4"]),
+    dict(_PS_AND_WORKER, trainer=["localhost:3"])])
 @pytest.mark.parametrize("mod", [tfd, tf.distribute], ids=MODULES[::-1])
-def test_a_cluster_without_ps_or_workers_is_a_value_error(mod, cluster):
+def test_a_cluster_it_cannot_train_in_is_a_value_error(mod, cluster):
   resolver = mod.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec(cluster))
   with pytest.raises(ValueError):
     mod.ParameterServerStrategy(resolver)
@@ -340,7 +346,9 @@ def test_sharded_variable_reads_and_updates_as_tensorflows():
   results = []
   for sharded in _both(values):
     sharded.scatter_add(sparse)
-    results.append([sharded.numpy(),
+    after_add = sharded.numpy()
+    sharded.batch_scatter_update(sparse)
+    results.append([after_add, sharded.numpy(),
                     tf.nn.embedding_lookup(sharded, tf.constant([[4, 2], [0, 3]])).numpy()])
   np.testing.assert_equal(results[0], results[1])
   # TensorFlow's sparse_read returns the rows shard by shard, not in order.

@@ -70,6 +70,21 @@ def test_tpu_strategy_is_tensorflows_tpu_strategy():
   assert isinstance(resolver, tf.distribute.cluster_resolver.TPUClusterResolver)
 
 
+def test_every_strategy_is_an_instance_of_its_deprecated_experimental_variant():
+  """As in TensorFlow; the variant stays a subclass only, not a base."""
+  class MyStrategy(tfd.MultiWorkerMirroredStrategy):
+    pass
+  resolver = tfd.cluster_resolver.TPUClusterResolver("emulated:v4-8")
+  multi_worker = tfd.experimental.MultiWorkerMirroredStrategy
+  for strategy, variant in ((tfd.MultiWorkerMirroredStrategy(), multi_worker),
+                            (MyStrategy(), multi_worker),
+                            (tfd.TPUStrategy(resolver), tfd.experimental.TPUStrategy)):
+    assert isinstance(strategy, variant) and not issubclass(type(strategy), variant)
+    assert strategy.__class__.__name__ == type(strategy).__name__
+  assert not isinstance(tfd.compat.v1.experimental.TPUStrategy(resolver), tfd.experimental.TPUStrategy)
+  assert not isinstance(tfd.MirroredStrategy(), multi_worker)
+
+
 def test_type_and_behaviour_stay_tfds():
   strategy = tfd.OneDeviceStrategy("/cpu:0")
   assert type(strategy) is tfd.OneDeviceStrategy

@@ -274,8 +274,7 @@ def test_tpu_strategy_client_private_names_are_tensorflows(make):
       "_should_use_with_coordinator": False, "_num_workers": ABSENT, "_mesh": ABSENT,
       "_scale_loss_for_estimator": False,
       "extended._in_multi_worker_mode": False, "extended._global_batch_size": True,
-      "extended._use_merge_call": True, "extended._task_type": ABSENT,
-      "extended._task_id": ABSENT, "extended._cluster_resolver": ABSENT,
+      "extended._use_merge_call": True, "extended._task_id": ABSENT, "extended._cluster_resolver": ABSENT,
       "extended._tpu_cluster_resolver": ["TPUClusterResolver", "worker", 0],
       "extended._std_server_started": ABSENT,
       "extended._retrace_functions_for_each_device": True,  # more than one core

@@ -555,7 +555,7 @@ def test_initialized_emulated_slice_gives_its_topology(cloud):
 
 def test_connect_initializes_the_tpu_system_it_finds(cloud):
   del cloud
-  tpu_system.shutdown_tpu_system(OURS("emulated:v4-8"))
+  tfd.tpu.experimental.shutdown_tpu_system(OURS("emulated:v4-8"))
   assert tpu_system.initialized_topology(OURS("emulated:v4-8")) is None
   resolver = OURS.connect("emulated:v4-8")
   assert tpu_system.initialized_topology(resolver).mesh_shape.tolist() == [2, 2, 1, 1]

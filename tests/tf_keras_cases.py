@@ -428,7 +428,7 @@ def sharpness_aware(strategy, workdir):
 CLIENT_PRIVATE_NAMES = (
     "_should_use_with_coordinator", "_num_workers", "_mesh", "_scale_loss_for_estimator",
     "extended._in_multi_worker_mode", "extended._global_batch_size",
-    "extended._use_merge_call", "extended._task_type", "extended._task_id",
+    "extended._use_merge_call", "extended._task_id",
     "extended._cluster_resolver", "extended._tpu_cluster_resolver",
     "extended._std_server_started", "extended._retrace_functions_for_each_device",
     "extended._outer_control_flow_context", "extended._device_assignment")

@@ -17,12 +17,9 @@ from tf_distribute_lite import cluster_resolver
 from tf_distribute_lite import compat
 from tf_distribute_lite import contrib
 from tf_distribute_lite import coordinator
-from tf_distribute_lite import default_strategy  # registers itself with `contexts`
 from tf_distribute_lite import experimental
 from tf_distribute_lite import tpu
 from tf_distribute_lite import values
-from tf_distribute_lite.contexts import get_replica_context
-from tf_distribute_lite.contexts import get_strategy
 from tf_distribute_lite.contexts import has_strategy
 from tf_distribute_lite.contexts import in_cross_replica_context
 from tf_distribute_lite.collective_all_reduce_strategy import CollectiveAllReduceStrategy as MultiWorkerMirroredStrategy
@@ -30,6 +27,8 @@ from tf_distribute_lite.cross_device_ops import CrossDeviceOps
 from tf_distribute_lite.cross_device_ops import HierarchicalCopyAllReduce
 from tf_distribute_lite.cross_device_ops import NcclAllReduce
 from tf_distribute_lite.cross_device_ops import ReductionToOneDevice
+from tf_distribute_lite.default_strategy import get_replica_context
+from tf_distribute_lite.default_strategy import get_strategy
 from tf_distribute_lite.distribute_lib import experimental_set_strategy
 from tf_distribute_lite.distribute_lib import RunOptions
 from tf_distribute_lite.distribute_lib import Strategy

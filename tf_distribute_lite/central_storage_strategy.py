@@ -72,9 +72,8 @@ class ParameterServerStrategyExtended(mirrored_strategy.MirroredExtended):
   (`variable_policy.CentralStoragePolicy`) and reductions differ."""
 
   _between_graph = True
-  # Read by tf_keras (docs/client_private_names.md): the cluster task this
-  # process is; a strategy on one machine has none.
-  _task_type = None
+  # Read by tf_keras (docs/client_private_names.md): this process's index
+  # in its job; a strategy on one machine has none.
   _task_id = None
 
   def __init__(self, container_strategy, compute_devices, parameter_device):

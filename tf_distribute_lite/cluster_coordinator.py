@@ -29,9 +29,14 @@ import tensorflow as tf
 from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import coordinator_values
-from tf_distribute_lite import parameter_server_strategy
 from tf_distribute_lite.tf_classes import StandsFor
 
+# The job of the process that makes the strategy and schedules functions.
+COORDINATOR_JOB = "chief"
+COORDINATOR_CPU = f"/job:{COORDINATOR_JOB}/replica:0/task:0/device:CPU:0"
+# `DatasetToGraphV2`'s policy for stateful ops (random seeds, ...) in a
+# dataset copied to workers: copy them with a warning, as TensorFlow does.
+_WARN_ON_EXTERNAL_STATE = 0
 # How long a worker's loop waits for a lost worker to come back before it
 # gives the worker up; when every worker is given up, the queued functions
 # fail with `tf.errors.UnavailableError`.
@@ -59,7 +64,9 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
   """
 
   def __new__(cls, strategy):
-    if not isinstance(strategy, parameter_server_strategy.ParameterServerStrategyV2):
+    # tfd's ParameterServerStrategy: a tfd object that is TensorFlow's to `isinstance`.
+    if not (isinstance(strategy, StandsFor) and
+            isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)):
       raise ValueError(
           f"Only `tf.distribute.experimental.ParameterServerStrategy` is "
           f"supported to work with `tf.distribute.experimental.coordinator."
@@ -75,9 +82,7 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
 
   def _start(self, strategy):
     self._strategy = strategy
-    strategy.extended._used_with_coordinator = True  # pylint: disable=protected-access
     cluster_spec = strategy.extended._cluster_spec  # pylint: disable=protected-access
-    self._protocol = strategy._cluster_resolver.rpc_layer or "grpc"  # pylint: disable=protected-access
     self._num_workers = cluster_spec.num_tasks("worker")
     self._ps_addresses = [cluster_spec.task_address("ps", i)
                           for i in range(cluster_spec.num_tasks("ps"))]
@@ -164,7 +169,7 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
     `tf.data.Dataset`; `iter()` of it gives each worker its iterator, for
     scheduled functions to read."""
     if isinstance(dataset_fn, tf.data.Dataset):
-      dataset_fn = parameter_server_strategy.dataset_remaker(dataset_fn)
+      dataset_fn = dataset_remaker(dataset_fn)
     return coordinator_values.PerWorkerDataset(self, dataset_fn)
 
   # --- Per-worker resources.
@@ -194,11 +199,27 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
     """Renews the cluster connection after `worker` came back, and makes its
     resources again."""
     with self._cluster_lock.writing():
-      parameter_server_strategy._connect(  # pylint: disable=protected-access
-          self._strategy.extended._cluster_spec, self._protocol)  # pylint: disable=protected-access
+      self._strategy._reconnect()  # pylint: disable=protected-access
     with self._cluster_lock.reading():
       for resource in self._resources[worker.index]:
         resource.rebuild()
+
+
+def dataset_remaker(dataset):
+  """A function that makes `dataset` again wherever it is called, from the
+  graph that defines it: a dataset made on the coordinator cannot be read
+  on a worker, its copy made there can.
+
+  >>> remake = dataset_remaker(tf.data.Dataset.range(3).map(lambda x: 2 * x))
+  >>> [int(x) for x in remake()]
+  [0, 2, 4]
+  """
+  graph_def = tf.raw_ops.DatasetToGraphV2(
+      input_dataset=tf.data.experimental.to_variant(dataset),
+      external_state_policy=_WARN_ON_EXTERNAL_STATE, strip_device_assignment=True)
+  element_spec = dataset.element_spec
+  return lambda: tf.data.experimental.from_variant(
+      tf.raw_ops.DatasetFromGraph(graph_def=graph_def), element_spec)
 
 
 def _spec_for_tracing(value):
@@ -231,7 +252,7 @@ class _Closure:
     of their worker; None if the `RemoteValue` is no longer held."""
     if self._remote_value() is None:
       return None
-    with tf.device(parameter_server_strategy.COORDINATOR_CPU):
+    with tf.device(COORDINATOR_CPU):
       return tf.nest.map_structure(
           lambda x: tf.identity(x) if isinstance(x, tf.Tensor) else x, outputs)
 
@@ -459,5 +480,3 @@ class _ReadWriteLock:
         self._writers -= 1
         self._condition.notify_all()
 
-
-parameter_server_strategy.register_coordinator_class(ClusterCoordinator)

@@ -12,13 +12,14 @@ the other tasks. Every wait is bounded:
   `HEARTBEAT_TIMEOUT_SECONDS` TensorFlow aborts every collective op of the
   survivors with `tf.errors.UnavailableError` naming the lost task.
 
-TensorFlow's runtime takes the signal SIGTERM when the process joins, and
-only records a preemption notice in its coordination service: a worker of
-TensorFlow's MultiWorkerMirroredStrategy trains on after a SIGTERM. Here
-the process then ends as SIGTERM ends any program, once it has recorded the
-same notice (`PREEMPTION_NOTICE_KEY`, which `PreemptionWatcher` reads); a
-handler the program had set for SIGTERM stays, and a
-`PreemptionCheckpointHandler` sets its own.
+This module alone sets SIGTERM's handler. TensorFlow's runtime takes the
+signal when the process joins, and only records a preemption notice in its
+coordination service: a worker of TensorFlow's MultiWorkerMirroredStrategy
+trains on after a SIGTERM. `join` takes the signal back: the process then
+ends as SIGTERM ends any program, once it has recorded the same notice
+(`PREEMPTION_NOTICE_KEY`, which `PreemptionWatcher` reads); a handler the
+program had set for SIGTERM stays. `on_sigterm` replaces the handler
+(`PreemptionCheckpointHandler` calls it).
 
 A process joins one cluster, once: TensorFlow configures its runtime at
 program start. The helpers below answer the questions strategies ask of a
@@ -73,9 +74,23 @@ def startup_timeout():
 
 # --- Questions about a cluster.
 
+def validate_jobs(cluster_spec):
+  """Raises `ValueError` for a job TensorFlow does not know, or for more than
+  one chief or evaluator task."""
+  cluster = cluster_spec.as_dict()
+  unknown = [job for job in cluster if job not in _TASK_TYPES]
+  if unknown:
+    raise ValueError(f"The cluster names jobs {unknown}; the jobs allowed are "
+                     f"{list(_TASK_TYPES)}. Cluster: {cluster}.")
+  for job in ("chief", "evaluator"):
+    if len(cluster.get(job, ())) > 1:
+      raise ValueError(f"There must be at most one {job!r} task; the cluster "
+                       f"has {len(cluster[job])}: {cluster[job]}.")
+
+
 def validate_task(cluster_spec, task_type, task_id):
-  """Raises `ValueError` naming the field of the task that does not fit the
-  cluster.
+  """Raises `ValueError` naming what of the cluster (`validate_jobs`) or of
+  the task does not fit.
 
   >>> cluster = tf.train.ClusterSpec({"worker": ["a:1", "b:1"]})
   >>> validate_task(cluster, "worker", 2)
@@ -83,11 +98,8 @@ def validate_task(cluster_spec, task_type, task_id):
   ...
   ValueError: The task index 2 (`task.index`) is outside job 'worker', which has 2 tasks (indices 0 to 1) in the cluster {'worker': ['a:1', 'b:1']}.
   """
+  validate_jobs(cluster_spec)
   cluster = cluster_spec.as_dict()
-  unknown = [job for job in cluster if job not in _TASK_TYPES]
-  if unknown:
-    raise ValueError(f"The cluster names jobs {unknown}; the jobs allowed are "
-                     f"{list(_TASK_TYPES)}. Cluster: {cluster}.")
   if task_type is None or task_id is None:
     raise ValueError(
         f"The cluster {cluster} is given but this task's `task` entry (its "
@@ -96,10 +108,6 @@ def validate_task(cluster_spec, task_type, task_id):
   if task_type not in cluster and task_type != "evaluator":
     raise ValueError(f"The task type {task_type!r} (`task.type`) is not a job "
                      f"of the cluster, whose jobs are {sorted(cluster)}.")
-  for job in ("chief", "evaluator"):
-    if len(cluster.get(job, ())) > 1:
-      raise ValueError(f"There must be at most one {job!r} task; the cluster "
-                       f"has {len(cluster[job])}: {cluster[job]}.")
   if task_type in cluster:
     size = cluster_spec.num_tasks(task_type)
     if not isinstance(task_id, int) or not 0 <= task_id < size:
@@ -277,6 +285,12 @@ def _take_back_sigterm(on_sigterm, task_type, task_id):
   signal.signal(signal.SIGTERM, end if on_sigterm in (signal.SIG_DFL, None) else on_sigterm)
 
 
+def on_sigterm(callback):
+  """Makes SIGTERM call `callback()` instead of what it did (from the main
+  thread only, as `signal.signal`)."""
+  signal.signal(signal.SIGTERM, lambda signum, frame: callback())
+
+
 def publish_preemption_notice(task_type, task_id):
   """Records in the coordination service that task `task_id` of job
   `task_type` got a termination notice, as TensorFlow's runtime does (only
@@ -291,15 +305,25 @@ def publish_preemption_notice(task_type, task_id):
   thread.join(NOTICE_TIMEOUT_SECONDS)
 
 
-def _session_config(cluster_spec, task_type, task_id, register_seconds):
-  """The context's config, plus the cluster's collective leader, this
-  task's device filter and the coordination service with its timeouts."""
-  config = _tf_bridge.eager_context_config()
-  config.experimental.collective_group_leader = leader(cluster_spec)
-  config.device_filters.append(f"/job:{task_type}/task:{task_id}")
+def configure_collectives(config, cluster_spec=None, task_type=None, task_id=None):
+  """Sets up `config` (a `ConfigProto`, changed in place) for collective
+  ops: the scoped allocator packs `CollectiveReduce`'s inputs; in a cluster,
+  also its collective leader and this task's device filter."""
   rewrites = config.graph_options.rewrite_options
   rewrites.scoped_allocator_optimization = rewrites.ON
+  del rewrites.scoped_allocator_opts.enable_op[:]
   rewrites.scoped_allocator_opts.enable_op.append("CollectiveReduce")
+  if cluster_spec is not None:
+    config.experimental.collective_group_leader = leader(cluster_spec)
+    del config.device_filters[:]
+    config.device_filters.append(f"/job:{task_type}/task:{task_id}")
+
+
+def _session_config(cluster_spec, task_type, task_id, register_seconds):
+  """The context's config, set up for collective ops in the cluster, and
+  the coordination service with its timeouts."""
+  config = _tf_bridge.eager_context_config()
+  configure_collectives(config, cluster_spec, task_type, task_id)
   coordination = config.experimental.coordination_config
   coordination.service_type = "standalone"
   coordination.service_leader = leader(cluster_spec)
@@ -318,8 +342,8 @@ def _session_config(cluster_spec, task_type, task_id, register_seconds):
 def _startup_failure(cluster_spec, task_type, task_id, timeout, probe_seconds, detail):
   """The message of a failed start: which tasks are missing, where. Their
   servers are asked at once, each for at most `probe_seconds`."""
-  others = [(job, index, address) for job, index, address in _training_tasks(cluster_spec)
-            if (job, index) != (task_type, task_id)]
+  others = [task for task in _tasks(cluster_spec, _COORDINATED_JOBS)
+            if task[:2] != (task_type, task_id)]
   with concurrent.futures.ThreadPoolExecutor(max(len(others), 1)) as pool:
     answered = list(pool.map(lambda task: _listening(task[2], probe_seconds), others))
   missing = [task for task, answers in zip(others, answered) if not answers]
@@ -336,11 +360,10 @@ def _startup_failure(cluster_spec, task_type, task_id, timeout, probe_seconds, d
           f"TensorFlow's message: {detail}")
 
 
-def _training_tasks(cluster_spec):
-  for job in _COORDINATED_JOBS:
-    if job in cluster_spec.jobs:
-      for index in range(cluster_spec.num_tasks(job)):
-        yield job, index, cluster_spec.task_address(job, index)
+def _tasks(cluster_spec, jobs):
+  """`(job, index, address)` of each task of `jobs` in the cluster."""
+  return [(job, index, cluster_spec.task_address(job, index)) for job in jobs
+          if job in cluster_spec.jobs for index in range(cluster_spec.num_tasks(job))]
 
 
 def unanswered_tasks(cluster_spec, jobs, deadline):
@@ -351,9 +374,7 @@ def unanswered_tasks(cluster_spec, jobs, deadline):
   >>> unanswered_tasks(spec, ["ps"], time.monotonic())
   [('ps', 0, '127.0.0.1:1')]
   """
-  tasks = [(job, index, cluster_spec.task_address(job, index))
-           for job in jobs for index in range(cluster_spec.num_tasks(job))]
-  return [task for task in tasks if not _answers_by(task[2], deadline)]
+  return [task for task in _tasks(cluster_spec, jobs) if not _answers_by(task[2], deadline)]
 
 
 def _answers_by(address, deadline):

@@ -94,19 +94,13 @@ class CollectiveAllReduceStrategy(strategy_v1.TF1Methods, distribute_lib.Strateg
     return self._extended._cluster_resolver  # pylint: disable=protected-access
 
 
-class _AnyMultiWorkerStrategy(type):
-  """`isinstance` answers True for every `MultiWorkerMirroredStrategy`."""
-
-  def __instancecheck__(cls, instance):
-    return isinstance(instance, CollectiveAllReduceStrategy)
-
-
 class ExperimentalMultiWorkerMirroredStrategy(
-    CollectiveAllReduceStrategy, metaclass=_AnyMultiWorkerStrategy,
+    CollectiveAllReduceStrategy, covers_parent=True,
     stands_for=tf.distribute.experimental.MultiWorkerMirroredStrategy):
   """Deprecated: `tf.distribute.experimental.MultiWorkerMirroredStrategy`,
   which takes a `communication` implementation; use
-  `MultiWorkerMirroredStrategy`.
+  `MultiWorkerMirroredStrategy`. Every `MultiWorkerMirroredStrategy` is one
+  to `isinstance`, as in TensorFlow.
 
   >>> strategy = ExperimentalMultiWorkerMirroredStrategy("RING")
   >>> strategy.extended._communication_options.implementation
@@ -184,9 +178,9 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     task_id = self._cluster_resolver.task_id
     self._task = ""
     self._num_workers, self._id_in_cluster, self._is_chief = 1, 0, True
-    # Read by tf_keras (docs/client_private_names.md): the cluster task this
-    # process is, None without a cluster.
-    self._task_type, self._task_id = (task_type, task_id) if cluster_spec.jobs else (None, None)
+    # Read by tf_keras (docs/client_private_names.md): this process's index
+    # in its job, None without a cluster.
+    self._task_id = task_id if cluster_spec.jobs else None
     if cluster_spec.jobs:
       cluster_runtime.validate_task(cluster_spec, task_type, task_id)
       if task_type != "evaluator":  # an evaluator works on its own
@@ -246,15 +240,12 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
 
   def _update_config_proto(self, config_proto):
     updated = copy.deepcopy(config_proto)
-    rewrites = updated.graph_options.rewrite_options
-    rewrites.scoped_allocator_optimization = rewrites.ON
-    del rewrites.scoped_allocator_opts.enable_op[:]
-    rewrites.scoped_allocator_opts.enable_op.append("CollectiveReduce")
-    if self._task:
-      cluster_spec = self._cluster_resolver.cluster_spec()
-      updated.experimental.collective_group_leader = cluster_runtime.leader(cluster_spec)
-      del updated.device_filters[:]
-      updated.device_filters.append(self._task.replace("/replica:0", ""))
+    if not self._task:
+      cluster_runtime.configure_collectives(updated)
+    else:
+      task = tf.DeviceSpec.from_string(self._task)
+      cluster_runtime.configure_collectives(
+          updated, self._cluster_resolver.cluster_spec(), task.job, task.task)
     return updated
 
   # --- Replicas and input.

@@ -1,10 +1,13 @@
-"""Which strategy is current, and whether code runs per replica or across them.
+"""The strategy stack: which strategy is current, and whether code runs per
+replica or across them.
 
 Each entry on TensorFlow's per-thread strategy stack (see `_tf_bridge`) says
 which strategy is current and whether the thread is in its cross-replica
 context (inside `strategy.scope()`) or in a replica context (inside
 `strategy.run`). With the stack empty, the default strategy is current in its
-default replica context; `default_strategy` defines it and registers it here.
+default replica context: `top()` is None. The answers here come from the
+stack alone; `default_strategy`, which defines the default strategy, answers
+`get_strategy()` and `get_replica_context()`, which may return it.
 """
 
 from tf_distribute_lite import _tf_bridge
@@ -53,35 +56,22 @@ def pop():
   _tf_bridge.strategy_stack().pop()
 
 
-# How to get the default strategy and its context entry: `default_strategy`,
-# which defines them, registers them here when imported.
-_defaults = {}
-
-
-def register_defaults(default_strategy, default_context_entry):
-  """Called once by `default_strategy` with its two getters."""
-  _defaults.update(strategy=default_strategy, entry=default_context_entry)
-
-
-def current():
-  """The innermost entry, or the default strategy's replica entry."""
+def top():
+  """The innermost entry (TensorFlow's have the same fields), or None: the
+  default strategy in its replica context."""
   stack = _tf_bridge.strategy_stack()
-  if stack:
-    return stack[-1]
-  return _defaults["entry"]()
+  return stack[-1] if stack else None
 
 
-def get_strategy():
-  """The current `Strategy`: inside `scope()` that strategy, else the default
-  (also where TensorFlow's own default strategy is on the stack).
+class DefaultStrategy:
+  """Base of the default strategy's class: where it is current,
+  `has_strategy()` is False."""
 
-  >>> get_strategy().num_replicas_in_sync
-  1
-  """
-  strategy = current().strategy
-  if strategy is _tf_bridge.tensorflow_default_strategy():
-    return _defaults["strategy"]()
-  return strategy
+
+def is_current(strategy):
+  """Whether `strategy` is the innermost entry's (never the default's)."""
+  entry = top()
+  return entry is not None and entry.strategy is strategy
 
 
 def has_strategy():
@@ -93,12 +83,10 @@ def has_strategy():
   >>> has_strategy()
   False
   """
-  stack = _tf_bridge.strategy_stack()
-  if not stack:
-    return False
-  strategy = stack[-1].strategy
-  return (strategy is not _defaults["strategy"]() and
-          strategy is not _tf_bridge.tensorflow_default_strategy())
+  entry = top()
+  return entry is not None and not (
+      isinstance(entry.strategy, DefaultStrategy) or
+      entry.strategy is _tf_bridge.tensorflow_default_strategy())
 
 
 def in_cross_replica_context():
@@ -107,18 +95,8 @@ def in_cross_replica_context():
   >>> in_cross_replica_context()
   False
   """
-  return current().cross_replica_context is not None
-
-
-def get_replica_context():
-  """The current `ReplicaContext`, or None in a cross-replica context.
-
-  Outside any strategy this is the default strategy's replica context.
-
-  >>> get_replica_context().num_replicas_in_sync
-  1
-  """
-  return current().replica_context
+  entry = top()
+  return entry is not None and entry.cross_replica_context is not None
 
 
 def enclosing_replica_context():
@@ -132,10 +110,8 @@ def enclosing_replica_context():
 
 def require_cross_replica_or_default(strategy):
   """Raises unless `strategy` may act here: its cross-replica context, or none."""
-  entry = current()
-  if entry.cross_replica_context is strategy:
-    return
-  if not _tf_bridge.strategy_stack():
+  entry = top()
+  if entry is None or entry.cross_replica_context is strategy:
     return
   if entry.strategy is not strategy:
     raise_wrong_strategy(strategy)
@@ -148,7 +124,7 @@ def raise_wrong_strategy(strategy):
     raise RuntimeError(
         f'Need to be inside "with strategy.scope()" for {strategy}')
   raise RuntimeError(f"Mixing different tf.distribute.Strategy objects: "
-                     f"{get_strategy()} is not {strategy}")
+                     f"{top().strategy} is not {strategy}")
 
 
 # `strategy.extended.update` applies a function to one component at a time;
@@ -159,8 +135,11 @@ update_replica_id = _tf_bridge.update_replica_id
 
 
 def current_replica_id():
-  """The replica this code runs for as a Python int, or None if cross-replica."""
-  replica_context = get_replica_context()
-  if replica_context is None:
+  """The replica this code runs for as a Python int, or None if cross-replica
+  (0 in the default strategy's replica context)."""
+  entry = top()
+  if entry is None:
+    return 0
+  if entry.replica_context is None:
     return update_replica_id()
-  return replica_context._replica_id  # pylint: disable=protected-access
+  return entry.replica_context._replica_id  # pylint: disable=protected-access

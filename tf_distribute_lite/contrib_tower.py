@@ -244,7 +244,7 @@ class TPUStrategy(OneDeviceStrategy):  # pylint: disable=super-init-not-called
     if num_cores is not None:
       distribute_lib.check_count(num_cores, "num_cores", 1)
       topology = (tpu_system.initialized_topology(tpu_cluster_resolver) or
-                  tpu_system.initialize_tpu_system(tpu_cluster_resolver))
+                  tpu_system.initialize(tpu_cluster_resolver))
       device_assignment = tf.tpu.experimental.DeviceAssignment.build(
           topology, num_replicas=num_cores)
     DistributionStrategy.__init__(self, tpu_strategy.TPUStrategyV1(
@@ -329,7 +329,7 @@ def get_tower_context():
   >>> get_tower_context().tower_id
   0
   """
-  replica_context = contexts.get_replica_context()
+  replica_context = default_strategy.get_replica_context()
   if replica_context is None:
     return None
   return TowerContext(replica_context, getattr(replica_context, "_replica_id", 0))
@@ -352,7 +352,7 @@ def get_distribution_strategy():
   >>> get_distribution_strategy().num_towers
   1
   """
-  return _facade(contexts.get_strategy())
+  return _facade(default_strategy.get_strategy())
 
 
 def has_distribution_strategy():

@@ -10,7 +10,6 @@
 """
 
 import contextlib
-import enum
 import threading
 
 import tensorflow as tf
@@ -61,12 +60,6 @@ def experimental_get_current_worker_index():
   return _tf_bridge.call_time_value(index_of_this_call, tf.TensorSpec([], tf.int64))
 
 
-class RemoteValueStatus(enum.Enum):
-  NOT_READY = "NOT_READY"
-  ABORTED = "ABORTED"
-  READY = "READY"
-
-
 class RemoteValue(tf.distribute.experimental.coordinator.RemoteValue):
   """The value of a function scheduled on a remote worker.
 
@@ -99,18 +92,15 @@ class RemoteValueImpl(RemoteValue):
     self._values = None
     self._kept_alive = None
     self._error = None
-    self._status = RemoteValueStatus.NOT_READY
 
   def _set(self, values, keep_alive=None):
     """`keep_alive`: what lives as long as this value (the outputs still on
     the worker, released when the value is, as TensorFlow's)."""
     self._values, self._error, self._kept_alive = values, None, keep_alive
-    self._status = RemoteValueStatus.READY
     self._ready.set()
 
   def _set_error(self, error):
     self._values, self._error = None, error
-    self._status = RemoteValueStatus.ABORTED
     self._ready.set()
 
   def _wait(self):

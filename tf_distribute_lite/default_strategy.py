@@ -1,6 +1,6 @@
 """The default strategy: the one in effect outside every `scope()`, with
-one replica on whatever device is current. It registers itself with
-`contexts` when imported (the package's `__init__` imports it).
+one replica on whatever device is current; and `get_strategy` and
+`get_replica_context`, which return it and its replica context there.
 """
 
 import threading
@@ -18,6 +18,10 @@ from tf_distribute_lite import strategy_v1
 
 class _DefaultReplicaContext(replica_context.ReplicaContext):
   """The replica context outside any strategy: one replica, id 0."""
+
+  def _require_current(self):
+    if contexts.top() is not None:
+      super()._require_current()
 
   @property
   def replica_id_in_sync_group(self):
@@ -48,6 +52,11 @@ class _DefaultDistributionExtended(strategy_v1.StrategyExtendedV1):
       return tf.device(colocate_with_variable.device)
     return tf.compat.v1.get_default_graph().colocate_with(colocate_with_variable)
 
+  def _own_replica_context(self):
+    if contexts.top() is None:
+      return get_replica_context()
+    return super()._own_replica_context()
+
   def _call_for_each_replica(self, fn, args, kwargs):
     # As TensorFlow's default strategy, which is what TensorFlow and Keras
     # find current inside: `tf.distribute.has_strategy()` stays False, so
@@ -64,7 +73,8 @@ class _DefaultDistributionExtended(strategy_v1.StrategyExtendedV1):
     return dataset_fn(input_context_lib.InputContext())
 
 
-class _DefaultDistributionStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy):
+class _DefaultDistributionStrategy(contexts.DefaultStrategy, strategy_v1.TF1Methods,
+                                  distribute_lib.Strategy):
   """The strategy in effect outside any `scope()`."""
 
   def __init__(self):
@@ -104,16 +114,34 @@ def default_strategy():
     with _defaults_lock:
       if "strategy" not in _defaults:
         strategy = _DefaultDistributionStrategy()
-        context = _DefaultReplicaContext(strategy, 0)
-        _defaults["entry"] = contexts.ContextEntry(strategy, None, context)
+        _defaults["replica_context"] = _DefaultReplicaContext(strategy, 0)
         _defaults["strategy"] = strategy
   return _defaults["strategy"]
 
 
-def default_context_entry():
-  """The context in effect when the strategy stack is empty."""
-  default_strategy()
-  return _defaults["entry"]
+def get_strategy():
+  """The current `Strategy`: inside `scope()` that strategy, else the default
+  (also where TensorFlow's own default strategy is on the stack).
+
+  >>> get_strategy().num_replicas_in_sync
+  1
+  """
+  entry = contexts.top()
+  if entry is None or entry.strategy is _tf_bridge.tensorflow_default_strategy():
+    return default_strategy()
+  return entry.strategy
 
 
-contexts.register_defaults(default_strategy, default_context_entry)
+def get_replica_context():
+  """The current `ReplicaContext`, or None in a cross-replica context.
+
+  Outside any strategy this is the default strategy's replica context.
+
+  >>> get_replica_context().num_replicas_in_sync
+  1
+  """
+  entry = contexts.top()
+  if entry is None:
+    default_strategy()
+    return _defaults["replica_context"]
+  return entry.replica_context

@@ -82,7 +82,7 @@ class _StrategyScope:
     self._reentered = 0
 
   def _create_variable(self, next_creator, **kwargs):
-    if contexts.get_strategy() is not self._strategy:
+    if not contexts.is_current(self._strategy):
       contexts.raise_wrong_strategy(self._strategy)
     kwargs["distribute_strategy"] = self._strategy
     if "use_resource" in kwargs:  # TF 1.x creation: mirror resource variables
@@ -575,7 +575,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     ['CPU:0', 'CPU:1']
     """
     strategy = self._container_strategy()
-    if contexts.get_strategy() is not strategy:
+    if not contexts.is_current(strategy):
       contexts.raise_wrong_strategy(strategy)
     if _tf_bridge.variable_strategy(colocate_with_variable) is not strategy:
       raise ValueError(
@@ -637,13 +637,20 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     ...     "SUM", tf.constant(2.0))).values[1]
     <tf.Tensor: shape=(), dtype=float32, numpy=4.0>
     """
-    replica = contexts.get_replica_context()
-    if replica is None:  # TensorFlow asserts
+    if contexts.in_cross_replica_context():  # TensorFlow asserts
       raise AssertionError("`StrategyExtended._replica_ctx_all_reduce` must be "
                            "called in a replica context")
-    if replica.strategy is not self._container_strategy():
+    replica = self._own_replica_context()
+    if replica is None:
       contexts.raise_wrong_strategy(self._container_strategy())
     return replica.all_reduce(reduce_op, value, options)
+
+  def _own_replica_context(self):
+    """The current replica context if it is one of this strategy's, else
+    None. (With no strategy entered, the default strategy's is current,
+    which its `extended` answers.)"""
+    replica = getattr(contexts.top(), "replica_context", None)
+    return replica if getattr(replica, "strategy", None) is self._container_strategy() else None
 
   def _get_local_replica_id(self, replica_id_in_sync_group):
     """Read by `tf.distribute.ReplicaContext(strategy, replica_id)`: the
@@ -772,8 +779,8 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     kwargs = {} if kwargs is None else kwargs
     strategy = self._container_strategy()
     fn = _tf_bridge.autograph_convert(fn)
-    replica_context = contexts.get_replica_context()
-    if replica_context is not None and replica_context.strategy is strategy:
+    replica_context = self._own_replica_context()
+    if replica_context is not None:
       def merge_fn(merged_strategy, *merged_args, **merged_kwargs):
         return merged_strategy.extended.update(var, fn, merged_args,
                                                merged_kwargs, group)

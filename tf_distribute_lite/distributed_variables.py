@@ -33,7 +33,40 @@ _OWN_ATTRIBUTES = frozenset(
      "_distributed_container", "_use_resource_variables", "_attribute_sentinel"])
 
 
-class ComponentsVariable(tf.Variable, _tf_bridge.TensorBase):
+class SavedAsOneVariable:
+  """What variables kept in parts (`ComponentsVariable`, `ShardedVariable`)
+  share: checkpoints store the one variable they stand for, as a plain one;
+  `scatter_*` go through `_update(method, value, **kwargs)`. Subclasses give
+  `_saved_value()` and `_assign_restored(value)`."""
+
+  def _serialize_to_tensors(self):
+    return {VARIABLE_VALUE: self._saved_value()}
+
+  def _restore_from_tensors(self, restored_tensors):
+    restored = restored_tensors[VARIABLE_VALUE]
+    if not restored.shape.is_compatible_with(self.shape):
+      raise ValueError(
+          f"Received incompatible tensor with shape {restored.shape} when "
+          f"attempting to restore variable with shape {self.shape} and name "
+          f"{self.name}.")
+    return self._assign_restored(restored)
+
+
+def _scatter_method(method):
+  def scatter(self, sparse_delta, use_locking=False, name=None):
+    return self._update(method, sparse_delta, use_locking=use_locking, name=name)  # pylint: disable=protected-access
+  scatter.__name__ = method
+  scatter.__doc__ = f"`tf.Variable.{method}` on every part, as for `assign`."
+  return scatter
+
+
+for _method in ("scatter_sub", "scatter_add", "scatter_mul", "scatter_div",
+                "scatter_min", "scatter_max", "scatter_update",
+                "batch_scatter_update"):
+  setattr(SavedAsOneVariable, _method, _scatter_method(_method))
+
+
+class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase):
   """A `tf.Variable` that stands for its component variables (`_values`)
   under a strategy: reads, updates, checkpoints and SavedModels. Subclasses
   say which component a read uses (`_get`, `_get_on_device_or_primary`,
@@ -161,7 +194,9 @@ class ComponentsVariable(tf.Variable, _tf_bridge.TensorBase):
     TensorFlow 2.21 reads the component of that strategy's replica id,
     which is no replica of this variable's strategy.
     """
-    entry = contexts.current()
+    entry = contexts.top()
+    if entry is None:
+      return None  # no strategy in effect: the variable reads as one value
     if entry.replica_context is None:
       return contexts.update_replica_id()
     if entry.strategy is self._distribute_strategy:
@@ -173,14 +208,15 @@ class ComponentsVariable(tf.Variable, _tf_bridge.TensorBase):
           f"another strategy, {entry.strategy}. A variable belongs to the "
           f"strategy whose scope created it: create the model, its variables "
           f"and its optimizer in the scope of the strategy that runs them.")
-    return None  # no strategy in effect: the variable reads as one value
+    return None  # a default strategy's replica
 
   def _in_foreign_replica(self):
     """Whether this runs in a replica of a strategy other than this
     variable's."""
-    entry = contexts.current()
-    return (entry.replica_context is not None and contexts.has_strategy() and
-            entry.strategy is not self._distribute_strategy)
+    if not contexts.has_strategy():
+      return False
+    entry = contexts.top()
+    return entry.replica_context is not None and entry.strategy is not self._distribute_strategy
 
   def _component_for_attributes(self):
     """The component whose attributes (and handle) this variable shows: the
@@ -263,8 +299,7 @@ class ComponentsVariable(tf.Variable, _tf_bridge.TensorBase):
       return update_fn(self._primary, value)
     if method.startswith("assign"):
       self._check_assignable(value)
-    entry = contexts.current()
-    if entry.replica_context is None and contexts.update_replica_id() is not None:
+    if contexts.in_cross_replica_context() and contexts.update_replica_id() is not None:
       return update_fn(self._values[contexts.update_replica_id()], value)
     if self._current_replica_id() is not None:
       return self._update_in_replica(update_fn, value, method)
@@ -285,7 +320,7 @@ class ComponentsVariable(tf.Variable, _tf_bridge.TensorBase):
       aggregated = aggregate(strategy, value, self._aggregation, self)
       return strategy.extended.update(self, update_fn, args=(aggregated,), group=True)
 
-    return contexts.get_replica_context().merge_call(merge_fn, args=(value,))
+    return contexts.top().replica_context.merge_call(merge_fn, args=(value,))
 
   def _strategy_scope(self):
     if contexts.has_strategy():
@@ -318,16 +353,12 @@ class ComponentsVariable(tf.Variable, _tf_bridge.TensorBase):
     del context
     return _VariableTraceType(self)
 
-  def _serialize_to_tensors(self):
-    return {VARIABLE_VALUE: self._saved_value()}
-
   def _saved_value(self):
     with self._strategy_scope():
       return self.read_value()
 
-  def _restore_from_tensors(self, restored_tensors):
-    restored = self._component_restore_value(
-        restored_value(restored_tensors, self.shape, self.name))
+  def _assign_restored(self, restored):
+    restored = self._component_restore_value(restored)
     updates = []
     for component in self._values:
       with tf.device(component.device):
@@ -387,31 +418,6 @@ class ComponentsVariable(tf.Variable, _tf_bridge.TensorBase):
   def __tf_experimental_restore_capture__(self, concrete_function, internal_capture):
     _tf_bridge.replace_capture(concrete_function, self, internal_capture)
     return self
-
-
-def restored_value(restored_tensors, shape, name):
-  """The value a checkpoint restores into the variable `name` of `shape`;
-  another shape is TensorFlow's ValueError."""
-  restored = restored_tensors[VARIABLE_VALUE]
-  if not restored.shape.is_compatible_with(shape):
-    raise ValueError(
-        f"Received incompatible tensor with shape {restored.shape} when "
-        f"attempting to restore variable with shape {shape} and name {name}.")
-  return restored
-
-
-def _scatter_method(method):
-  def scatter(self, sparse_delta, use_locking=False, name=None):
-    return self._update(method, sparse_delta, use_locking=use_locking, name=name)  # pylint: disable=protected-access
-  scatter.__name__ = method
-  scatter.__doc__ = f"`tf.Variable.{method}` on every component, as for `assign`."
-  return scatter
-
-
-for _method in ("scatter_sub", "scatter_add", "scatter_mul", "scatter_div",
-                "scatter_min", "scatter_max", "scatter_update",
-                "batch_scatter_update"):
-  setattr(ComponentsVariable, _method, _scatter_method(_method))
 
 
 class DistributedVariable(ComponentsVariable, values_lib.DistributedValues):
@@ -581,7 +587,7 @@ class SyncOnReadVariable(DistributedVariable):
 
   def _get(self):
     local = super()._get()
-    runner = getattr(contexts.get_replica_context(), "_runner", None)
+    runner = getattr(getattr(contexts.top(), "replica_context", None), "_runner", None)
     if runner is not None and isinstance(local, tf.Variable) and not tf.executing_eagerly():
       # A replica's own value: a merge_call in a tf.cond on it is one that
       # only some replicas may reach.

@@ -22,7 +22,6 @@ single client drives every TPU host) skips the store.
 
 import contextlib
 import os
-import signal
 import threading
 import time
 
@@ -125,7 +124,7 @@ class PreemptionCheckpointHandler(
     if self._termination.watcher_fn:
       self._start_thread(self._poll_watcher_fn, "WorkerTerminationSignalWatcher")
     else:
-      signal.signal(signal.SIGTERM, lambda signum, frame: self._claim_lead())
+      cluster_runtime.on_sigterm(self._claim_lead)
 
   @property
   def total_run_calls(self):

@@ -14,7 +14,7 @@ import threading
 
 import tensorflow as tf
 
-from tf_distribute_lite.cluster_resolver import cloud_http
+from tf_distribute_lite import cloud_http
 
 PROBE_SECONDS = 2.0
 # Exit codes a restarting scheduler recognises: TensorFlow's on Google

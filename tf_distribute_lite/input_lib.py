@@ -57,10 +57,10 @@ def owned_by(distributed, strategy):
 
 def _check_strategy(layout):
   if layout.strategy is not None and contexts.has_strategy() and (
-      id(contexts.get_strategy()) != layout.strategy):
+      id(contexts.top().strategy) != layout.strategy):
     raise RuntimeError(
         f"Mixing different tf.distribute.Strategy objects: "
-        f"{contexts.get_strategy()} is not the strategy that distributed this "
+        f"{contexts.top().strategy} is not the strategy that distributed this "
         f"input. Iterate it in that strategy's scope (or outside every scope), "
         f"or distribute the dataset with the strategy in use.")
 
@@ -578,7 +578,7 @@ def _refuse_in_a_replica(call, args):
   each replica would get every replica's input (a step takes its input as
   `run`'s argument: `args`). The default strategy's context is not a
   replica's."""
-  if contexts.has_strategy() and contexts.get_replica_context() is not None:
+  if contexts.has_strategy() and not contexts.in_cross_replica_context():
     raise ValueError(f"{call} should be called from outside of replica_fn. "
                      f"e.g. strategy.run(replica_fn, {args})")
 

@@ -17,6 +17,7 @@ import time
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import cluster_coordinator
 from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import input_context as input_context_lib
@@ -26,23 +27,8 @@ from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import variable_policy
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 
-# `cluster_coordinator` registers its `ClusterCoordinator` here when imported
-# (the package's `__init__` imports it): the coordinator schedules on the
-# strategy, so the strategy cannot import it.
-_coordinator_class = {}
-
-
-def register_coordinator_class(coordinator_class):
-  """Called once by `cluster_coordinator` with its `ClusterCoordinator`."""
-  _coordinator_class["class"] = coordinator_class
-
-
-_ALLOWED_JOBS = ("chief", "worker", "ps", "evaluator")
-_COORDINATOR_JOB = "chief"
-COORDINATOR_CPU = f"/job:{_COORDINATOR_JOB}/replica:0/task:0/device:CPU:0"
-# `DatasetToGraphV2`'s policy for stateful ops (random seeds, ...) in a
-# dataset copied to workers: copy them with a warning, as TensorFlow does.
-_WARN_ON_EXTERNAL_STATE = 0
+_COORDINATOR_JOB = cluster_coordinator.COORDINATOR_JOB
+COORDINATOR_CPU = cluster_coordinator.COORDINATOR_CPU
 
 
 class ParameterServerStrategyV2(strategy_v1.TF1Methods, distribute_lib.Strategy,
@@ -89,8 +75,6 @@ class ParameterServerStrategyV2(strategy_v1.TF1Methods, distribute_lib.Strategy,
     # evaluation shards the data by the number of workers.
     self._should_use_with_coordinator = True
     self._num_workers = self._extended._num_workers  # pylint: disable=protected-access
-    self._is_parameter_server_strategy_v2 = True
-    self._canonicalize_devices = False
 
   @property
   def _cluster_coordinator(self):
@@ -98,8 +82,13 @@ class ParameterServerStrategyV2(strategy_v1.TF1Methods, distribute_lib.Strategy,
     `ClusterCoordinator(strategy)`, which tf_keras calls, returns what this
     answers: tfd's coordinator."""
     if self._coordinator is None:
-      _coordinator_class["class"](self)
+      cluster_coordinator.ClusterCoordinator(self)
     return self._coordinator
+
+  def _reconnect(self):
+    """Connects this process to the cluster again: what the coordinator does
+    once a lost worker is back."""
+    _connect(self._extended._cluster_spec, self._cluster_resolver.rpc_layer or "grpc")  # pylint: disable=protected-access
 
 
 def _checked_cluster(cluster_resolver):
@@ -108,14 +97,8 @@ def _checked_cluster(cluster_resolver):
   if not cluster_spec.jobs:
     raise ValueError("Cluster spec must be non-empty in "
                      "`tf.distribute.cluster_resolver.ClusterResolver`.")
+  cluster_runtime.validate_jobs(cluster_spec)
   jobs = cluster_spec.as_dict()
-  unknown = sorted(set(jobs) - set(_ALLOWED_JOBS))
-  if unknown:
-    raise ValueError(f"The cluster has jobs {unknown}; parameter-server "
-                     f"training knows only {list(_ALLOWED_JOBS)}. Cluster: {jobs}.")
-  if len(jobs.get("chief", ())) > 1:
-    raise ValueError(f"There must be at most one 'chief' job; the cluster has "
-                     f"{len(jobs['chief'])}: {jobs['chief']}.")
   for job in ("ps", "worker"):
     if not jobs.get(job):
       raise ValueError(f"There must be at least one {job}. The cluster {jobs} "
@@ -162,11 +145,8 @@ class ParameterServerStrategyV2Extended(strategy_v1.StrategyExtendedV1):
         COORDINATOR_CPU))
     self._cluster_spec = cluster_spec
     self._num_workers = cluster_spec.num_tasks("worker")
-    # Set by the ClusterCoordinator: whether one uses the strategy, and
-    # whether a function is being traced for scheduling.
-    self._used_with_coordinator = False
+    # Set by the ClusterCoordinator while it traces a function to schedule.
     self._being_scheduled = False
-    self._allow_run_without_coordinator = False
 
   @property
   def worker_devices(self):
@@ -190,7 +170,7 @@ class ParameterServerStrategyV2Extended(strategy_v1.StrategyExtendedV1):
     return super()._reduce_to(reduce_op, value, destinations, options)
 
   def _warn_unless_scheduled(self):
-    if not self._being_scheduled and not self._allow_run_without_coordinator:
+    if not self._being_scheduled:
       logging.getLogger("tensorflow").warning(
           "A ParameterServerStrategy method is invoked without "
           "ClusterCoordinator.schedule: outside a tf.function being traced it "
@@ -200,7 +180,7 @@ class ParameterServerStrategyV2Extended(strategy_v1.StrategyExtendedV1):
   def _experimental_distribute_dataset(self, dataset, options):
     del options
     input_lib.check_dataset(dataset)
-    remade = dataset_remaker(dataset)
+    remade = cluster_coordinator.dataset_remaker(dataset)
     return DatasetFromFunction(
         lambda _: remade(), self._input_context(),
         "To use this dataset, you need to pass this dataset to "
@@ -260,18 +240,3 @@ class DatasetFromFunction(tf.distribute.DistributedDataset):
     return self.build().reduce(initial_state, reduce_func)
 
 
-def dataset_remaker(dataset):
-  """A function that makes `dataset` again wherever it is called, from the
-  graph that defines it: a dataset made on the coordinator cannot be read
-  on a worker, its copy made there can.
-
-  >>> remake = dataset_remaker(tf.data.Dataset.range(3).map(lambda x: 2 * x))
-  >>> [int(x) for x in remake()]
-  [0, 2, 4]
-  """
-  graph_def = tf.raw_ops.DatasetToGraphV2(
-      input_dataset=tf.data.experimental.to_variant(dataset),
-      external_state_policy=_WARN_ON_EXTERNAL_STATE, strip_device_assignment=True)
-  element_spec = dataset.element_spec
-  return lambda: tf.data.experimental.from_variant(
-      tf.raw_ops.DatasetFromGraph(graph_def=graph_def), element_spec)

@@ -90,15 +90,20 @@ class ReplicaContextBase(StandsFor):
     return [[self._strategy.extended.worker_devices[self._replica_id]]]
 
   def _require_current(self):
-    current = contexts.get_replica_context()
-    if current is self:
+    entry = contexts.top()
+    if entry is None:  # the default strategy's replica context is current
+      if isinstance(self._strategy, contexts.DefaultStrategy):
+        raise RuntimeError("Mismatching ReplicaContext.")
+      raise RuntimeError(f"Mismatching tf.distribute.Strategy objects: the "
+                         f"default strategy is not {self._strategy}.")
+    if entry.replica_context is self:
       return
-    if current is None:
+    if entry.replica_context is None:
       raise RuntimeError("Need to be inside `call_for_each_replica()`")
-    if current.strategy is self._strategy:
+    if entry.strategy is self._strategy:
       raise RuntimeError("Mismatching ReplicaContext.")
     raise RuntimeError(f"Mismatching tf.distribute.Strategy objects: "
-                       f"{current.strategy} is not {self._strategy}.")
+                       f"{entry.strategy} is not {self._strategy}.")
 
   def merge_call(self, merge_fn, args=(), kwargs=None):
     """Runs `merge_fn(strategy, *args, **kwargs)` once, in the cross-replica

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import distributed_variables
+from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.tf_classes import StandsFor
 
 
@@ -98,7 +99,8 @@ def _shard_initial_value(initial_value, shape, offset, size):
   return shard_value
 
 
-class ShardedVariable(_tf_bridge.Trackable, _tf_bridge.CompositeTensor,
+class ShardedVariable(distributed_variables.SavedAsOneVariable, _tf_bridge.Trackable,
+                      _tf_bridge.CompositeTensor,
                       StandsFor, stands_for=_tf_bridge.TENSORFLOW_SHARDED_VARIABLE):
   """A variable stored as `variables`, shards along its first axis.
 
@@ -206,7 +208,10 @@ class ShardedVariable(_tf_bridge.Trackable, _tf_bridge.CompositeTensor,
 
   # --- Updates: each shard takes its rows of the value.
 
-  def _update(self, method, value):
+  def _update(self, method, value, **kwargs):
+    del kwargs  # use_locking, name, read_value
+    if method.startswith(("scatter", "batch_scatter")):
+      return self._scatter(method.replace("batch_", ""), value)
     value = tf.convert_to_tensor(value, dtype=self._dtype)
     for i, v in enumerate(self._variables):
       getattr(v, method)(value[self._offsets[i]:self._offsets[i + 1]])
@@ -237,11 +242,9 @@ class ShardedVariable(_tf_bridge.Trackable, _tf_bridge.CompositeTensor,
 
   # --- Checkpoints and SavedModel: stored as one whole variable.
 
-  def _serialize_to_tensors(self):
-    return {distributed_variables.VARIABLE_VALUE: self.read_value()}
+  _saved_value = read_value
 
-  def _restore_from_tensors(self, restored_tensors):
-    restored = distributed_variables.restored_value(restored_tensors, self._shape, self._name)
+  def _assign_restored(self, restored):
     return tf.group([
         v.assign(restored[self._offsets[i]:self._offsets[i + 1]], read_value=False)
         for i, v in enumerate(self._variables)])
@@ -311,24 +314,8 @@ def _as_tensor(var, dtype=None, name=None, as_ref=False):
 
 tf.register_tensor_conversion_function(ShardedVariable, _as_tensor)
 
-
-def _operator(name):
-  tensor_operator = getattr(tf.Tensor, name)
-
-  def operator(self, *args, **kwargs):
-    return tensor_operator(self.read_value(), *args, **kwargs)
-  operator.__name__ = name
-  return operator
-
-
-for _name in tf.Tensor.OVERLOADABLE_OPERATORS - {"__getitem__"}:
-  setattr(ShardedVariable, _name, _operator(_name))
-
-for _method in ("scatter_add", "scatter_sub", "scatter_mul", "scatter_div",
-                "scatter_min", "scatter_max", "scatter_update"):
-  setattr(ShardedVariable, _method,
-          (lambda method: lambda self, sparse_delta, use_locking=False, name=None:
-           self._scatter(method, sparse_delta))(_method))  # pylint: disable=protected-access
+values_lib.forward_operators(ShardedVariable, tf.Tensor.OVERLOADABLE_OPERATORS - {"__getitem__"},
+                             lambda self: self.read_value())
 
 
 def _gather(sharded, ids):

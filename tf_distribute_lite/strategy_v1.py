@@ -215,7 +215,8 @@ class MultiStepContext:
   <tf.Tensor: shape=(), dtype=int64, numpy=9>
   """
 
-  def __init__(self):
+  def __init__(self, strategy=None):
+    self._strategy = strategy  # the loop's: with none entered, the default
     self._last_step_outputs = {}
     self._reduced = {}
     self._non_tensor_outputs = {}
@@ -236,14 +237,20 @@ class MultiStepContext:
     """
     combine = _combiner(reduce_op, aggregation)
     if contexts.in_cross_replica_context():
-      self._record(contexts.get_strategy(), name, output, combine)
+      self._record(contexts.top().strategy, name, output, combine)
       return
     if combine is None:
       raise ValueError("`reduce_op` (or an `aggregation` other than NONE) must be "
                        "set when `set_last_step_output` is called in a replica context.")
-    contexts.get_replica_context().merge_call(
+    self._replica_context().merge_call(
         lambda strategy, value: self._record(strategy, name, value, combine),
         args=(output,))
+
+  def _replica_context(self):
+    entry = contexts.top()
+    if entry is None:
+      return self._strategy.extended._own_replica_context()  # pylint: disable=protected-access
+    return entry.replica_context
 
   def _record(self, strategy, name, output, combine):
     self._reduced[name] = combine is not None
@@ -257,7 +264,7 @@ class MultiStepContext:
 
     def merge_fn(strategy, value):
       self._non_tensor_outputs[name] = strategy.experimental_local_results(value)
-    contexts.get_replica_context().merge_call(merge_fn, args=(output,))
+    self._replica_context().merge_call(merge_fn, args=(output,))
 
 
 def _combiner(reduce_op, aggregation):
@@ -279,7 +286,7 @@ def _combiner(reduce_op, aggregation):
 
 def _run_steps(strategy, fn, iterator, iterations, initial_loop_values):
   """The loop of `StrategyExtendedV1.experimental_run_steps_on_iterator`."""
-  ctx = MultiStepContext()
+  ctx = MultiStepContext(strategy)
   initial = tf.nest.flatten({} if initial_loop_values is None else initial_loop_values)
   structure = []
 

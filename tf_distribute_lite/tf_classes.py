@@ -12,7 +12,8 @@ TensorFlow classes it stands for where it is defined::
 
 and `isinstance` answers yes for its instances against those classes (and
 their bases), for any caller. A subclass that names none stands for what its
-parent stands for.
+parent stands for; one declared with `covers_parent=True` (a deprecated
+variant) is also answered for every instance of its parent.
 
 How: `isinstance(obj, cls)` looks at `obj.__class__` when `type(obj)` does
 not match (the rule `unittest.mock`'s `spec` relies on). An instance of a
@@ -43,16 +44,19 @@ class StandsFor:
   """Base of the tfd classes that stand for public TensorFlow classes.
 
   `class X(..., stands_for=tf.X)` (a class or a tuple of classes) declares
-  them; see the module docstring.
+  them; `covers_parent=True`, that the parent's instances are X's too.
   """
 
   _tensorflow_classes = ()
 
-  def __init_subclass__(cls, stands_for=None, **kwargs):
+  def __init_subclass__(cls, stands_for=None, covers_parent=False, **kwargs):
     super().__init_subclass__(**kwargs)
     if stands_for is not None:
       cls._tensorflow_classes = (
           tuple(stands_for) if isinstance(stands_for, tuple) else (stands_for,))
+    if covers_parent:
+      parent = cls.__bases__[0]
+      parent._tensorflow_classes = parent._tensorflow_classes + (cls,)
 
   @property
   def __class__(self):
@@ -74,7 +78,8 @@ def _new(cls, *args):
 @functools.lru_cache(maxsize=None)
 def reported_class(cls):
   """What instances of `cls` give as `__class__`: `cls` itself, or a
-  subclass of `cls` and of the TensorFlow classes it stands for.
+  subclass of `cls` (or of its covering subclasses) and of the TensorFlow
+  classes it stands for.
 
   >>> import tensorflow as tf
   >>> import tf_distribute_lite as tfd
@@ -86,7 +91,8 @@ def reported_class(cls):
                   if not issubclass(cls, c))
   if not missing:
     return cls
-  bases = (cls,) + missing
+  covering = tuple(c for c in missing if issubclass(c, cls))
+  bases = (covering or (cls,)) + tuple(c for c in missing if c not in covering)
   namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
                "__doc__": cls.__doc__}
   return _metaclass_of(bases)(cls.__name__, bases, namespace)

@@ -173,17 +173,11 @@ class TPUStrategyV2(_TPUStrategyMethods, strategy_v1.TF1Methods, distribute_lib.
     return self.run(fn, args, kwargs, options)
 
 
-class _AnyTPUStrategy(type):
-  """`isinstance` answers True for every `TPUStrategy`."""
-
-  def __instancecheck__(cls, instance):
-    return isinstance(instance, TPUStrategyV2)
-
-
-class ExperimentalTPUStrategy(TPUStrategyV2, metaclass=_AnyTPUStrategy,
+class ExperimentalTPUStrategy(TPUStrategyV2, covers_parent=True,
                               stands_for=tf.distribute.experimental.TPUStrategy):
   """Deprecated: `tf.distribute.experimental.TPUStrategy` (TF 2.2), which
-  names its device assignment `device_assignment`.
+  names its device assignment `device_assignment`. Every `TPUStrategy` is
+  one to `isinstance`, as in TensorFlow.
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> ExperimentalTPUStrategy(resolver).num_replicas_in_sync
@@ -219,8 +213,6 @@ class TPUStrategyV1(_TPUStrategyMethods, strategy_v1.StrategyV1,
     """Steps each host loop runs."""
     return self._extended.steps_per_run
 
-
-TPUStrategyV1.__name__ = "TPUStrategyV1"
 
 
 class TPUExtended(mirrored_strategy.MirroredExtended):
@@ -310,7 +302,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
   def _experimental_initialize_system(self):
     """Read by TensorFlow's TF 1.x `SessionManager`, which initializes the
     TPU system before its session restores variables onto the TPU."""
-    tpu_system.initialize_tpu_system(self._tpu_cluster_resolver)
+    tpu_system.initialize(self._tpu_cluster_resolver)
 
   @property
   def num_hosts(self):

@@ -1,6 +1,6 @@
-"""Starting and stopping the TPU system (`tfd.tpu.experimental`), for our
-resolvers: TensorFlow's own `tf.tpu.experimental.initialize_tpu_system`
-accepts only TensorFlow's resolver class.
+"""Starting and stopping the TPU system of a resolver, for our resolvers:
+TensorFlow's own `tf.tpu.experimental.initialize_tpu_system` accepts only
+TensorFlow's resolver class.
 
 On a TPU these run TensorFlow's TPU system ops (`ConfigureDistributedTPU`,
 `ShutdownDistributedTPU`) on the TPU_SYSTEM device, as TensorFlow does:
@@ -9,34 +9,27 @@ resolver's master; traced inside a `tf.function`, `initialize_tpu_system`
 adds its op and returns the serialized topology. On an emulated slice they
 give the slice's topology.
 
-The resolver finds, the TPU system starts: `TPUClusterResolver.connect`
-calls `initialize_tpu_system`, which this module registers with the
-resolver's module when imported.
+The resolver finds, this module starts: `tpu_cluster_resolver` defines the
+public `initialize_tpu_system` and `shutdown_tpu_system` (which find the
+TPU when given no resolver) and `TPUClusterResolver.connect` on
+`initialize` and `shutdown` here.
 """
 
 import contextlib
 
 import tensorflow as tf
 
-from tf_distribute_lite.cluster_resolver import tpu_cluster_resolver
-from tf_distribute_lite.cluster_resolver import tpu_discovery
-
 _initialized = {}
 
 
-def _resolver(cluster_resolver):
-  if cluster_resolver is None:
-    try:
-      return tpu_cluster_resolver.TPUClusterResolver("")
-    except tpu_discovery.NoTpuFoundError as e:
-      raise tf.errors.NotFoundError(None, None, str(e)) from None
+def _checked(cluster_resolver):
   if not isinstance(cluster_resolver, tf.distribute.cluster_resolver.ClusterResolver):
     raise TypeError(f"cluster_resolver must be a TPUClusterResolver; got "
                     f"{cluster_resolver!r}.")
   return cluster_resolver
 
 
-def _tracing_a_function():
+def tracing_a_function():
   """True inside a `tf.function` being traced; False when executing eagerly
   and in a TF1 graph."""
   return not tf.executing_eagerly() and tf.compat.v1.executing_eagerly_outside_functions()
@@ -52,7 +45,7 @@ def _job(cluster_resolver):
 def system_device(cluster_resolver):
   """The TPU_SYSTEM device that runs the system ops for the resolver's TPU.
 
-  >>> system_device(tpu_cluster_resolver.TPUClusterResolver("grpc://10.0.0.2:8470"))
+  >>> system_device(tf_distribute_lite.cluster_resolver.TPUClusterResolver("grpc://10.0.0.2:8470"))
   '/job:worker/replica:0/task:0/device:TPU_SYSTEM:0'
   """
   job = _job(cluster_resolver)
@@ -123,29 +116,17 @@ def shutdown_function(job=None):
   return shutdown
 
 
-def initialize_tpu_system(cluster_resolver=None):
-  """Initializes the TPU system of `cluster_resolver` (by default the TPU
-  `TPUClusterResolver("")` finds) and returns its
-  `tf.tpu.experimental.Topology`; traced inside a `tf.function`, returns the
-  serialized topology tensor instead, as TensorFlow does.
-
-  Without a TPU, raises `tf.errors.NotFoundError` saying where it looked,
-  also in a TF1 graph, where TensorFlow 2.21 raises `InvalidArgumentError`.
-
-  >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
-  >>> initialize_tpu_system(resolver).mesh_shape.tolist()
-  [2, 2, 1, 1]
-  >>> tf.function(lambda: initialize_tpu_system(resolver))().dtype
-  tf.string
-  """
-  resolver = _resolver(cluster_resolver)
+def initialize(cluster_resolver):
+  """Initializes the TPU system of `cluster_resolver` (see
+  `tpu_cluster_resolver.initialize_tpu_system`)."""
+  resolver = _checked(cluster_resolver)
   emulated = getattr(resolver, "emulated_slice", None)
   if emulated is not None:
     emulated.ensure_devices()
     topology = emulated.topology()
-    if _tracing_a_function():
+    if tracing_a_function():
       return tf.constant(topology.serialized())
-  elif _tracing_a_function():
+  elif tracing_a_function():
     return _configure_op(_job(resolver))
   else:
     with _missing_tpu_is_not_found(resolver, "initialization"):
@@ -162,20 +143,10 @@ def initialize_tpu_system(cluster_resolver=None):
   return topology
 
 
-def shutdown_tpu_system(cluster_resolver=None):
-  """Shuts down the TPU system `initialize_tpu_system` started. Without a
-  TPU, raises `tf.errors.NotFoundError` as `initialize_tpu_system` does
-  (TensorFlow 2.21 raises `InvalidArgumentError`). Not available inside a
-  `tf.function` (`RuntimeError`, as in TensorFlow).
-
-  >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
-  >>> _ = initialize_tpu_system(resolver)
-  >>> shutdown_tpu_system(resolver)
-  """
-  if _tracing_a_function():
-    raise RuntimeError("shutdown_tpu_system is not supported within a tf.function; "
-                       "call it outside the function.")
-  resolver = _resolver(cluster_resolver)
+def shutdown(cluster_resolver):
+  """Shuts down the TPU system `initialize` started (see
+  `tpu_cluster_resolver.shutdown_tpu_system`)."""
+  resolver = _checked(cluster_resolver)
   if getattr(resolver, "emulated_slice", None) is None:
     with _missing_tpu_is_not_found(resolver, "shutdown"):
       if tf.executing_eagerly():
@@ -188,8 +159,6 @@ def shutdown_tpu_system(cluster_resolver=None):
 
 
 def initialized_topology(cluster_resolver):
-  """The topology `initialize_tpu_system` returned for this TPU, or None."""
+  """The topology `initialize` returned for this TPU, or None."""
   return _initialized.get(cluster_resolver.master())
 
-
-tpu_cluster_resolver.register_system_initializer(initialize_tpu_system)

@@ -219,20 +219,19 @@ def as_tensor(value, dtype=None, name=None):
   return tf.convert_to_tensor(value, dtype=dtype, name=name)
 
 
-def _forward_operator(name):
-  def operator(self, *args):
-    return getattr(self._get(), name)(*args)  # pylint: disable=protected-access
-  operator.__name__ = name
-  return operator
+def forward_operators(cls, names, read):
+  """Gives `cls` the operators `names`, each applied to `read(self)`."""
+  def forwarded(name):
+    def operator(self, *args, **kwargs):
+      return getattr(read(self), name)(*args, **kwargs)
+    operator.__name__ = name
+    return operator
+  for name in names:
+    setattr(cls, name, forwarded(name))
 
 
-for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__",
-              "__rmul__", "__truediv__", "__rtruediv__", "__floordiv__",
-              "__rfloordiv__", "__mod__", "__rmod__", "__pow__", "__rpow__",
-              "__matmul__", "__rmatmul__", "__lt__", "__le__", "__gt__",
-              "__ge__", "__and__", "__rand__", "__or__", "__ror__", "__xor__",
-              "__rxor__", "__getitem__", "__neg__", "__abs__", "__invert__"):
-  setattr(Mirrored, _name, _forward_operator(_name))
+forward_operators(Mirrored, tf.Tensor.OVERLOADABLE_OPERATORS - {
+    "__eq__", "__ne__", "__div__", "__rdiv__"}, lambda self: self._get())  # pylint: disable=protected-access
 
 
 def is_distributed_variable(value):

@@ -12,6 +12,6 @@ from tf_distribute_lite.cluster_resolver.tpu_cluster_resolver import TPUClusterR
 
 # The namespace has TensorFlow's names only: importing the modules above made
 # them attributes of this package. They stay importable by their full names.
-del (cloud_http, cluster_resolver, gce_cluster_resolver,  # pylint: disable=undefined-variable
+del (cluster_resolver, gce_cluster_resolver,  # pylint: disable=undefined-variable
      kubernetes_cluster_resolver, slurm_cluster_resolver, tfconfig_cluster_resolver,
-     tpu_cluster_resolver, tpu_discovery)
+     tpu_cluster_resolver)

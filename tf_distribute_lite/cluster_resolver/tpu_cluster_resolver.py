@@ -1,6 +1,8 @@
 """`TPUClusterResolver`: the TPU a program runs on, found by name, address,
 environment, or by looking at the machine (a Cloud TPU VM), or an emulated
-slice of logical CPU devices."""
+slice of logical CPU devices; and `tf.tpu.experimental`'s
+`initialize_tpu_system` and `shutdown_tpu_system`, which find the TPU when
+given no resolver (`tpu_system` starts and stops it)."""
 
 import collections
 import re
@@ -9,8 +11,9 @@ import time
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
-from tf_distribute_lite.cluster_resolver import cloud_http
-from tf_distribute_lite.cluster_resolver import tpu_discovery
+from tf_distribute_lite import cloud_http
+from tf_distribute_lite import tpu_discovery
+from tf_distribute_lite import tpu_system
 from tf_distribute_lite.cluster_resolver.cluster_resolver import ClusterResolver
 from tf_distribute_lite.cluster_resolver.cluster_resolver import DeviceAttributes
 from tf_distribute_lite.cluster_resolver.cluster_resolver import devices_of
@@ -24,15 +27,6 @@ _MASTER_TRIES = 3
 _MASTER_TIMEOUT_MS = 60 * 1000
 # The clock the node address cache reads; tests replace it.
 clock = time.monotonic
-# How `connect` starts the TPU system it found: the resolver finds, the TPU
-# system starts, so `tpu_system` registers its `initialize_tpu_system` here
-# when imported (the package's `__init__` imports it).
-_system = {}
-
-
-def register_system_initializer(initialize_tpu_system):
-  """Called once by `tpu_system` with its `initialize_tpu_system`."""
-  _system["initialize"] = initialize_tpu_system
 
 
 class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resolver.TPUClusterResolver):
@@ -99,7 +93,7 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
     """
     resolver = TPUClusterResolver(tpu, zone, project)
     tf.config.experimental_connect_to_cluster(resolver)
-    _system["initialize"](resolver)
+    tpu_system.initialize(resolver)
     return resolver
 
   @property
@@ -332,3 +326,47 @@ def _device_order(device):
   spec = tf.DeviceSpec.from_string(device.name)
   return (spec.job or "", spec.replica or 0, spec.task or 0, spec.device_type or "",
           spec.device_index or 0)
+
+
+def initialize_tpu_system(cluster_resolver=None):
+  """Initializes the TPU system of `cluster_resolver` (by default the TPU
+  `TPUClusterResolver("")` finds) and returns its
+  `tf.tpu.experimental.Topology`; traced inside a `tf.function`, returns the
+  serialized topology tensor instead, as TensorFlow does.
+
+  Without a TPU, raises `tf.errors.NotFoundError` saying where it looked,
+  also in a TF1 graph, where TensorFlow 2.21 raises `InvalidArgumentError`.
+
+  >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
+  >>> initialize_tpu_system(resolver).mesh_shape.tolist()
+  [2, 2, 1, 1]
+  >>> tf.function(lambda: initialize_tpu_system(resolver))().dtype
+  tf.string
+  """
+  return tpu_system.initialize(_given_or_found(cluster_resolver))
+
+
+def shutdown_tpu_system(cluster_resolver=None):
+  """Shuts down the TPU system `initialize_tpu_system` started. Without a
+  TPU, raises `tf.errors.NotFoundError` as `initialize_tpu_system` does
+  (TensorFlow 2.21 raises `InvalidArgumentError`). Not available inside a
+  `tf.function` (`RuntimeError`, as in TensorFlow).
+
+  >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
+  >>> _ = initialize_tpu_system(resolver)
+  >>> shutdown_tpu_system(resolver)
+  """
+  if tpu_system.tracing_a_function():
+    raise RuntimeError("shutdown_tpu_system is not supported within a tf.function; "
+                       "call it outside the function.")
+  tpu_system.shutdown(_given_or_found(cluster_resolver))
+
+
+def _given_or_found(cluster_resolver):
+  """`cluster_resolver`, or when None the TPU `TPUClusterResolver("")` finds."""
+  if cluster_resolver is not None:
+    return cluster_resolver
+  try:
+    return TPUClusterResolver("")
+  except tpu_discovery.NoTpuFoundError as e:
+    raise tf.errors.NotFoundError(None, None, str(e)) from None

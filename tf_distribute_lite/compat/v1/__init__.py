@@ -4,14 +4,14 @@ import tensorflow as tf
 
 from tf_distribute_lite import cluster_resolver
 from tf_distribute_lite.compat.v1 import experimental
-from tf_distribute_lite.contexts import get_replica_context
-from tf_distribute_lite.contexts import get_strategy
 from tf_distribute_lite.contexts import has_strategy
 from tf_distribute_lite.contexts import in_cross_replica_context
 from tf_distribute_lite.cross_device_ops import CrossDeviceOps
 from tf_distribute_lite.cross_device_ops import HierarchicalCopyAllReduce
 from tf_distribute_lite.cross_device_ops import NcclAllReduce
 from tf_distribute_lite.cross_device_ops import ReductionToOneDevice
+from tf_distribute_lite.default_strategy import get_replica_context
+from tf_distribute_lite.default_strategy import get_strategy
 from tf_distribute_lite.distribute_lib import experimental_set_strategy
 from tf_distribute_lite.distribute_lib import RunOptions
 from tf_distribute_lite.input_context import InputContext

@@ -20,8 +20,8 @@ import json
 import os
 import urllib.error
 
+from tf_distribute_lite import cloud_http
 from tf_distribute_lite import tpu_emulation
-from tf_distribute_lite.cluster_resolver import cloud_http
 
 DEFAULT_PORT = "8470"
 PCI_VARIABLE = "TF_DISTRIBUTE_LITE_PCI_DEVICES"
