@@ -45,8 +45,7 @@ class LocalReplicas:
     self._context_class = context_class
     self._first_replica = first_replica
     self._num_replicas = len(self._devices) if num_replicas is None else num_replicas
-    # What each function runs as (one trace for every replica, or a TPU
-    # step), per function and run options.
+    # Per function and run options: one trace for all replicas, or a TPU step.
     self._made = weakref.WeakKeyDictionary()
 
   def replica_context(self, replica_id, runner=None):
