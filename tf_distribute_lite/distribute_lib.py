@@ -614,8 +614,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
       return self._call_for_each_replica(fn, args, kwargs or {})
 
   def _run(self, fn, args, kwargs, options):
-    """`strategy.run` in the strategy's scope; only TPU strategies take
-    `options` (`RunOptions`)."""
+    """`strategy.run` in its scope; only TPU strategies take `options`."""
     del options
     return self._call_for_each_replica(fn, args, kwargs)
 

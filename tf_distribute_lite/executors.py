@@ -42,7 +42,7 @@ class LocalReplicas:
     self._context_class = context_class
     self._first_replica = first_replica
     self._num_replicas = len(self._devices) if num_replicas is None else num_replicas
-    # Per function and run options, what it runs as (see `_made_once`).
+    # Per function and run options: one trace for all replicas, or a TPU step.
     self._made = weakref.WeakKeyDictionary()
 
   def replica_context(self, replica_id, runner=None):
