@@ -31,18 +31,9 @@ class DistributedValues(tf.distribute.DistributedValues):
   def __init__(self, values):
     self._values = tuple(values)
 
-  @property
-  def values(self):
-    """The components, one per local replica."""
-    return self._values
-
-  @property
-  def _primary(self):
-    return self._values[0]
-
-  @property
-  def _devices(self):
-    return tuple(v.device for v in self._values)
+  values = property(lambda self: self._values, doc="The components, one per local replica.")
+  _primary = property(lambda self: self._values[0])
+  _devices = property(lambda self: tuple(v.device for v in self._values))
 
   def _current_replica_id(self):
     return contexts.current_replica_id()
@@ -125,9 +116,8 @@ class PerReplica(DistributedValues, tf.types.experimental.distributed.PerReplica
 
 @_tf_bridge.register_type_spec("tf_distribute_lite.PerReplicaSpec")
 class PerReplicaSpec(tf.TypeSpec):
-  """Type spec of a `PerReplica`: the specs of its components. A SavedModel
-  holds it (a function taking or returning `PerReplica` values), as it
-  holds TensorFlow's.
+  """Type spec of a `PerReplica`: its components' specs. SavedModels hold it
+  (in functions taking or returning `PerReplica` values), as TensorFlow's.
 
   >>> PerReplica([tf.constant(1.0), tf.constant(2.0)])._type_spec
   PerReplicaSpec(TensorSpec(shape=(), dtype=tf.float32, name=None), TensorSpec(shape=(), dtype=tf.float32, name=None))
@@ -139,13 +129,8 @@ class PerReplicaSpec(tf.TypeSpec):
     self._specs = component_specs
     self._all_tensor_specs = all(type(spec) is tf.TensorSpec for spec in component_specs)  # pylint: disable=unidiomatic-typecheck
 
-  @property
-  def value_type(self):
-    return PerReplica
-
-  @property
-  def _component_specs(self):
-    return self._specs
+  value_type = property(lambda self: PerReplica)
+  _component_specs = property(lambda self: self._specs)
 
   def _serialize(self):
     return self._specs
@@ -338,11 +323,9 @@ def _check_same_structure(results, path):
 
 def _level(value):
   """What must match between replicas at one level of a nest."""
-  if isinstance(value, (list, tuple)):
-    return len(value)
   if isinstance(value, dict):
     return frozenset(value)
-  return None
+  return len(value) if isinstance(value, (list, tuple)) else None
 
 
 def _outline(value):
