@@ -165,19 +165,6 @@ class ReplicaContext(ReplicaContextBase, stands_for=tf.distribute.ReplicaContext
     its own slice of the SUM all-reduce of the gathered value's gradients.
     (TensorFlow 2.21 fails to take that gradient of a shared value, or of
     values of different ranks gathered at once.)
-
-    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> def step():
-    ...   context = tf_distribute_lite.get_replica_context()
-    ...   x = tf.ones([context.replica_id_in_sync_group + 1])
-    ...   with tf.GradientTape() as tape:
-    ...     tape.watch(x)
-    ...     gathered = context.all_gather(x, axis=0)
-    ...     loss = tf.reduce_sum(gathered * [1.0, 2.0, 3.0])
-    ...   return gathered, tape.gradient(loss, x)
-    >>> gathered, gradient = strategy.run(step)
-    >>> gathered.values[1].numpy(), gradient.values[1].numpy()
-    (array([1., 1., 1.], dtype=float32), array([4., 6.], dtype=float32))
     """
     refuse_indexed_slices(value, "all_gather")
     flat = tf.nest.flatten(value)
