@@ -102,6 +102,7 @@ def distribute_dataset(dataset, devices, host, options=None,
   """
   check_dataset(dataset)
   devices = tuple(devices)
+  options = options or input_context_lib.InputOptions()
   if input_context is not None and input_context.num_input_pipelines > 1:
     _check_batched(dataset.element_spec, input_context.num_replicas_in_sync)
     dataset = auto_shard.worker_share(
@@ -112,9 +113,10 @@ def distribute_dataset(dataset, devices, host, options=None,
     split, sync_key, dequeues_per_step = len(devices) > 1, None, 1
     if split:
       _check_batched(dataset.element_spec, len(devices))
-  dataset = dataset.prefetch(_buffer_size(options) * dequeues_per_step)
-  return DistributedDataset(
-      _Layout(devices, (host,), split, _fetch_to_device(options), sync_key), (dataset,))
+  dataset = dataset.prefetch(options.experimental_per_replica_buffer_size * dequeues_per_step)
+  return DistributedDataset(_Layout(devices, (host,), split,
+                                    bool(options.experimental_fetch_to_device), sync_key),
+                            (dataset,))
 
 
 def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
@@ -137,8 +139,8 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
   `get_next_as_optional`.
   """
   devices = tuple(devices)
-  per_replica = input_context_lib.is_per_replica(options)
-  if not per_replica:
+  options = options or input_context_lib.InputOptions()
+  if not input_context_lib.is_per_replica(options):
     homes = (host,)
   elif options.experimental_place_dataset_on_device:
     homes = devices
@@ -155,9 +157,9 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
           f"`dataset_fn` must return a tf.data.Dataset; for {context} it "
           f"returned {dataset!r} of type {type(dataset).__name__}.")
     replicas_fed = len(devices) // len(homes)
-    datasets.append(dataset.prefetch(_buffer_size(options) * replicas_fed))
+    datasets.append(dataset.prefetch(options.experimental_per_replica_buffer_size * replicas_fed))
   return DistributedDatasetsFromFunction(
-      _Layout(devices, homes, False, _fetch_to_device(options),
+      _Layout(devices, homes, False, bool(options.experimental_fetch_to_device),
               getattr(workers, "key", None), partial_steps),
       tuple(datasets))
 
@@ -173,14 +175,6 @@ def _fully_shaped(element_spec):
                  for flat in _tf_bridge.flat_tensor_specs(spec)):
       return False
   return True
-
-
-def _fetch_to_device(options):
-  return True if options is None else bool(options.experimental_fetch_to_device)
-
-
-def _buffer_size(options):
-  return 1 if options is None else options.experimental_per_replica_buffer_size
 
 
 class DistributedDataset(tf.distribute.DistributedDataset,
@@ -258,15 +252,12 @@ class DistributedDataset(tf.distribute.DistributedDataset,
         tuple(tf.data.DatasetSpec(d.element_spec) for d in self._datasets))
 
   def __getattr__(self, name):
+    hint = ""
     if not name.startswith("_") and hasattr(tf.data.Dataset, name):
-      raise AttributeError(
-          f"'{type(self).__name__}' object has no attribute '{name}': a "
-          f"distributed dataset cannot be transformed further. Call `{name}` "
-          f"on the tf.data.Dataset before distributing it, or build each "
-          f"input pipeline yourself with "
-          f"`strategy.distribute_datasets_from_function`.")
-    raise AttributeError(
-        f"'{type(self).__name__}' object has no attribute '{name}'")
+      hint = (f": a distributed dataset cannot be transformed further. Call `{name}` on the "
+              f"tf.data.Dataset before distributing it, or build each input pipeline "
+              f"yourself with `strategy.distribute_datasets_from_function`.")
+    raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'{hint}")
 
 
 class DistributedDatasetsFromFunction(DistributedDataset):
@@ -329,14 +320,11 @@ class DistributedIterator(tf.distribute.DistributedIterator,
 
   >>> dist = distribute_dataset(tf.data.Dataset.range(3).batch(3),
   ...                           ["CPU:0", "CPU:1"], host="CPU:0")
-  >>> iterator = iter(dist)
-  >>> iterator.get_next()
+  >>> iter(dist).get_next()
   PerReplica:{
     0: <tf.Tensor: shape=(2,), dtype=int64, numpy=array([0, 1])>,
     1: <tf.Tensor: shape=(1,), dtype=int64, numpy=array([2])>
   }
-  >>> bool(iterator.get_next_as_optional().has_value())
-  False
   """
 
   def __init__(self, layout, iterators):
@@ -495,11 +483,9 @@ class DistributedIterator(tf.distribute.DistributedIterator,
 
   def _distribute_element(self, element):
     """A global batch (or one replica's batch) -> the step's value."""
-    flat = tf.nest.flatten(element)
-    if self._layout.split:
-      columns = [_split_leaf(leaf, len(self._copy_to)) for leaf in flat]
-    else:
-      columns = [[leaf] for leaf in flat]
+    split = self._layout.split
+    columns = [_split_leaf(leaf, len(self._copy_to)) if split else [leaf]
+               for leaf in tf.nest.flatten(element)]
     return self._regroup(element, columns)
 
   def _distribute_parts(self, parts):

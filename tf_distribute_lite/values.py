@@ -117,11 +117,7 @@ class PerReplica(DistributedValues, tf.types.experimental.distributed.PerReplica
 @_tf_bridge.register_type_spec("tf_distribute_lite.PerReplicaSpec")
 class PerReplicaSpec(tf.TypeSpec):
   """Type spec of a `PerReplica`: its components' specs. SavedModels hold it
-  (in functions taking or returning `PerReplica` values), as TensorFlow's.
-
-  >>> PerReplica([tf.constant(1.0), tf.constant(2.0)])._type_spec
-  PerReplicaSpec(TensorSpec(shape=(), dtype=tf.float32, name=None), TensorSpec(shape=(), dtype=tf.float32, name=None))
-  """
+  (in functions taking or returning `PerReplica` values), as TensorFlow's."""
 
   __slots__ = ("_specs", "_all_tensor_specs")
 
@@ -353,11 +349,7 @@ def distributed_container(value):
 
 def local_results(value, num_replicas):
   """The per-replica components of `value` as a tuple: a distributed value's
-  components, a nest as each replica sees it, or else `(value,)`.
-
-  >>> local_results((PerReplica([1, 2]),), 2)
-  ((1,), (2,))
-  """
+  components, a nest as each replica sees it, or else `(value,)`."""
   if isinstance(value, tf.distribute.DistributedValues):
     return value.values
   if tf.nest.is_nested(value):
@@ -366,11 +358,8 @@ def local_results(value, num_replicas):
 
 
 def flatten_with_paths(structure, path=""):
-  """The leaves of a nest of dicts, lists and tuples, with their paths.
-
-  >>> list(flatten_with_paths({"a": [1, 2]}))
-  [("['a'][0]", 1), ("['a'][1]", 2)]
-  """
+  """The leaves of a nest of dicts, lists and tuples, with their paths such
+  as `['a'][0]`."""
   if isinstance(structure, dict):
     for key, item in structure.items():
       yield from flatten_with_paths(item, f"{path}[{key!r}]")
