@@ -32,17 +32,10 @@ class DistributionStrategy:
   """The contrib API over a `compat.v1` strategy (`self._strategy`).
 
   >>> strategy = tf_distribute_lite.contrib.MirroredStrategy(["/cpu:0", "/cpu:1"])
-  >>> def merge_fn(distribution, three_plus_tower_id):
-  ...   return sum(distribution.unwrap(three_plus_tower_id))
-  >>> def fn(three):
-  ...   tower_ctx = tf_distribute_lite.contrib.get_tower_context()
-  ...   v = three + tower_ctx.tower_id
-  ...   s = tower_ctx.merge_call(merge_fn, v)
-  ...   return s + v
   >>> with strategy.scope():
-  ...   merged_results = strategy.call_for_each_tower(fn, 3)
-  >>> strategy.unwrap(merged_results)
-  [10, 11]
+  ...   doubled = strategy.call_for_each_tower(lambda x: x * 2, tf.constant(3))
+  >>> [int(t) for t in strategy.unwrap(doubled)]
+  [6, 6]
   """
 
   def __init__(self, strategy):
@@ -268,9 +261,8 @@ class PerDeviceDataset:
 
   def make_one_shot_iterator(self):
     """An iterator that needs no initialization."""
-    if tf.executing_eagerly():
-      return iter(self._distributed)
-    return self._distributed.make_one_shot_iterator()
+    eager = tf.executing_eagerly()
+    return iter(self._distributed) if eager else self._distributed.make_one_shot_iterator()
 
   def make_initializable_iterator(self):
     """An iterator whose `initializer` (re)starts it (a TF1 graph)."""
@@ -334,9 +326,7 @@ def get_cross_tower_context():
   >>> get_cross_tower_context() is None
   True
   """
-  if not contexts.in_cross_replica_context():
-    return None
-  return get_distribution_strategy()
+  return get_distribution_strategy() if contexts.in_cross_replica_context() else None
 
 
 def get_distribution_strategy():

@@ -602,9 +602,7 @@ def _split_leaf(value, replicas):
   if isinstance(value, tf.SparseTensor):
     return [_sparse_rows(value, i * size, size) for i in range(replicas)]
   if isinstance(value, tf.Tensor) and isinstance(size, int):
-    if batch % replicas == 0:
-      return tf.split(value, replicas)
-    return tf.split(value, _uneven_sizes(batch, replicas))
+    return tf.split(value, replicas if batch % replicas == 0 else _uneven_sizes(batch, replicas))
   return [value[i * size:(i + 1) * size] for i in range(replicas)]
 
 

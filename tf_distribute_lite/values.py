@@ -137,10 +137,8 @@ class PerReplicaSpec(tf.TypeSpec):
   def _to_components(self, value):
     return value.values
 
-  # A `tf.function` call flattens `PerReplica` arguments with `to_tensors` and
-  # packs results with `from_tensors`. TensorFlow's generic versions walk the
-  # specs with `tf.nest` (a third slower with 50 arguments): plain tensors of
-  # the spec's dtype are taken as they are.
+  # A `tf.function` call flattens and packs `PerReplica`s with these; taking
+  # tensors as they are beats TensorFlow's `tf.nest` walk by a third.
 
   def to_tensors(self, value):
     components = value.values
@@ -187,8 +185,7 @@ class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored):
     return as_tensor(self._get(), dtype, name)
 
   def _as_graph_element(self):
-    # What `tf.group` and `Session.run` take it for: the current replica's
-    # component (as in TensorFlow, where it stands for all of them).
+    # For `tf.group` and `Session.run`: the current replica's, as TensorFlow's.
     return _tf_bridge.graph_element(self._get())
 
 
@@ -249,9 +246,7 @@ _LEAVES = (tf.Tensor, tf.Variable, int, float, str, bool, type(None))
 
 def _sequence_like(sequence, items):
   """A list, tuple or namedtuple of `sequence`'s type holding `items`."""
-  if hasattr(sequence, "_fields"):
-    return type(sequence)(*items)
-  return type(sequence)(items)
+  return type(sequence)(*items) if hasattr(sequence, "_fields") else type(sequence)(items)
 
 
 def is_split(value):
