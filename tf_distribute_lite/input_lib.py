@@ -93,12 +93,10 @@ def distribute_dataset(dataset, devices, host, options=None,
                        input_context=None, workers=None):
   """A `DistributedDataset` cutting each global batch of `dataset` across
   `devices`, as TensorFlow does: a batch of `b` gives each replica in turn
-  `ceil(b / replicas)` elements (or what is left). Sparse components too,
-  also into empty shares (where TensorFlow 2.21 fails in `DeserializeSparse`).
-
-  With several input pipelines in `input_context` (one per worker, synced by
-  the `WorkerSync` `workers`), it is pipeline `input_pipeline_id`'s pieces
-  of each global batch, auto-sharded, each replica dequeuing its own.
+  `ceil(b / replicas)` elements (or what is left), sparse ones too (where
+  TensorFlow 2.21 fails on empty shares). With several input pipelines in
+  `input_context` (one per worker, synced by `workers`), it is this
+  pipeline's auto-sharded pieces of each global batch, one per replica.
   """
   check_dataset(dataset)
   devices = tuple(devices)
@@ -122,21 +120,17 @@ def distribute_dataset(dataset, devices, host, options=None,
 def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
                                       input_context=None, workers=None,
                                       partial_steps=True):
-  """A `DistributedDatasetsFromFunction` of the datasets `dataset_fn` makes.
+  """A `DistributedDatasetsFromFunction` of the datasets, batched per replica,
+  that `dataset_fn(InputContext)` makes once (`PER_WORKER`) or once per
+  replica (`PER_REPLICA`), as `options` say for this call only (TensorFlow
+  2.21 keeps `PER_REPLICA` once asked). On one worker of several,
+  `input_context` is what `dataset_fn` gets and `workers` syncs the steps.
 
-  `dataset_fn(InputContext)` returns a dataset batched per replica; it is
-  called once (`PER_WORKER`) or once per replica (`PER_REPLICA`), as
-  `options` say for this call only (a TensorFlow 2.21 strategy keeps
-  `PER_REPLICA` once asked). On one worker of several, `input_context` is
-  what `dataset_fn` gets and the `WorkerSync` `workers` keeps steps together.
-
-  When some replicas' pipelines end first, a last, partial step gives them
-  empty batches, as in TensorFlow: from `get_next` if `partial_steps` (a
-  strategy's `experimental_enable_get_next_as_optional`), always from
-  `get_next_as_optional` (a `for` loop in a `tf.function`). Only elements of
-  a shape not fully known have an empty form: for others the partial step
-  ends the input, where TensorFlow 2.21 makes up zeros in
-  `get_next_as_optional`.
+  Replicas whose pipelines end first get empty batches in a last, partial
+  step, as in TensorFlow: from `get_next` if `partial_steps`, always from
+  `get_next_as_optional`. Elements of a fully known shape have no empty
+  form: there the partial step ends the input (TensorFlow 2.21 makes up
+  zeros).
   """
   devices = tuple(devices)
   options = options or input_context_lib.InputOptions()

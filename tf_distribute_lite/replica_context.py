@@ -111,13 +111,11 @@ class ReplicaContextBase(StandsFor):
       return merge_fn(self._strategy, *args, **kwargs)
 
   def all_reduce(self, reduce_op, value, options=None):
-    """Reduces `value` (a nest of tensors) across replicas; each gets the result.
-
-    A value that is the very same object in every replica (a tensor made
-    outside `strategy.run`, say) is already in sync: SUM and MEAN both return
-    it unchanged, not SUM times the number of replicas. Keras optimizers rely
-    on this. The gradient of a SUM (MEAN) all-reduce is the SUM (MEAN)
-    all-reduce of the gradients.
+    """Reduces `value` (a nest of tensors) across replicas; each gets the
+    result, whose gradient is the same all-reduce of the gradients. A value
+    that is the same object in every replica (made outside `strategy.run`)
+    is already in sync: SUM and MEAN return it unchanged, as Keras
+    optimizers expect.
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> shared = tf.constant(5.0)
