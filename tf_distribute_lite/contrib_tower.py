@@ -23,29 +23,26 @@ from tf_distribute_lite.reduce_util import ReduceOp
 _FACADE = "_contrib_strategy"
 
 
+def _extended(name, doc):
+  """A property: `name` of the wrapped strategy's `extended`."""
+  return property(lambda self: getattr(self._strategy.extended, name), doc=doc)
+
+
 class DistributionStrategy:
   """The contrib API over a `compat.v1` strategy (`self._strategy`).
 
   >>> strategy = tf_distribute_lite.contrib.MirroredStrategy(["/cpu:0", "/cpu:1"])
-  >>> def merge_fn(distribution, three_plus_tower_id):
-  ...   return sum(distribution.unwrap(three_plus_tower_id))
-  >>> def fn(three):
-  ...   tower_ctx = tf_distribute_lite.contrib.get_tower_context()
-  ...   v = three + tower_ctx.tower_id
-  ...   s = tower_ctx.merge_call(merge_fn, v)
-  ...   return s + v
   >>> with strategy.scope():
-  ...   merged_results = strategy.call_for_each_tower(fn, 3)
-  >>> strategy.unwrap(merged_results)
-  [10, 11]
+  ...   doubled = strategy.call_for_each_tower(lambda x: x * 2, tf.constant(3))
+  >>> [int(t) for t in strategy.unwrap(doubled)]
+  [6, 6]
   """
 
   def __init__(self, strategy):
     self._strategy = strategy
     setattr(strategy, _FACADE, self)
 
-  between_graph = property(lambda self: self._strategy.extended.experimental_between_graph,
-                           doc="Whether each worker builds its own graph.")
+  between_graph = _extended("experimental_between_graph", "Whether each worker builds its graph.")
   is_single_tower = property(lambda self: self.num_towers == 1,
                              doc="Whether there is one tower.")
   num_towers = property(lambda self: self._strategy.num_replicas_in_sync,
@@ -54,10 +51,8 @@ class DistributionStrategy:
                        doc="Hosts the towers run on.")
   num_towers_per_host = property(lambda self: self.num_towers // self.num_hosts,
                                  doc="Towers on each host.")
-  parameter_devices = property(lambda self: self._strategy.extended.parameter_devices,
-                               doc="The devices variables are placed on.")
-  worker_devices = property(lambda self: self._strategy.extended.worker_devices,
-                            doc="The devices towers run on.")
+  parameter_devices = _extended("parameter_devices", "The devices variables are placed on.")
+  worker_devices = _extended("worker_devices", "The devices towers run on.")
 
   @property
   def worker_device_index(self):
@@ -68,12 +63,9 @@ class DistributionStrategy:
     return self._strategy.extended._distribute_values_from_function(  # pylint: disable=protected-access
         lambda ctx: ctx.replica_id_in_sync_group)
 
-  should_checkpoint = property(lambda self: self._strategy.extended.should_checkpoint,
-                               doc="Whether checkpoints are written here.")
-  should_init = property(lambda self: self._strategy.extended.experimental_should_init,
-                         doc="Whether initialization runs here.")
-  should_save_summary = property(lambda self: self._strategy.extended.should_save_summary,
-                                 doc="Whether summaries are saved here.")
+  should_checkpoint = _extended("should_checkpoint", "Whether checkpoints are written here.")
+  should_init = _extended("experimental_should_init", "Whether initialization runs here.")
+  should_save_summary = _extended("should_save_summary", "Whether summaries are saved here.")
 
   def scope(self):
     """The core strategy's scope: variables are mirrored, cross-tower context."""
@@ -262,22 +254,15 @@ class TPUStrategy(OneDeviceStrategy):  # pylint: disable=super-init-not-called
 
 
 class PerDeviceDataset:
-  """What `distribute_dataset` returns: iterators over the towers' elements.
-
-  >>> strategy = tf_distribute_lite.contrib.MirroredStrategy(["/cpu:0", "/cpu:1"])
-  >>> dataset = strategy.distribute_dataset(lambda: tf.data.Dataset.range(4))
-  >>> strategy.unwrap(dataset.make_one_shot_iterator().get_next())
-  [<tf.Tensor: shape=(), dtype=int64, numpy=0>, <tf.Tensor: shape=(), dtype=int64, numpy=1>]
-  """
+  """What `distribute_dataset` returns: iterators over the towers' elements."""
 
   def __init__(self, distributed_dataset):
     self._distributed = distributed_dataset
 
   def make_one_shot_iterator(self):
     """An iterator that needs no initialization."""
-    if tf.executing_eagerly():
-      return iter(self._distributed)
-    return self._distributed.make_one_shot_iterator()
+    eager = tf.executing_eagerly()
+    return iter(self._distributed) if eager else self._distributed.make_one_shot_iterator()
 
   def make_initializable_iterator(self):
     """An iterator whose `initializer` (re)starts it (a TF1 graph)."""
@@ -341,9 +326,7 @@ def get_cross_tower_context():
   >>> get_cross_tower_context() is None
   True
   """
-  if not contexts.in_cross_replica_context():
-    return None
-  return get_distribution_strategy()
+  return get_distribution_strategy() if contexts.in_cross_replica_context() else None
 
 
 def get_distribution_strategy():

@@ -1,19 +1,13 @@
 """Distributed datasets and iterators: every step, one batch per replica.
 
 A `DistributedDataset` is one or more host-side `tf.data` pipelines plus a
-`_Layout` saying which replicas each dequeued element feeds:
-
-* `distribute_dataset` (behind `strategy.experimental_distribute_dataset`)
-  keeps the user's pipeline whole: each dequeued global batch is cut into
-  one part per replica (`tf.split`, which aliases rather than copies), so
-  one dequeue feeds every replica.
-* `distribute_datasets_from_function` makes one pipeline per worker or per
-  replica; each replica dequeues its own batch.
-
-The iterator copies each replica's part onto the replica's device and
-regroups the parts into `PerReplica` values. Datasets and iterators are
-composite tensors, so both can be passed into a `tf.function`, and
-`for x in dist_dataset` inside one loops in the graph.
+`_Layout` saying which replicas each dequeued element feeds. Behind
+`strategy.experimental_distribute_dataset`, `distribute_dataset` cuts each
+global batch of the user's pipeline into one part per replica (`tf.split`
+aliases, not copies); `distribute_datasets_from_function` makes one pipeline
+per worker or per replica, each replica dequeuing its own batch. Iterators
+copy the parts to the replicas' devices as `PerReplica` values. Both are
+composite tensors: they pass into a `tf.function`, and `for` loops there.
 """
 
 import collections
@@ -32,14 +26,12 @@ from tf_distribute_lite import values as values_lib
 
 Optional = tf.experimental.Optional
 
-# devices: each replica's device; homes: the device each pipeline lives on;
-# split: an element is a global batch to cut across the replicas (else one
-# element per replica); fetch_to_device: copy each part onto its replica's
-# device; workers: with several workers, the key of the `WorkerSync` that
-# tells whether any worker still has data (else None); partial_steps: whether
-# `get_next` gives a last, partial step of per-replica pipelines (see
-# `distribute_datasets_from_function`); strategy: the `id` of the strategy
-# whose method made the dataset (`owned_by`), or None.
+# devices: each replica's; homes: each pipeline's device; split: an element
+# is a global batch to cut across the replicas (else one replica's);
+# fetch_to_device: copy each part to its replica's device; workers: the key
+# of the `WorkerSync` of several workers, or None; partial_steps: `get_next`
+# gives a last, partial step of per-replica pipelines; strategy: the `id` of
+# the strategy whose method made the dataset (`owned_by`), or None.
 _Layout = collections.namedtuple(
     "_Layout", ["devices", "homes", "split", "fetch_to_device", "workers",
                 "partial_steps", "strategy"],
@@ -47,9 +39,9 @@ _Layout = collections.namedtuple(
 
 
 def owned_by(distributed, strategy):
-  """`distributed`, made by a method of `strategy`, as that strategy's input:
+  """`distributed` (if a distributed dataset), as the input of `strategy`:
   as in TensorFlow, its iterators' `get_next` raises RuntimeError under
-  another strategy. Other values (a plain dataset) are returned as they are."""
+  another strategy."""
   if isinstance(distributed, DistributedDataset):
     distributed._layout = distributed._layout._replace(strategy=id(strategy))  # pylint: disable=protected-access
   return distributed
@@ -67,20 +59,11 @@ def _check_strategy(layout):
 
 class WorkerSync:
   """What the iterators of several workers agree on each step: whether any
-  worker still has data. `any_worker_has(has_value)` takes this worker's
-  answer (a bool tensor) and returns the cluster's.
-
-  While one worker has data, the others take part in the step with empty
-  batches, so every worker runs the same steps and none waits for a
-  collective that another never starts.
-
-  Type specs hold the sync's `key` (they may hold plain values only); a sync
-  lives as long as the process, like the strategy that makes it.
-
-  >>> sync = WorkerSync(lambda has_value: has_value)
-  >>> bool(WorkerSync.of(sync.key).any_worker_has(tf.constant(True)))
-  True
-  """
+  worker still has data (`any_worker_has` maps this worker's bool tensor to
+  the cluster's). While one has, the others run the step on empty batches,
+  so no worker waits for a collective another never starts. Type specs hold
+  plain values, so they hold the sync's `key`; a sync lives as long as the
+  process, like the strategy that makes it."""
 
   _by_key = {}
   _keys = itertools.count()
@@ -97,8 +80,8 @@ class WorkerSync:
 
 
 def check_dataset(dataset):
-  """Raises `TypeError` unless `dataset` is a `tf.data.Dataset` (TensorFlow
-  2.21 fails on its missing `_variant_tensor`)."""
+  """Raises `TypeError` unless `dataset` is a `tf.data.Dataset` (where
+  TensorFlow 2.21 fails on its missing `_variant_tensor`)."""
   if not isinstance(dataset, tf.data.Dataset):
     raise TypeError(
         f"`dataset` must be a tf.data.Dataset; got {dataset!r} of type "
@@ -109,74 +92,49 @@ def check_dataset(dataset):
 def distribute_dataset(dataset, devices, host, options=None,
                        input_context=None, workers=None):
   """A `DistributedDataset` cutting each global batch of `dataset` across
-  `devices`: a batch of `b` gives each replica in turn `ceil(b / replicas)`
-  elements (or what is left), as TensorFlow does.
-
-  `input_context` with several input pipelines (one per worker, synced by
-  the `WorkerSync` `workers`) makes this the share of pipeline
-  `input_pipeline_id`: its pieces of every global batch, auto-sharded by the
-  dataset's `auto_shard_policy`, each replica dequeuing its own piece.
-  Sparse components are split too, also when a replica's share is empty
-  (where TensorFlow 2.21 fails in `DeserializeSparse`).
-
-  >>> dataset = tf.data.Dataset.range(10).batch(10)
-  >>> dist = distribute_dataset(dataset, ["CPU:0", "CPU:1", "CPU:2", "CPU:3"],
-  ...                           host="CPU:0")
-  >>> [part.numpy().tolist() for part in next(iter(dist)).values]
-  [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+  `devices`, as TensorFlow does: a batch of `b` gives each replica in turn
+  `ceil(b / replicas)` elements (or what is left), sparse ones too (where
+  TensorFlow 2.21 fails on empty shares). With several input pipelines in
+  `input_context` (one per worker, synced by `workers`), it is this
+  pipeline's auto-sharded pieces of each global batch, one per replica.
   """
   check_dataset(dataset)
   devices = tuple(devices)
+  options = options or input_context_lib.InputOptions()
   if input_context is not None and input_context.num_input_pipelines > 1:
     _check_batched(dataset.element_spec, input_context.num_replicas_in_sync)
     dataset = auto_shard.worker_share(
         dataset, input_context.num_input_pipelines,
         input_context.input_pipeline_id, input_context.num_replicas_in_sync)
-    dataset = dataset.prefetch(_buffer_size(options) * len(devices))
-    return DistributedDataset(
-        _Layout(devices, (host,), False, _fetch_to_device(options),
-                None if workers is None else workers.key), (dataset,))
-  split = len(devices) > 1
-  if split:
-    _check_batched(dataset.element_spec, len(devices))
-  dataset = dataset.prefetch(_buffer_size(options))
-  return DistributedDataset(
-      _Layout(devices, (host,), split, _fetch_to_device(options)), (dataset,))
+    split, sync_key, dequeues_per_step = False, getattr(workers, "key", None), len(devices)
+  else:
+    split, sync_key, dequeues_per_step = len(devices) > 1, None, 1
+    if split:
+      _check_batched(dataset.element_spec, len(devices))
+  dataset = dataset.prefetch(options.experimental_per_replica_buffer_size * dequeues_per_step)
+  return DistributedDataset(_Layout(devices, (host,), split,
+                                    bool(options.experimental_fetch_to_device), sync_key),
+                            (dataset,))
 
 
 def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
                                       input_context=None, workers=None,
                                       partial_steps=True):
-  """A `DistributedDatasetsFromFunction` of the datasets `dataset_fn` makes.
+  """A `DistributedDatasetsFromFunction` of the datasets, batched per replica,
+  that `dataset_fn(InputContext)` makes once (`PER_WORKER`) or once per
+  replica (`PER_REPLICA`), as `options` say for this call only (TensorFlow
+  2.21 keeps `PER_REPLICA` once asked). On one worker of several,
+  `input_context` is what `dataset_fn` gets and `workers` syncs the steps.
 
-  `dataset_fn` gets an `InputContext` and returns a dataset batched per
-  replica; it is called once (`PER_WORKER`) or once per replica
-  (`PER_REPLICA`), as `options` say for this call only (a TensorFlow 2.21
-  strategy keeps using `PER_REPLICA` in later calls once it has been asked).
-  On one worker of several, `input_context` is the one `dataset_fn` gets
-  (`PER_WORKER` only) and the `WorkerSync` `workers` keeps the workers' steps
-  together.
-
-  When some replicas' pipelines end before the others', a last, partial step
-  gives those replicas empty batches, as in TensorFlow: from the iterator's
-  `get_next` if `partial_steps` (a strategy's
-  `experimental_enable_get_next_as_optional`), from `get_next_as_optional`
-  (so in a `for` loop inside a `tf.function`) always. Only elements with a
-  shape not fully known have an empty form: for others the partial step ends
-  the input, where TensorFlow 2.21 makes values up (zeros for scalars) in
-  `get_next_as_optional`.
-
-  >>> def dataset_fn(context):
-  ...   batch = context.get_per_replica_batch_size(4)
-  ...   return tf.data.Dataset.range(8).batch(batch)
-  >>> dist = distribute_datasets_from_function(
-  ...     dataset_fn, ["CPU:0", "CPU:1"], host="CPU:0")
-  >>> [part.numpy().tolist() for part in next(iter(dist)).values]
-  [[0, 1], [2, 3]]
+  Replicas whose pipelines end first get empty batches in a last, partial
+  step, as in TensorFlow: from `get_next` if `partial_steps`, always from
+  `get_next_as_optional`. Elements of a fully known shape have no empty
+  form: there the partial step ends the input (TensorFlow 2.21 makes up
+  zeros).
   """
   devices = tuple(devices)
-  per_replica = input_context_lib.is_per_replica(options)
-  if not per_replica:
+  options = options or input_context_lib.InputOptions()
+  if not input_context_lib.is_per_replica(options):
     homes = (host,)
   elif options.experimental_place_dataset_on_device:
     homes = devices
@@ -193,10 +151,10 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
           f"`dataset_fn` must return a tf.data.Dataset; for {context} it "
           f"returned {dataset!r} of type {type(dataset).__name__}.")
     replicas_fed = len(devices) // len(homes)
-    datasets.append(dataset.prefetch(_buffer_size(options) * replicas_fed))
+    datasets.append(dataset.prefetch(options.experimental_per_replica_buffer_size * replicas_fed))
   return DistributedDatasetsFromFunction(
-      _Layout(devices, homes, False, _fetch_to_device(options),
-              None if workers is None else workers.key, partial_steps),
+      _Layout(devices, homes, False, bool(options.experimental_fetch_to_device),
+              getattr(workers, "key", None), partial_steps),
       tuple(datasets))
 
 
@@ -213,23 +171,12 @@ def _fully_shaped(element_spec):
   return True
 
 
-def _fetch_to_device(options):
-  return True if options is None else bool(options.experimental_fetch_to_device)
-
-
-def _buffer_size(options):
-  return 1 if options is None else options.experimental_per_replica_buffer_size
-
-
 class DistributedDataset(tf.distribute.DistributedDataset,
                          _tf_bridge.CompositeTensor):
   """Batches for every replica, one step at a time; made by
-  `strategy.experimental_distribute_dataset`.
-
-  It cannot be transformed further: apply `tf.data` transformations before
-  distributing, or use `strategy.distribute_datasets_from_function`.
-  Keras 3's `fit`, `evaluate` and `predict` take it (and a
-  `DistributedDatasetsFromFunction`) as they take TensorFlow's.
+  `strategy.experimental_distribute_dataset`. It cannot be transformed
+  further (transform the `tf.data.Dataset` before). Keras 3's `fit`,
+  `evaluate` and `predict` take it as they take TensorFlow's.
 
   >>> dist = distribute_dataset(tf.data.Dataset.range(4).batch(2),
   ...                           ["CPU:0", "CPU:1"], host="CPU:0")
@@ -240,7 +187,7 @@ class DistributedDataset(tf.distribute.DistributedDataset,
   def __init__(self, layout, datasets):
     self._layout = layout
     self._datasets = tuple(datasets)
-    # As in TensorFlow: known for a dataset made eagerly, else unknown.
+    # Known for a dataset made eagerly, as in TensorFlow.
     self._cardinality = (self._datasets[0].cardinality().numpy()
                          if tf.executing_eagerly() else tf.data.UNKNOWN_CARDINALITY)
 
@@ -255,18 +202,7 @@ class DistributedDataset(tf.distribute.DistributedDataset,
     return iterators
 
   def make_initializable_iterator(self):
-    """TF 1.x graphs: an iterator whose `initializer` op (re)starts it.
-
-    >>> with tf.Graph().as_default():
-    ...   dist = distribute_dataset(tf.data.Dataset.range(4).batch(2),
-    ...                             ["CPU:0", "CPU:1"], host="CPU:0")
-    ...   iterator = dist.make_initializable_iterator()
-    ...   batch = iterator.get_next()
-    ...   with tf.compat.v1.Session() as session:
-    ...     _ = session.run(iterator.initializer)
-    ...     print(session.run(batch.values))
-    (array([0]), array([1]))
-    """
+    """TF 1.x graphs: an iterator whose `initializer` op (re)starts it."""
     return InitializableIterator(self._layout, self._iterators(
         _graph_only(tf.compat.v1.data.make_initializable_iterator)))
 
@@ -284,8 +220,8 @@ class DistributedDataset(tf.distribute.DistributedDataset,
   @property
   def cardinality(self):
     """How many elements the first pipeline yields, or
-    `tf.data.INFINITE_CARDINALITY` (-1) or `tf.data.UNKNOWN_CARDINALITY` (-2);
-    unknown for a distributed dataset made inside a `tf.function`."""
+    `tf.data.INFINITE_CARDINALITY` or `tf.data.UNKNOWN_CARDINALITY` (always
+    for a distributed dataset made inside a `tf.function`)."""
     return self._cardinality
 
   def reduce(self, initial_state, reduce_fn):
@@ -310,56 +246,64 @@ class DistributedDataset(tf.distribute.DistributedDataset,
         tuple(tf.data.DatasetSpec(d.element_spec) for d in self._datasets))
 
   def __getattr__(self, name):
+    hint = ""
     if not name.startswith("_") and hasattr(tf.data.Dataset, name):
-      raise AttributeError(
-          f"'{type(self).__name__}' object has no attribute '{name}': a "
-          f"distributed dataset cannot be transformed further. Call `{name}` "
-          f"on the tf.data.Dataset before distributing it, or build each "
-          f"input pipeline yourself with "
-          f"`strategy.distribute_datasets_from_function`.")
-    raise AttributeError(
-        f"'{type(self).__name__}' object has no attribute '{name}'")
+      hint = (f": a distributed dataset cannot be transformed further. Call `{name}` on the "
+              f"tf.data.Dataset before distributing it, or build each input pipeline "
+              f"yourself with `strategy.distribute_datasets_from_function`.")
+    raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'{hint}")
 
 
 class DistributedDatasetsFromFunction(DistributedDataset):
-  """The datasets of `strategy.distribute_datasets_from_function`, one batch
-  per replica each step.
-
-  >>> dist = distribute_datasets_from_function(
-  ...     lambda context: tf.data.Dataset.range(4).batch(1), ["CPU:0", "CPU:1"],
-  ...     host="CPU:0")
-  >>> int(dist.cardinality)
-  4
-  """
+  """The datasets of `strategy.distribute_datasets_from_function`."""
 
 
-class DistributedDatasetSpec(tf.TypeSpec):
-  """Type spec of a distributed dataset: its layout and pipelines' specs."""
+class _InputSpec(tf.TypeSpec):
+  """Type spec of a distributed dataset or iterator: its layout and the
+  specs of its host-side pipelines (datasets or iterators)."""
 
-  __slots__ = ("_from_function", "_layout", "_dataset_specs")
+  __slots__ = ("_layout", "_pipeline_specs")
 
-  def __init__(self, from_function, layout, dataset_specs):
-    self._from_function = from_function
+  def __init__(self, layout, pipeline_specs):
     self._layout = layout
-    self._dataset_specs = dataset_specs
+    self._pipeline_specs = pipeline_specs
 
-  @property
-  def value_type(self):
-    return (DistributedDatasetsFromFunction if self._from_function
-            else DistributedDataset)
-
-  @property
-  def _component_specs(self):
-    return self._dataset_specs
+  _component_specs = property(lambda self: self._pipeline_specs)
 
   def _serialize(self):
-    return (self._from_function, self._layout, self._dataset_specs)
+    return (self._layout, self._pipeline_specs)
+
+  def _from_components(self, components):
+    return self.value_type(self._layout, components)
+
+
+class DistributedDatasetSpec(_InputSpec):
+  """Type spec of a distributed dataset."""
+
+  __slots__ = ("_from_function",)
+
+  def __init__(self, from_function, layout, dataset_specs):
+    super().__init__(layout, dataset_specs)
+    self._from_function = from_function
+
+  value_type = property(lambda self: (DistributedDatasetsFromFunction if self._from_function
+                                      else DistributedDataset))
+
+  def _serialize(self):
+    return (self._from_function,) + super()._serialize()
 
   def _to_components(self, value):
     return value._datasets  # pylint: disable=protected-access
 
-  def _from_components(self, components):
-    return self.value_type(self._layout, components)
+
+class DistributedIteratorSpec(_InputSpec):
+  """Type spec of a `DistributedIterator`, which makes an iterator a
+  `tf.function` argument that does not retrace."""
+
+  value_type = property(lambda self: DistributedIterator)
+
+  def _to_components(self, value):
+    return value._iterators  # pylint: disable=protected-access
 
 
 class DistributedIterator(tf.distribute.DistributedIterator,
@@ -370,14 +314,11 @@ class DistributedIterator(tf.distribute.DistributedIterator,
 
   >>> dist = distribute_dataset(tf.data.Dataset.range(3).batch(3),
   ...                           ["CPU:0", "CPU:1"], host="CPU:0")
-  >>> iterator = iter(dist)
-  >>> iterator.get_next()
+  >>> iter(dist).get_next()
   PerReplica:{
     0: <tf.Tensor: shape=(2,), dtype=int64, numpy=array([0, 1])>,
     1: <tf.Tensor: shape=(1,), dtype=int64, numpy=array([2])>
   }
-  >>> bool(iterator.get_next_as_optional().has_value())
-  False
   """
 
   def __init__(self, layout, iterators):
@@ -388,9 +329,8 @@ class DistributedIterator(tf.distribute.DistributedIterator,
         for r, device in enumerate(layout.devices))
     self._part_spec = _part_spec(layout, self._iterators[0].element_spec)
     self._has_empty_form = not _fully_shaped(self._part_spec)
-    # One dequeue gives the whole step: a split global batch, or one replica
-    # (unless the workers agree on each step: a worker without data must
-    # still give its replicas empty batches).
+    # One dequeue gives the whole step (a split global batch, or one
+    # replica), unless a worker without data must give its replicas empty ones.
     self._one_dequeue = (layout.split or len(layout.devices) == 1) and (
         layout.workers is None)
 
@@ -414,11 +354,9 @@ class DistributedIterator(tf.distribute.DistributedIterator,
 
   def get_next(self):
     """The next step's value; raises `tf.errors.OutOfRangeError` at the end.
-
     A last, partial step gives the replicas without data empty batches (a
     split batch; per-replica pipelines as `distribute_datasets_from_function`
-    says), or else ends the input.
-    """
+    says), or else ends the input."""
     _check_strategy(self._layout)
     _refuse_in_a_replica("next(iterator)", "args=(next(iterator),)")
     if self._layout.workers is not None:
@@ -428,8 +366,8 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     return self._distribute_parts(self._parts(self._value_or_empty))
 
   def _next_of_any_worker(self):
-    """`get_next` of one worker of several: ends when every worker's input
-    has (with `OutOfRangeError`, which the exhausted host iterator raises)."""
+    """`get_next` of one worker of several: `OutOfRangeError` (raised by the
+    exhausted host iterator) once every worker's input has ended."""
     has_value, value_fn = self._next_if_any()
     if tf.executing_eagerly():
       if not has_value:
@@ -447,13 +385,10 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     return tf.nest.map_structure(after_check, value_fn(), expand_composites=True)
 
   def get_next_as_optional(self):
-    """The next step's value as a `tf.experimental.Optional`, empty at the end
-    (so a loop can stop cleanly, also inside a `tf.function`).
-
-    Keras runs `steps_per_execution > 1` on it in a `tf.while_loop`; that
-    works here, where TensorFlow 2.21's `MirroredStrategy` fails with "You
-    must feed a value for placeholder tensor".
-    """
+    """The next step's value as a `tf.experimental.Optional`, empty at the end.
+    Keras's `steps_per_execution > 1` loops on it in a `tf.while_loop`, where
+    TensorFlow 2.21's `MirroredStrategy` fails ("You must feed a value for
+    placeholder tensor")."""
     _refuse_in_a_replica("iterator.get_next_as_optional()",
                          "args=(iterator.get_next_as_optional().get_value(),)")
     has_value, value_fn = self._next_if_any()
@@ -491,10 +426,8 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     return has_value, lambda: self._distribute_parts(parts)
 
   def _parts(self, take):
-    """Each replica's batch, `take(replica)`.
-
-    Replicas that share a pipeline dequeue in replica order (in a TF1 graph
-    nothing else orders the dequeues)."""
+    """Each replica's batch, `take(replica)`; replicas sharing a pipeline
+    dequeue in replica order (in a TF1 graph nothing else orders them)."""
     parts = []
     for replica in range(len(self._layout.devices)):
       shared = replica and self._iterator_of(replica) is self._iterator_of(replica - 1)
@@ -513,8 +446,8 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     return replica * len(self._layout.homes) // len(self._layout.devices)
 
   def _value_or_empty(self, replica):
-    """The batch of `replica`, empty once its pipeline has ended if a partial
-    step is allowed (else, as for replica 0, `OutOfRangeError`)."""
+    """The batch of `replica`; once its pipeline has ended, an empty one if a
+    partial step is allowed, else (as for replica 0) `OutOfRangeError`."""
     iterator = self._iterator_of(replica)
     if replica == 0 or not (self._layout.partial_steps and self._has_empty_form):
       return iterator.get_next()
@@ -532,9 +465,9 @@ class DistributedIterator(tf.distribute.DistributedIterator,
                    lambda: self._empty(replica))
 
   def _empty(self, replica):
-    """The batch of a replica that gets none on the last step, where
-    TensorFlow puts it: on the replica's device unless one pipeline feeds
-    several replicas without fetching to their devices."""
+    """The batch of a replica without data on the last step, where
+    TensorFlow puts it: on its device unless one pipeline feeds several
+    replicas without fetching to their devices."""
     layout = self._layout
     shared_on_host = (not layout.fetch_to_device and
                       len(layout.homes) < len(layout.devices))
@@ -544,11 +477,9 @@ class DistributedIterator(tf.distribute.DistributedIterator,
 
   def _distribute_element(self, element):
     """A global batch (or one replica's batch) -> the step's value."""
-    flat = tf.nest.flatten(element)
-    if self._layout.split:
-      columns = [_split_leaf(leaf, len(self._copy_to)) for leaf in flat]
-    else:
-      columns = [[leaf] for leaf in flat]
+    split = self._layout.split
+    columns = [_split_leaf(leaf, len(self._copy_to)) if split else [leaf]
+               for leaf in tf.nest.flatten(element)]
     return self._regroup(element, columns)
 
   def _distribute_parts(self, parts):
@@ -574,10 +505,9 @@ class DistributedIterator(tf.distribute.DistributedIterator,
 
 
 def _refuse_in_a_replica(call, args):
-  """Raises TensorFlow's ValueError for `call` inside `strategy.run`, where
-  each replica would get every replica's input (a step takes its input as
-  `run`'s argument: `args`). The default strategy's context is not a
-  replica's."""
+  """Raises TensorFlow's ValueError for `call` inside `strategy.run` (not the
+  default strategy's), where each replica would get every replica's input
+  (it should come as `run`'s `args`)."""
   if contexts.has_strategy() and not contexts.in_cross_replica_context():
     raise ValueError(f"{call} should be called from outside of replica_fn. "
                      f"e.g. strategy.run(replica_fn, {args})")
@@ -593,7 +523,8 @@ class InitializableIterator(DistributedIterator):
     return tf.group([it.initializer for it in self._iterators])
 
   def initialize(self):
-    """Deprecated: the `initializer` op."""
+    """Deprecated: the `initializer` (ops in a graph; eagerly it restarts
+    the iterator and gives None)."""
     deprecation.warn_once("DistributedIterator.initialize",
                           "Use the iterator's `initializer` property instead.")
     return self.initializer
@@ -607,34 +538,6 @@ def _graph_only(make_iterator):
           "enabled; iterate the distributed dataset with `for` or `iter()`.")
     return make_iterator(dataset)
   return make
-
-
-class DistributedIteratorSpec(tf.TypeSpec):
-  """Type spec of a `DistributedIterator`: layout and host iterators' specs.
-
-  It lets an iterator be a `tf.function` argument without retracing.
-  """
-
-  __slots__ = ("_layout", "_iterator_specs")
-
-  def __init__(self, layout, iterator_specs):
-    self._layout = layout
-    self._iterator_specs = iterator_specs
-
-  value_type = property(lambda self: DistributedIterator)
-
-  @property
-  def _component_specs(self):
-    return self._iterator_specs
-
-  def _serialize(self):
-    return (self._layout, self._iterator_specs)
-
-  def _to_components(self, value):
-    return value._iterators  # pylint: disable=protected-access
-
-  def _from_components(self, components):
-    return DistributedIterator(self._layout, components)
 
 
 def _part_spec(layout, pipeline_spec):
@@ -670,28 +573,21 @@ def _check_batched(element_spec, replicas):
   supported = (tf.TensorSpec, tf.RaggedTensorSpec, tf.SparseTensorSpec)
   for path, leaf in values_lib.flatten_with_paths(element_spec):
     where = f"component {path}" if path else "the element"
+    cannot = f"Cannot split the elements of `dataset` across {replicas} replicas: {where}"
     if not isinstance(leaf, supported):
       raise ValueError(
-          f"Cannot split the elements of `dataset` across {replicas} replicas: "
-          f"{where} is a {type(leaf).__name__}, not a batch of tensors, ragged "
-          f"or sparse tensors. Use `distribute_datasets_from_function` instead.")
+          f"{cannot} is a {type(leaf).__name__}, not a batch of tensors, ragged or sparse "
+          f"tensors. Use `distribute_datasets_from_function` instead.")
     if leaf.shape.rank == 0:
       raise ValueError(
-          f"Cannot split the elements of `dataset` across {replicas} replicas: "
-          f"{where} has shape {leaf.shape}, with no batch dimension. Batch the "
-          f"dataset by the global batch size first, e.g. "
-          f"`dataset.batch(global_batch_size)`.")
+          f"{cannot} has shape {leaf.shape}, with no batch dimension. Batch the dataset "
+          f"by the global batch size first, e.g. `dataset.batch(global_batch_size)`.")
 
 
 def _split_leaf(value, replicas):
   """`replicas` consecutive chunks of `value` of `ceil(batch / replicas)` rows
-  each, or what is left, as in TensorFlow.
-
-  The chunks alias `value`. Eagerly the batch size is known; in a graph a
-  static batch that divides evenly keeps static chunk shapes, and otherwise
-  the sizes are computed at run time, so every chunk's batch dimension is
-  unknown, as in TensorFlow.
-  """
+  each, or what is left, aliasing `value`, as in TensorFlow; in a graph, with
+  static shapes only for a static batch that divides evenly."""
   batch = value.shape[0]
   if tf.executing_eagerly() or (batch is not None and batch % replicas == 0):
     size = -(-batch // replicas)
@@ -700,9 +596,7 @@ def _split_leaf(value, replicas):
   if isinstance(value, tf.SparseTensor):
     return [_sparse_rows(value, i * size, size) for i in range(replicas)]
   if isinstance(value, tf.Tensor) and isinstance(size, int):
-    if batch % replicas == 0:
-      return tf.split(value, replicas)
-    return tf.split(value, _uneven_sizes(batch, replicas))
+    return tf.split(value, replicas if batch % replicas == 0 else _uneven_sizes(batch, replicas))
   return [value[i * size:(i + 1) * size] for i in range(replicas)]
 
 
@@ -768,20 +662,15 @@ def _empty_like(spec):
 
 def numpy_dataset(numpy_input, device):
   """A dataset of the slices of `numpy_input` (a nest of arrays), held as
-  tensors on `device` rather than as constants of a graph.
-
-  >>> import numpy as np
-  >>> [int(x) for x in numpy_dataset(np.arange(3), "CPU:0")]
-  [0, 1, 2]
-  """
+  tensors on `device` rather than as constants of a graph."""
   with tf.init_scope(), tf.device(device):  # eager tensors: captured, not Const
     tensors = tf.nest.map_structure(tf.convert_to_tensor, numpy_input)
   return tf.data.Dataset.from_tensor_slices(tensors)
 
 
 def initializable_iterator(distributed_dataset):
-  """The TF 1.x iterator over a distributed dataset: in a TF1 graph one whose
-  `initializer` op (re)starts it; eagerly one that `initialize()` restarts."""
+  """The TF 1.x iterator over a distributed dataset, whose `initializer` op
+  (re)starts it in a TF1 graph and `initialize()` restarts it eagerly."""
   if tf.executing_eagerly():
     return _EagerIterator(distributed_dataset)
   if isinstance(distributed_dataset, tf.data.Dataset):  # the default strategy's
@@ -792,29 +681,15 @@ def initializable_iterator(distributed_dataset):
 class _TF1Iterator:
   """What the TF 1.x iterators below share: `initialize()` and `get_next()`."""
 
-  def initialize(self):
-    """Deprecated: the `initializer` (ops in a graph; eagerly it restarts
-    the iterator and gives None)."""
-    deprecation.warn_once("DistributedIterator.initialize",
-                          "Use the iterator's `initializer` property instead.")
-    return self.initializer
+  initialize = InitializableIterator.initialize
 
   def get_next(self):
     return self._iterator.get_next()
 
 
 class _GraphDatasetIterator(_TF1Iterator):
-  """The TF 1.x iterator of the default strategy in a TF1 graph, over the
-  dataset itself; as in TensorFlow its `initializer` is a list of one op.
-
-  >>> with tf.Graph().as_default():
-  ...   iterator = initializable_iterator(tf.data.Dataset.range(3))
-  ...   element = iterator.get_next()
-  ...   with tf.compat.v1.Session() as session:
-  ...     _ = session.run(iterator.initializer)
-  ...     print(session.run(element), session.run(element))
-  0 1
-  """
+  """The default strategy's TF 1.x iterator in a TF1 graph, over the dataset
+  itself; as in TensorFlow its `initializer` is a list of one op."""
 
   def __init__(self, dataset):
     self._iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
@@ -829,21 +704,15 @@ class _GraphDatasetIterator(_TF1Iterator):
 
 
 class CallableIterator(_TF1Iterator):
-  """The TF 1.x iterator over what an `input_fn` returned as a callable:
-  each `get_next` calls it once for each of `num_replicas` replicas, on
-  `host`, and gives the results per replica, as TensorFlow's does.
-
-  >>> iterator = CallableIterator(lambda: tf.constant(1), 2, "CPU:0")
-  >>> [int(t) for t in iterator.get_next().values]
-  [1, 1]
-  """
+  """The TF 1.x iterator over a callable an `input_fn` returned: each
+  `get_next` calls it on `host` once per replica, as TensorFlow's does."""
 
   def __init__(self, fn, num_replicas, host):
     self._fn, self._num_replicas, self._host = fn, num_replicas, host
 
   @property
   def initializer(self):
-    """Nothing to (re)start: in a graph an op that does nothing; eagerly None."""
+    """Nothing to (re)start: an op that does nothing (eagerly None)."""
     return tf.group([])
 
   def get_next(self):
@@ -852,17 +721,8 @@ class CallableIterator(_TF1Iterator):
 
 
 class _EagerIterator(_TF1Iterator):
-  """An eager distributed iterator with TF 1.x's `initialize()`, which
-  restarts it, as TensorFlow's does.
-
-  >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
-  >>> iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(4).batch(2))
-  >>> [t.numpy().tolist() for t in iterator.get_next().values]
-  [[0], [1]]
-  >>> iterator.initialize()
-  >>> [t.numpy().tolist() for t in iterator.get_next().values]
-  [[0], [1]]
-  """
+  """An eager distributed iterator whose TF 1.x `initialize()` restarts it,
+  as TensorFlow's does."""
 
   def __init__(self, distributed_dataset):
     self._dataset = distributed_dataset
@@ -870,8 +730,7 @@ class _EagerIterator(_TF1Iterator):
 
   @property
   def initializer(self):
-    """Eagerly there is no op to run: reading it restarts the iterator (as
-    in TensorFlow) and gives None."""
+    """None: reading it restarts the iterator, as in TensorFlow."""
     self._iterator = iter(self._dataset)
 
   def __getattr__(self, name):

@@ -119,15 +119,12 @@ class ReplicaContextBase(StandsFor):
       return merge_fn(self._strategy, *args, **kwargs)
 
   def all_reduce(self, reduce_op, value, options=None):
-    """Reduces `value` (a nest of tensors) across replicas; each gets the result.
-
-    A tensor that is the very same object in every replica (made outside
-    `strategy.run`, say) is already in sync: SUM and MEAN both return it
-    unchanged, not SUM times the number of replicas. Keras optimizers rely
-    on this. A Python or numpy number is each replica's own value, as in a
-    TensorFlow `tf.function`: `all_reduce("SUM", 1)` counts the replicas
-    (TensorFlow 2.21 fails on it eagerly). The gradient of a SUM (MEAN)
-    all-reduce is the SUM (MEAN) all-reduce of the gradients.
+    """Reduces `value` (a nest of tensors) across replicas; each gets the
+    result, whose gradient is the same all-reduce of the gradients. A value
+    that is the same object in every replica (made outside `strategy.run`)
+    is already in sync: SUM and MEAN return it unchanged, as Keras
+    optimizers expect. A Python or numpy number is each replica's own, as in
+    a TensorFlow `tf.function`: `all_reduce("SUM", 1)` counts the replicas.
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> shared = tf.constant(5.0)
@@ -177,19 +174,6 @@ class ReplicaContext(ReplicaContextBase, stands_for=tf.distribute.ReplicaContext
     its own slice of the SUM all-reduce of the gathered value's gradients.
     (TensorFlow 2.21 fails to take that gradient of a shared value, or of
     values of different ranks gathered at once.)
-
-    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> def step():
-    ...   context = tf_distribute_lite.get_replica_context()
-    ...   x = tf.ones([context.replica_id_in_sync_group + 1])
-    ...   with tf.GradientTape() as tape:
-    ...     tape.watch(x)
-    ...     gathered = context.all_gather(x, axis=0)
-    ...     loss = tf.reduce_sum(gathered * [1.0, 2.0, 3.0])
-    ...   return gathered, tape.gradient(loss, x)
-    >>> gathered, gradient = strategy.run(step)
-    >>> gathered.values[1].numpy(), gradient.values[1].numpy()
-    (array([1., 1., 1.], dtype=float32), array([4., 6.], dtype=float32))
     """
     refuse_indexed_slices(value, "all_gather")
     flat = tf.nest.flatten(value)

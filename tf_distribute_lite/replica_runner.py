@@ -97,9 +97,8 @@ class _ReplicaThread(threading.Thread):
 def _control_inputs_here():
   """The ops the current `tf.control_dependencies` blocks of this thread make
   new ops wait for (read off a no-op made here); none eagerly."""
-  if tf.executing_eagerly():
-    return ()
-  return tuple(tf.no_op(name="merge_call_control_inputs").control_inputs)
+  return () if tf.executing_eagerly() else tuple(
+      tf.no_op(name="merge_call_control_inputs").control_inputs)
 
 
 # How the messages about a `merge_call` where replicas cannot meet begin.
@@ -124,9 +123,7 @@ def _canonical_name(name):
 def conversion_guard():
   """Keeps AutoGraph's per-thread state intact if replica code fails on the
   caller's thread; only tracing converts code, so eagerly it does nothing."""
-  if tf.executing_eagerly():
-    return contextlib.nullcontext()
-  return _tf_bridge.TraceMapperGuard()
+  return contextlib.nullcontext() if tf.executing_eagerly() else _tf_bridge.TraceMapperGuard()
 
 
 def _input_barrier(replica_inputs):
@@ -209,9 +206,8 @@ class ReplicaRunner:
       try:
         self._advance(thread)
       except Exception as e:
-        # A replica that uses a merge's result inside its own branch fails
-        # (the result is in replica 0's branch): say why, where the branch
-        # is one that only some replicas may take.
+        # A merge's result (in replica 0's branch) used in a branch of the
+        # replica's own fails: say why if only some replicas may take it.
         self._check_branch_conditions(complete=False, cause=e)
         raise
       if not thread.done:
@@ -232,11 +228,9 @@ class ReplicaRunner:
           tf.control_dependencies(self._input_barrier):
         if replica_id == 0:
           return self._fn(*args, **kwargs)
-        # `tf.compat.v1.get_variable` in replicas after the first reuses the
-        # first's variables, in the caller's variable scope (which eagerly a
-        # replica thread does not inherit). Every `run` in a graph shares
-        # one name scope per replica, as in TensorFlow: the trailing "/"
-        # re-enters it rather than adding "replica_1_1".
+        # Later replicas' `get_variable` reuses replica 0's, in the caller's
+        # variable scope (a thread does not inherit it eagerly). In a graph,
+        # every `run` shares one name scope per replica, as in TensorFlow.
         name_scope = contextlib.nullcontext()
         if not tf.executing_eagerly():
           outer = tf.compat.v1.get_default_graph().get_name_scope()
@@ -295,8 +289,7 @@ class ReplicaRunner:
     self._merge_calls += 1
     if self._threads is None:
       if not self._state.eager:
-        # Each replica thread gets its own device, colocation and control
-        # dependency stacks, starting from this thread's.
+        # Each thread gets its own device and control stacks, from this one's.
         self._state.graph.switch_to_thread_local()
       self._threads = [_ReplicaThread(self, i, self._state)
                        for i in range(1, self.num_replicas)]
@@ -318,9 +311,8 @@ class ReplicaRunner:
     all_args, all_kwargs, graphs = zip(*requests)
     merged_args = values_lib.regroup(list(all_args))
     merged_kwargs = values_lib.regroup(list(all_kwargs))
-    # `merge_fn` runs after what every replica's `tf.control_dependencies`
-    # blocks wait for, not only this thread's, as in TensorFlow: a tf_keras
-    # metric's result after each replica's update.
+    # After what every replica's `tf.control_dependencies` wait for, as in
+    # TensorFlow (a tf_keras metric's result after each replica's update).
     with self._aborting_on_error(named=True), \
         contexts.Entered(contexts.ContextEntry.cross_replica(self._strategy)), \
         tf.device(None), tf.control_dependencies(_in_graph(control_inputs, graph)):

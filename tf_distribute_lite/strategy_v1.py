@@ -22,14 +22,7 @@ from tf_distribute_lite.reduce_util import ReduceOp
 
 class TF1Methods:
   """The TF 1.x methods of a strategy (a `distribute_lib.StrategyBase`),
-  which TensorFlow's TF 2.x strategies keep too.
-
-  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-  >>> iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(4).batch(4))
-  >>> doubled = strategy.experimental_run(lambda x: x * 2, iterator)
-  >>> [t.numpy().tolist() for t in strategy.experimental_local_results(doubled)]
-  [[0, 2], [4, 6]]
-  """
+  which TensorFlow's TF 2.x strategies keep too."""
 
   def experimental_make_numpy_dataset(self, numpy_input):
     """A `tf.data.Dataset` of the slices of `numpy_input` (a nest of arrays),
@@ -201,19 +194,7 @@ def get_loss_reduction():
 
 class MultiStepContext:
   """What `extended.experimental_run_steps_on_iterator` gives its `fn` and
-  returns: the outputs of the last step, and the op running all of them.
-
-  >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
-  >>> iterator = strategy.make_dataset_iterator(
-  ...     tf.data.Dataset.range(8).batch(2))
-  >>> def step(ctx, inputs):
-  ...   total = strategy.extended.call_for_each_replica(tf.reduce_sum, args=(inputs,))
-  ...   ctx.set_last_step_output("total", total, reduce_op="SUM")
-  >>> ctx = strategy.extended.experimental_run_steps_on_iterator(
-  ...     step, iterator, iterations=3, initial_loop_values={"total": tf.constant(0, tf.int64)})
-  >>> ctx.last_step_outputs["total"]
-  <tf.Tensor: shape=(), dtype=int64, numpy=9>
-  """
+  returns: the outputs of the last step, and the op running all of them."""
 
   def __init__(self, strategy=None):
     self._strategy = strategy  # the loop's: with none entered, the default
