@@ -1,28 +1,17 @@
 """tfd objects are instances of the public TensorFlow classes they stand for.
 
-Client code tells strategies and their parts apart with `isinstance` against
-TensorFlow's public classes: the Model Garden's trainer asserts
-`isinstance(strategy, tf.distribute.Strategy)`; Keras 3, tf_keras and the
-Model Garden branch on `tf.distribute.TPUStrategy`,
-`tf.distribute.MultiWorkerMirroredStrategy` or
-`tf.distribute.experimental.CentralStorageStrategy`. A tfd class names the
-TensorFlow classes it stands for where it is defined::
+Clients tell strategies and their parts apart with `isinstance` against
+TensorFlow's public classes (`tf.distribute.Strategy`, `TPUStrategy`, ...).
+A tfd class names those it stands for::
 
     class MirroredStrategy(Strategy, stands_for=tf.distribute.MirroredStrategy)
 
-and `isinstance` answers yes for its instances against those classes (and
-their bases), for any caller. A subclass that names none stands for what its
-parent stands for.
-
-How: `isinstance(obj, cls)` looks at `obj.__class__` when `type(obj)` does
-not match (the rule `unittest.mock`'s `spec` relies on). An instance of a
-class here reports as `__class__` a class made for it once, a subclass of
-its own type and of the TensorFlow classes, with the same name. `type(obj)`,
-attribute look-up and method resolution stay tfd's: nothing of TensorFlow's
-implementation is inherited, and private names that clients read are
-supplied by tfd's classes themselves (`docs/client_private_names.md`).
-Enums and named tuples (`ReduceOp`, `RunOptions`, ...) keep their own
-classes, as `__class__` cannot be changed for them.
+and `isinstance` answers yes for its instances (subclasses inherit it).
+`isinstance` consults `obj.__class__` when `type(obj)` does not match; an
+instance reports a class made once for its type, a subclass of it and of
+the TensorFlow classes, with the same name. `type(obj)`, attributes and
+methods stay tfd's: nothing of TensorFlow's implementation is inherited.
+Enums and named tuples keep their own classes.
 
 >>> import tensorflow as tf
 >>> import tf_distribute_lite as tfd
@@ -40,11 +29,8 @@ import functools
 
 
 class StandsFor:
-  """Base of the tfd classes that stand for public TensorFlow classes.
-
-  `class X(..., stands_for=tf.X)` (a class or a tuple of classes) declares
-  them; see the module docstring.
-  """
+  """Base of tfd classes standing for TensorFlow classes: `class X(...,
+  stands_for=tf.X)` (a class or tuple of classes)."""
 
   _tensorflow_classes = ()
 
@@ -59,8 +45,8 @@ class StandsFor:
     return reported_class(type(self))
 
   def __reduce_ex__(self, protocol):
-    # `pickle` refuses to rebuild an object through `copyreg.__newobj__`
-    # from a class other than its `__class__`: rebuild it from its type.
+    # `pickle` refuses `copyreg.__newobj__` of a class other than
+    # `__class__`: rebuild from the type.
     reduced = super().__reduce_ex__(protocol)
     if reduced[0] is copyreg.__newobj__:
       return (_new,) + reduced[1:]
@@ -73,8 +59,8 @@ def _new(cls, *args):
 
 @functools.lru_cache(maxsize=None)
 def reported_class(cls):
-  """What instances of `cls` give as `__class__`: `cls` itself, or a
-  subclass of `cls` and of the TensorFlow classes it stands for.
+  """What instances of `cls` give as `__class__`: `cls`, or a subclass of
+  it and of the TensorFlow classes it stands for.
 
   >>> import tensorflow as tf
   >>> import tf_distribute_lite as tfd
@@ -93,8 +79,8 @@ def reported_class(cls):
 
 
 def _metaclass_of(bases):
-  """The metaclass a class with `bases` needs: the most derived of theirs,
-  or one derived from all of them where none derives from the others."""
+  """The metaclass a class with `bases` needs (made where none derives
+  from the others)."""
   metaclasses = []
   for meta in map(type, bases):
     if not any(issubclass(m, meta) for m in metaclasses):
