@@ -1,17 +1,11 @@
-"""Starting and stopping the TPU system (`tfd.tpu.experimental`), for our
-resolvers: TensorFlow's own `tf.tpu.experimental.initialize_tpu_system`
-accepts only TensorFlow's resolver class.
+"""Starting and stopping the TPU system (`tfd.tpu.experimental`) for tfd's
+resolvers (TensorFlow's functions accept only its own resolver class).
 
-On a TPU these run TensorFlow's TPU system ops (`ConfigureDistributedTPU`,
-`ShutdownDistributedTPU`) on the TPU_SYSTEM device, as TensorFlow does:
-eagerly through a `tf.function`; in a TF1 graph through a session on the
-resolver's master; traced inside a `tf.function`, `initialize_tpu_system`
-adds its op and returns the serialized topology. On an emulated slice they
-give the slice's topology.
-
-The resolver finds, the TPU system starts: `TPUClusterResolver.connect`
-calls `initialize_tpu_system`, which this module registers with the
-resolver's module when imported.
+On a TPU these run TensorFlow's TPU system ops on the TPU_SYSTEM device:
+eagerly through a `tf.function`, in a TF1 graph through a session on the
+resolver's master, or traced into the enclosing `tf.function`. An emulated
+slice gives its topology. `TPUClusterResolver.connect` calls
+`initialize_tpu_system`, registered with the resolver's module on import.
 """
 
 import contextlib
@@ -37,8 +31,7 @@ def _resolver(cluster_resolver):
 
 
 def _tracing_a_function():
-  """True inside a `tf.function` being traced; False when executing eagerly
-  and in a TF1 graph."""
+  """True inside a `tf.function` being traced (not eagerly, not TF1)."""
   return not tf.executing_eagerly() and tf.compat.v1.executing_eagerly_outside_functions()
 
 
@@ -72,8 +65,7 @@ def _require_tpu_system(cluster_resolver):
 
 @contextlib.contextmanager
 def _missing_tpu_is_not_found(cluster_resolver, step):
-  """Turns the `InvalidArgumentError` of a system op that finds no TPU into
-  `NotFoundError`, as TensorFlow does."""
+  """A system op's `InvalidArgumentError` as `NotFoundError`, as in TF."""
   try:
     yield
   except tf.errors.InvalidArgumentError as e:
@@ -100,8 +92,7 @@ def _configure_op(job):
 
 
 def initialize_function(job=None):
-  """The `tf.function` that initializes the TPU system and returns its
-  serialized topology.
+  """The `tf.function` initializing the TPU system (returns its topology).
 
   >>> graph = initialize_function().get_concrete_function().graph
   >>> [op.type for op in graph.get_operations()][0]
@@ -124,13 +115,11 @@ def shutdown_function(job=None):
 
 
 def initialize_tpu_system(cluster_resolver=None):
-  """Initializes the TPU system of `cluster_resolver` (by default the TPU
-  `TPUClusterResolver("")` finds) and returns its
-  `tf.tpu.experimental.Topology`; traced inside a `tf.function`, returns the
-  serialized topology tensor instead, as TensorFlow does.
-
-  Without a TPU, raises `tf.errors.NotFoundError` saying where it looked,
-  also in a TF1 graph, where TensorFlow 2.21 raises `InvalidArgumentError`.
+  """Initializes the TPU system of `cluster_resolver` (by default
+  `TPUClusterResolver("")`'s) and returns its `Topology`; traced in a
+  `tf.function`, the serialized topology tensor, as TensorFlow does. Without
+  a TPU, `tf.errors.NotFoundError` (TF 2.21 in a TF1 graph:
+  `InvalidArgumentError`).
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> initialize_tpu_system(resolver).mesh_shape.tolist()
@@ -163,10 +152,8 @@ def initialize_tpu_system(cluster_resolver=None):
 
 
 def shutdown_tpu_system(cluster_resolver=None):
-  """Shuts down the TPU system `initialize_tpu_system` started. Without a
-  TPU, raises `tf.errors.NotFoundError` as `initialize_tpu_system` does
-  (TensorFlow 2.21 raises `InvalidArgumentError`). Not available inside a
-  `tf.function` (`RuntimeError`, as in TensorFlow).
+  """Shuts down the TPU system; without a TPU, `tf.errors.NotFoundError`
+  (TF 2.21: `InvalidArgumentError`); in a `tf.function`, `RuntimeError`.
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> _ = initialize_tpu_system(resolver)
