@@ -1,21 +1,11 @@
-"""How Keras 3 and tf_keras are adapted to tfd's strategies, where they
-treat TensorFlow's own classes specially beyond what `isinstance` (which
-tfd's classes answer) reaches, by reading or wrapping their private names:
-
-- Keras 3 takes a distributed dataset only with a base named like
-  TensorFlow's (`install`);
-- Keras 3 reduces step outputs across workers only for TensorFlow's
-  multi-worker class (`route_keras_reduce_per_replica`), and every worker
-  saves checkpoints into the same files (`route_keras_checkpoint_writes`):
-  both routed on the first scope entry of a multi-worker strategy;
-- tf_keras's backups save before preemption through TensorFlow's handler
-  (`route_tf_keras`, at every scope entry: tf_keras may be imported later).
-
-Only the package's `__init__` imports this module; it calls `install()`
-once. Each adaptation first checks the client names it relies on
-(`_KERAS_REDUCE`, `_KERAS_CHECKPOINTS`, `_TF_KERAS_BACKUPS`, read by
-`_tf_bridge.has_name`); where one is missing it warns once, naming it, and
-leaves that feature as the client has it.
+"""Adaptations of Keras 3 and tf_keras to tfd's strategies, where they treat
+TensorFlow's classes specially beyond `isinstance`, through their private
+names: Keras 3's dataset check (`install`), its cross-worker reduction and
+checkpoint writes (routed at the first scope entry of a multi-worker
+strategy), and tf_keras's backups before preemption (`route_tf_keras`, at
+every scope entry). Only the package's `__init__` imports this module. Each
+adaptation checks the client names it relies on first; where one is missing
+it warns once and leaves that feature as the client has it.
 """
 
 import functools
@@ -65,8 +55,8 @@ _CHECKED = {}  # {feature: whether the client has its names}, checked once
 
 
 def _has_client_names(feature, names):
-  """Whether the client has every name `feature` relies on; the first time
-  it does not, warns, naming them."""
+  """Whether the client has every name `feature` relies on; warns once if
+  not."""
   if feature not in _CHECKED:
     missing = _tf_bridge.missing_names(names)
     _CHECKED[feature] = not missing
@@ -80,12 +70,9 @@ def _has_client_names(feature, names):
 
 
 def install():
-  """Called once by the package's `__init__`: adapts the clients to each
-  strategy whose scope is entered, and gives tfd's distributed datasets the
-  base Keras 3 looks for. Keras 3 (`data_adapters.is_tf_dataset`) takes a
-  dataset only if a class in its MRO is named `DistributedDataset` with a
-  module under `tensorflow.python.`, then uses only the public interface;
-  Keras 2 checks with `isinstance`."""
+  """Hooks the scope entries, and gives tfd's distributed datasets the base
+  Keras 3's `is_tf_dataset` looks for (a `DistributedDataset` in the MRO
+  from a `tensorflow.python.` module)."""
   distribute_lib.set_scope_entry_hook(_on_scope_entry)
   if (_keras_major_version() or 0) >= 3:
     input_lib.DistributedDataset.__bases__ += (type("DistributedDataset", (), {
@@ -105,9 +92,8 @@ def _on_scope_entry(strategy):
 
 
 def _saves_before_preemption(strategy):
-  """Whether tf_keras's backups save at a termination notice through tfd's
-  handler: for tfd's MultiWorkerMirroredStrategy, as tf_keras asks of
-  TensorFlow's."""
+  """Whether tf_keras's backups save at a notice through tfd's handler:
+  for tfd's MultiWorkerMirroredStrategy."""
   return isinstance(strategy, distribute_lib.StrategyBase) and isinstance(
       strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
@@ -119,16 +105,14 @@ def _is_multi_worker(strategy):
 
 
 def _saves_elsewhere(strategy):
-  """Whether Keras callbacks of this worker save into temporary directories:
-  a worker of a multi-worker strategy other than the chief."""
+  """Whether this worker's Keras callbacks save into temporary directories
+  (a non-chief worker)."""
   return _is_multi_worker(strategy) and not strategy.extended.should_checkpoint
 
 
 def _keras_reduce(values, strategy, reduction):
-  """What Keras' `reduce_per_replica` gives for a multi-worker strategy:
-  metrics averaged over every replica of the cluster (Keras averages each
-  worker's alone), so every worker logs the same; `concat` (predict) gathers
-  every replica's outputs in the order of the input."""
+  """Keras' `reduce_per_replica` for a multi-worker strategy: over every
+  replica of the cluster (Keras reduces each worker's alone)."""
   def reduce(value):
     if reduction == "first":
       return strategy.experimental_local_results(value)[0]
@@ -141,8 +125,8 @@ def _keras_reduce(values, strategy, reduction):
 
 
 def _concat_in_input_order(value, strategy):
-  """The replicas' batches concatenated in the order the input had them:
-  worker w's local replica r held piece w + r * workers of each step."""
+  """The replicas' batches in input order: worker w's replica r held piece
+  w + r * workers."""
   sizes = strategy.gather(strategy.run(
       lambda v: tf.shape(v, out_type=tf.int64)[:1], args=(value,)), axis=0)
   parts = tf.split(strategy.gather(value, axis=0), sizes,
@@ -154,8 +138,8 @@ def _concat_in_input_order(value, strategy):
 
 @functools.lru_cache(maxsize=None)
 def _keras_major_version():
-  """The installed Keras' major version (None without Keras), read from its
-  package metadata: importing Keras here would cost every user seconds."""
+  """The installed Keras' major version or None, from its metadata
+  (importing Keras would cost seconds)."""
   try:
     return int(importlib.metadata.version("keras").split(".")[0])
   except (importlib.metadata.PackageNotFoundError, ValueError):
@@ -163,10 +147,8 @@ def _keras_major_version():
 
 
 def route_keras_reduce_per_replica():
-  """Makes Keras 3 reduce its steps' per-replica outputs with `_keras_reduce`
-  for tfd's multi-worker strategies: Keras calls its module's
-  `reduce_per_replica` by name, which this wraps. Without Keras 3 it does
-  nothing; it imports Keras."""
+  """Wraps Keras 3's `reduce_per_replica` to use `_keras_reduce` for tfd's
+  multi-worker strategies."""
   if _keras_major_version() != 3 or not _has_client_names(*_KERAS_REDUCE):
     return
   trainer = importlib.import_module(_KERAS_TRAINER)
@@ -182,15 +164,10 @@ def route_keras_reduce_per_replica():
 
 
 def route_keras_checkpoint_writes():
-  """Makes Keras 3's `BackupAndRestore` and `ModelCheckpoint` save into a
-  temporary directory, removed at once, where `_saves_elsewhere(strategy)`
-  for their model's strategy (`BackupAndRestore` then also keeps the backup
-  at the end of training). Keras 3 lets every worker save into the same
-  files (two writers of one HDF5 file fail); as in TensorFlow's multi-worker
-  tutorial, all save (saving reads variables every worker takes part in),
-  others into a directory that is removed: the callback's paths point there
-  while `_save_model` runs. Without Keras 3 it does nothing; it imports
-  Keras."""
+  """Makes Keras 3's `BackupAndRestore` and `ModelCheckpoint` on non-chief
+  workers save into a temporary directory, removed at once (and keep the
+  backup at the end): every worker must save, but not into the same files,
+  as in TensorFlow's multi-worker tutorial."""
   if _keras_major_version() != 3 or not _has_client_names(*_KERAS_CHECKPOINTS):
     return
   callbacks = importlib.import_module("keras.callbacks")
@@ -233,11 +210,9 @@ def _skipped_elsewhere(method):
 
 def route_tf_keras():
   """Makes tf_keras's `BackupAndRestore(..., save_before_preemption=True)`
-  save at a termination notice through tfd's `PreemptionCheckpointHandler`
-  where `_saves_before_preemption(strategy)`. tf_keras uses TensorFlow's
-  handler, which TensorFlow 2.21 turns off on Google Cloud VMs without GPUs
-  (tf_keras then fails at the first batch). Nothing until tf_keras is
-  imported; a few dictionary look-ups once routed."""
+  save through tfd's `PreemptionCheckpointHandler` (TensorFlow 2.21 turns
+  its own off on Google Cloud VMs without GPUs, and tf_keras then fails).
+  Nothing until tf_keras is imported."""
   callbacks = sys.modules.get(_TF_KERAS_CALLBACKS)
   state = sys.modules.get(_TF_KERAS_TRAINING_STATE)
   if (callbacks is None and state is None) or not _has_client_names(*_TF_KERAS_BACKUPS):
@@ -250,8 +225,7 @@ def route_tf_keras():
 
 def _route_backup(callback_class):
   """With `save_before_preemption`, `BackupAndRestore` asks for the batch
-  hooks, where tf_keras checks for a notice (else with `save_freq="epoch"`
-  and `verbose=0` it never checks)."""
+  hooks, where tf_keras checks for a notice."""
   implements_batch_hooks = callback_class._implements_train_batch_hooks  # pylint: disable=protected-access
 
   @functools.wraps(implements_batch_hooks)
@@ -266,10 +240,8 @@ def _route_backup(callback_class):
 
 
 def _route_training_state(module):
-  """tf_keras's backup state builds TensorFlow's handler on Google Cloud
-  only, over the manager that writes this worker's backup. Where
-  `_saves_before_preemption` it is built without, and on Google Cloud tfd's
-  handler drives it over the manager that reads the backup, so every
+  """Where `_saves_before_preemption`, tf_keras's backup state gets tfd's
+  handler (on Google Cloud) over the manager that reads the backup, so every
   worker restores the chief's."""
   state_class = module.WorkerTrainingState
   init = state_class.__init__

@@ -1,22 +1,15 @@
-"""`ClusterCoordinator`: sends scheduled functions to the workers of a
+"""`ClusterCoordinator`: runs scheduled functions on the workers of a
 `ParameterServerStrategy` cluster.
 
-`schedule` traces the function on the coordinator and queues it; each worker
-has one dispatch loop (a thread) that takes the next function off the queue,
-runs it on its worker and fills in the function's `RemoteValue`, so that
-idle workers run functions in parallel. Failures, as in TensorFlow:
-
-* a worker that is lost (its RPCs fail, its server stops answering) puts
-  the function back on the queue for another worker, and its loop waits,
-  at most `WORKER_RECOVERY_SECONDS`, for a server at the same address; the
-  cluster connection is then renewed, the worker's per-worker resources are
-  made again, and it takes functions again;
-* any other error (from a ps task, or raised by the function) is that
-  function's `RemoteValue` error; `join()`, `done()` or the next `schedule()`
-  raises it once, and the functions queued but not started are cancelled.
+`schedule` traces the function and queues it; one dispatch thread per worker
+runs the next queued function and fills in its `RemoteValue`. As in
+TensorFlow, a lost worker puts its function back on the queue and waits (at
+most `WORKER_RECOVERY_SECONDS`) for a server at its address, then reconnects
+and rebuilds its per-worker resources; any other error is the function's,
+raised once by `join()`, `done()` or the next `schedule()`, and cancels the
+functions not yet started.
 """
 
-import collections
 import collections.abc
 import contextlib
 import logging
@@ -37,12 +30,10 @@ COORDINATOR_CPU = f"/job:{COORDINATOR_JOB}/replica:0/task:0/device:CPU:0"
 # `DatasetToGraphV2`'s policy for stateful ops (random seeds, ...) in a
 # dataset copied to workers: copy them with a warning, as TensorFlow does.
 _WARN_ON_EXTERNAL_STATE = 0
-# How long a worker's loop waits for a lost worker to come back before it
-# gives the worker up; when every worker is given up, the queued functions
-# fail with `tf.errors.UnavailableError`.
+# How long a lost worker may take to come back; once every worker is given
+# up, queued functions fail with `tf.errors.UnavailableError`.
 WORKER_RECOVERY_SECONDS = 600.0
 _POLL_SECONDS = 0.25
-_PS_ERROR_MARK = "/job:ps"
 _WORKER_ERROR_TYPES = (tf.errors.UnavailableError, tf.errors.AbortedError,
                        tf.errors.CancelledError, tf.errors.InvalidArgumentError,
                        tf.errors.NotFoundError, tf.errors.UnknownError,
@@ -50,12 +41,8 @@ _WORKER_ERROR_TYPES = (tf.errors.UnavailableError, tf.errors.AbortedError,
 
 
 class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.ClusterCoordinator):
-  """Schedules `tf.function`s on the workers of a `ParameterServerStrategy`.
-
-  A strategy has one coordinator: making another returns the first.
-
-  Args:
-    strategy: the `ParameterServerStrategy` whose cluster runs the functions.
+  """Schedules `tf.function`s on the workers of a `ParameterServerStrategy`
+  (one per strategy: making another returns the first).
 
   >>> ClusterCoordinator(tf_distribute_lite.OneDeviceStrategy("/cpu:0"))
   Traceback (most recent call last):
@@ -73,8 +60,7 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
           f"ClusterCoordinator` currently; got a {type(strategy).__name__}.")
     if strategy._coordinator is None:  # pylint: disable=protected-access
       coordinator = super().__new__(cls)
-      coordinator._start(strategy)  # pylint: disable=protected-access
-      strategy._coordinator = coordinator  # pylint: disable=protected-access
+      strategy._coordinator = coordinator._start(strategy)  # pylint: disable=protected-access
     return strategy._coordinator  # pylint: disable=protected-access
 
   def __init__(self, strategy):  # pylint: disable=super-init-not-called
@@ -93,22 +79,17 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
                      for i in range(self._num_workers)]
     for worker in self._workers:
       worker.start()
+    return self
 
   @property
   def strategy(self):
     """The strategy whose cluster runs the functions."""
     return self._strategy
 
-  # --- Scheduling.
-
   def schedule(self, fn, args=None, kwargs=None):
-    """Queues `fn(*args, **kwargs)` to run on the next idle worker; returns
-    its `RemoteValue` at once. `PerWorkerValues` arguments (per-worker
-    iterators) are replaced by the running worker's value.
-
-    Raises the error of a function scheduled earlier that failed, if
-    neither `join()` nor `done()` has raised it yet.
-    """
+    """Queues `fn(*args, **kwargs)` for the next idle worker and returns its
+    `RemoteValue`; `PerWorkerValues` arguments become the running worker's
+    value. Raises an earlier function's error not yet raised."""
     if not isinstance(fn, (tf.types.experimental.PolymorphicFunction,
                            tf.types.experimental.ConcreteFunction)):
       raise TypeError(
@@ -129,7 +110,7 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
       raise ValueError(
           "`tf.distribute.experimental.coordinator.RemoteValue` used as an "
           "input to scheduled function is not yet supported.")
-    self._queue.raise_error()
+    self._queue.done()  # raises an earlier function's error
     function = fn
     if isinstance(fn, tf.types.experimental.PolymorphicFunction):
       specs = tf.nest.map_structure(_spec_for_tracing, (args, kwargs))
@@ -144,8 +125,8 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
     return remote_value
 
   def join(self):
-    """Waits until every scheduled function has run; raises the error of
-    one that failed (then clears it)."""
+    """Waits until every scheduled function has run; raises (once) the error
+    of one that failed."""
     self._queue.wait()
 
   def done(self):
@@ -163,20 +144,16 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
     return tf.nest.map_structure(fetch_one, val)
 
   def create_per_worker_dataset(self, dataset_fn):
-    """A dataset on each worker, made there by `dataset_fn()`, or from what
-    `strategy.experimental_distribute_dataset` or
-    `strategy.distribute_datasets_from_function` returned, or a copy of a
-    `tf.data.Dataset`; `iter()` of it gives each worker its iterator, for
-    scheduled functions to read."""
+    """A dataset on each worker, from `dataset_fn()`, a distributed dataset
+    or a copy of a `tf.data.Dataset`; `iter()` of it gives per-worker
+    iterators for scheduled functions."""
     if isinstance(dataset_fn, tf.data.Dataset):
       dataset_fn = dataset_remaker(dataset_fn)
     return coordinator_values.PerWorkerDataset(self, dataset_fn)
 
-  # --- Per-worker resources.
-
   def _per_worker_resource(self, index, create):
-    """A resource `create()` makes on worker `index` (now, if the worker is
-    up), and again whenever that worker comes back."""
+    """A resource `create()` makes on worker `index` now (if up) and again
+    whenever that worker comes back."""
     worker = self._workers[index]
 
     def create_there():
@@ -196,8 +173,7 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
     return resource
 
   def _reconnect(self, worker):
-    """Renews the cluster connection after `worker` came back, and makes its
-    resources again."""
+    """Renews the cluster connection and rebuilds `worker`'s resources."""
     with self._cluster_lock.writing():
       self._strategy._reconnect()  # pylint: disable=protected-access
     with self._cluster_lock.reading():
@@ -229,16 +205,14 @@ def _spec_for_tracing(value):
 
 
 class _Closure:
-  """A scheduled function call and its `RemoteValue`, held weakly: when
-  nobody holds the value any more, the function's outputs are not copied to
-  the coordinator (as in TensorFlow)."""
+  """A scheduled call and its `RemoteValue`, held weakly: outputs nobody
+  holds are not copied to the coordinator (as in TensorFlow)."""
 
   def __init__(self, function, args, kwargs, remote_value):
     self.function, self.args, self.kwargs = function, args, kwargs
     self._remote_value = weakref.ref(remote_value)
 
   def run_on(self, worker):
-    """Runs the function on `worker`; its outputs, still there."""
     def on_worker(value):
       if isinstance(value, coordinator_values.PerWorkerValues):
         return value._value_on(worker.index)  # pylint: disable=protected-access
@@ -248,8 +222,8 @@ class _Closure:
       return self.function(*args, **kwargs)
 
   def copy_outputs(self, outputs):
-    """`outputs` copied to the coordinator, where they outlive a later loss
-    of their worker; None if the `RemoteValue` is no longer held."""
+    """`outputs` copied to the coordinator (to outlive their worker); None
+    if the `RemoteValue` is no longer held."""
     if self._remote_value() is None:
       return None
     with tf.device(COORDINATOR_CPU):
@@ -257,9 +231,8 @@ class _Closure:
           lambda x: tf.identity(x) if isinstance(x, tf.Tensor) else x, outputs)
 
   def set_value(self, copies, outputs):
-    """Sets the `RemoteValue` to `copies`, if it is still held. Releasing
-    the worker's `outputs` now would cost an RPC on the worker's dispatch
-    loop; they go when the value does."""
+    """Sets the `RemoteValue`, if still held; the worker's `outputs` go with
+    it (releasing them now would cost an RPC on the dispatch loop)."""
     remote_value = self._remote_value()
     if remote_value is not None:
       remote_value._set(copies, keep_alive=outputs)  # pylint: disable=protected-access
@@ -308,21 +281,18 @@ class _Worker:
           return
       else:
         queue.finish(closure, copies, outputs)
-        # Released after the executor scope: leaving it waits for the
-        # default executor's pending work, which the release of remote
-        # tensors adds.
+        # Released outside the executor scope, whose exit would wait for it.
         del outputs, copies
 
   def failed(self, error):
-    """Whether `error` means this worker is lost (not the function, not a
-    ps); if so the worker counts as down until it recovers."""
+    """Whether `error` means this worker (not a ps) is lost; marks it down."""
     if not isinstance(error, _WORKER_ERROR_TYPES):
       return False
     message = str(error)
-    if _PS_ERROR_MARK in message or any(
+    if "/job:ps" in message or any(
         address in message for address in self.coordinator._ps_addresses):  # pylint: disable=protected-access
       return False  # a ps is lost: the error is the function's
-    names_me = (f"/job:worker/replica:0/task:{self.index}" in message or
+    names_me = (self.device in message or
                 self.address in message)
     lost = not cluster_runtime._listening(self.address, 1.0)  # pylint: disable=protected-access
     if lost or (names_me and isinstance(error, (
@@ -335,8 +305,8 @@ class _Worker:
     return False
 
   def _recover(self):
-    """Waits for a server at this worker's address and reconnects to it;
-    False if none answers within `WORKER_RECOVERY_SECONDS`."""
+    """Reconnects once a server answers at this worker's address; False
+    after `WORKER_RECOVERY_SECONDS`."""
     deadline = time.monotonic() + WORKER_RECOVERY_SECONDS
     while time.monotonic() < deadline:
       if cluster_runtime._listening(self.address, 1.0):  # pylint: disable=protected-access
@@ -354,7 +324,7 @@ class _Worker:
 
 
 class _ClosureQueue:
-  """Scheduled functions not yet done, and the first error not yet raised."""
+  """Scheduled functions not yet done, and the first error not raised yet."""
 
   def __init__(self, num_workers):
     self._condition = threading.Condition()
@@ -390,8 +360,8 @@ class _ClosureQueue:
       self._condition.notify_all()
 
   def finish(self, closure, copies, outputs):
-    """`closure` has run: it no longer counts as running when its value is
-    set, so that `done()` after `fetch()` of the last function is True."""
+    # No longer running when the value is set: `done()` after the last
+    # `fetch()` is True.
     with self._condition:
       self._running -= 1
       closure.set_value(copies, outputs)
@@ -408,8 +378,8 @@ class _ClosureQueue:
       self._condition.notify_all()
 
   def worker_lost(self, index, address):
-    """Worker `index` is given up; with every worker given up, the queued
-    functions fail, and so does any scheduled later."""
+    """Gives worker `index` up; with all given up, every queued and later
+    function fails."""
     with self._condition:
       self._workers_lost.add(index)
       if len(self._workers_lost) == self._num_workers:
@@ -420,10 +390,6 @@ class _ClosureQueue:
         while self._pending:
           self._pending.popleft().set_error(self._lost_error)
       self._condition.notify_all()
-
-  def raise_error(self):
-    with self._condition:
-      self._raise_error_locked()
 
   def _raise_error_locked(self):
     if self._error is not None:
@@ -443,8 +409,7 @@ class _ClosureQueue:
 
 
 class _ReadWriteLock:
-  """Functions run on the cluster under the read side; renewing the cluster
-  connection takes the write side, when no function runs."""
+  """Functions run under the read side; reconnecting takes the write side."""
 
   def __init__(self):
     self._condition = threading.Condition()

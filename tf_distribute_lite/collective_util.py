@@ -10,11 +10,8 @@ from tf_distribute_lite.tf_classes import StandsFor
 
 
 class CommunicationImplementation(enum.Enum):
-  """Which algorithm collective communication prefers.
-
-  * `AUTO`: chosen by TensorFlow.
-  * `RING`: TensorFlow's ring algorithms (CPUs and GPUs).
-  * `NCCL`: NVIDIA's NCCL, for all-reduce between GPUs.
+  """Which algorithm collective communication prefers: `AUTO` (TensorFlow
+  chooses), `RING` (CPUs and GPUs) or `NCCL` (all-reduce between GPUs).
 
   >>> CommunicationImplementation("RING")
   <CommunicationImplementation.RING: 'RING'>
@@ -28,17 +25,15 @@ CollectiveCommunication = CommunicationImplementation
 
 
 class Options(StandsFor, stands_for=tf.distribute.experimental.CommunicationOptions):
-  """Hints for cross-device communication such as all-reduce:
-  `tf.distribute.experimental.CommunicationOptions`.
-
-  Options are of a class named `Options`, as TensorFlow's are.
+  """Hints for cross-device communication such as all-reduce
+  (`tf.distribute.experimental.CommunicationOptions`, a class named
+  `Options`, as TensorFlow's).
 
   Args:
-    bytes_per_pack: a non-negative number. Collectives on many tensors are
-      batched into packs of about this many bytes; 0 lets the implementation
-      choose.
-    timeout_seconds: a float or None. A collective that takes longer raises
-      `tf.errors.DeadlineExceededError`; None or 0 means no timeout.
+    bytes_per_pack: pack collectives on many tensors into about this many
+      bytes; 0 lets the implementation choose.
+    timeout_seconds: past it a collective raises
+      `tf.errors.DeadlineExceededError`; None or 0 for none.
     implementation: a `CommunicationImplementation` or its name.
 
   >>> options = CommunicationOptions(bytes_per_pack=1024, implementation="ring")
@@ -91,27 +86,10 @@ CommunicationOptions = Options
 
 
 class CollectiveHints(StandsFor, stands_for=tf.distribute.experimental.CollectiveHints):
-  """Deprecated: use `CommunicationOptions`, which it makes.
+  """Deprecated: makes a `CommunicationOptions`, as in TensorFlow.
 
-  The hints a collective took before `CommunicationOptions`; what it makes
-  is a `CommunicationOptions`, so it goes wherever options do, as in
-  TensorFlow.
-
-  >>> hints = CollectiveHints(bytes_per_pack=1024, timeout_seconds=30.0)
-  >>> print(hints)
+  >>> print(CollectiveHints(bytes_per_pack=1024, timeout_seconds=30.0))
   Options(bytes_per_pack=1024,timeout_seconds=30.0, implementation=CommunicationImplementation.AUTO)
-  >>> def replica_fn():
-  ...   context = tf_distribute_lite.get_replica_context()
-  ...   value = tf.cast(context.replica_id_in_sync_group + 1, tf.float32)
-  ...   return context.all_reduce("SUM", value, options=hints)
-  >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-  >>> result = strategy.run(replica_fn)
-  >>> [float(v) for v in strategy.experimental_local_results(result)]
-  [3.0, 3.0]
-
-  Args:
-    bytes_per_pack: a non-negative number, as for `CommunicationOptions`.
-    timeout_seconds: a float or None, as for `CommunicationOptions`.
   """
 
   def __new__(cls, bytes_per_pack=0, timeout_seconds=None):

@@ -1,13 +1,6 @@
-"""The values a `ClusterCoordinator` hands out.
-
-* `RemoteValue`: the result of a scheduled function, filled in when a worker
-  has run it; `fetch()` waits for it and gives NumPy values, `get()` tensors.
-* `PerWorkerValues`: one value per worker (a per-worker dataset's
-  iterators, ...); a scheduled function receives the one of the worker that
-  runs it.
-* `experimental_get_current_worker_index()`: inside a scheduled function (or
-  a per-worker `dataset_fn`), the index of the worker running it.
-"""
+"""The values a `ClusterCoordinator` hands out: `RemoteValue` (a scheduled
+function's result), `PerWorkerValues` (one value per worker, such as
+per-worker iterators) and `experimental_get_current_worker_index()`."""
 
 import contextlib
 import threading
@@ -39,9 +32,8 @@ def running_on(worker_index):
 
 
 def experimental_get_current_worker_index():
-  """The index of the worker running the current scheduled function: an
-  int64 scalar tensor, whose value each call of the traced function takes
-  from the worker it runs on.
+  """The index of the worker running the current scheduled function (or
+  per-worker `dataset_fn`): an int64 scalar tensor, read at each call.
 
   >>> experimental_get_current_worker_index()
   Traceback (most recent call last):
@@ -61,13 +53,8 @@ def experimental_get_current_worker_index():
 
 
 class RemoteValue(tf.distribute.experimental.coordinator.RemoteValue):
-  """The value of a function scheduled on a remote worker.
-
-  `fetch()` waits until the function has run and returns its outputs as
-  NumPy values (or raises its error); `get()` returns them as tensors.
-  It is a TensorFlow `RemoteValue` too (TensorFlow's public interface), so
-  that tf_keras recognises the results of scheduled steps.
-  """
+  """The value of a function scheduled on a remote worker; a TensorFlow
+  `RemoteValue` too, so that tf_keras recognises scheduled steps' results."""
 
   def fetch(self):
     """Waits for the value; NumPy arrays in the function's output structure."""
@@ -94,8 +81,7 @@ class RemoteValueImpl(RemoteValue):
     self._error = None
 
   def _set(self, values, keep_alive=None):
-    """`keep_alive`: what lives as long as this value (the outputs still on
-    the worker, released when the value is, as TensorFlow's)."""
+    """`keep_alive`: what lives as long as this value (the worker's outputs)."""
     self._values, self._error, self._kept_alive = values, None, keep_alive
     self._ready.set()
 
@@ -120,8 +106,7 @@ class RemoteValueImpl(RemoteValue):
 
 class PerWorkerValues(_tf_bridge.CompositeTensor, StandsFor,
                       stands_for=tf.distribute.coordinator.PerWorkerValue):
-  """One value per worker: a function scheduled with it as an argument
-  receives the value of the worker that runs it.
+  """One value per worker: a scheduled function gets its worker's value.
 
   >>> PerWorkerValues((1, 2))._values
   (1, 2)
@@ -160,20 +145,16 @@ class PerWorkerValuesSpec(tf.TypeSpec):
         return spec
     raise tf.errors.UnavailableError(None, None, "No worker holds this per-worker value.")
 
-  @property
-  def _component_specs(self):
+  def _unresolved(self, *unused):
     raise NotImplementedError("PerWorkerValues are resolved per worker before a call.")
 
-  def _to_components(self, value):
-    raise NotImplementedError("PerWorkerValues are resolved per worker before a call.")
-
-  def _from_components(self, components):
-    raise NotImplementedError("PerWorkerValues are resolved per worker before a call.")
+  _component_specs = property(_unresolved)
+  _to_components = _from_components = _unresolved
 
 
 class _WorkerResource:
-  """A resource of one worker (its dataset, its iterator), made by `create`
-  there, and made again when the worker comes back after a failure."""
+  """A worker's resource (dataset, iterator), made by `create` again when
+  the worker comes back."""
 
   def __init__(self, create):
     self._create = create
@@ -191,14 +172,9 @@ class _WorkerResource:
 
 
 class PerWorkerDataset:
-  """A dataset on every worker, from `create_per_worker_dataset`;
-  `iter()` of it gives each worker an iterator (a `PerWorkerIterator`).
-
-  Anything else than a function or a distributed dataset raises
-  `ValueError`, as in TensorFlow; so does a function that returns no
-  dataset, when it runs on the workers here (TensorFlow 2.21 takes it, and
-  fails at `iter()` with an `AttributeError`).
-  """
+  """A dataset on every worker (`create_per_worker_dataset`); `iter()`
+  gives a `PerWorkerIterator`. A `dataset_fn` returning no dataset raises
+  `ValueError` (TensorFlow 2.21 fails later, at `iter()`)."""
 
   def __init__(self, coordinator, dataset_fn):
     self._coordinator = coordinator
@@ -209,8 +185,7 @@ class PerWorkerDataset:
           f"what `strategy.distribute_datasets_from_function` returns; got "
           f"the {type(dataset_fn).__name__} {dataset_fn!r}.")
     if build is None:
-      # A tf.function (as in TensorFlow's tutorial) is traced here again,
-      # with what it returns made a dataset.
+      # A tf.function is traced again, its result made a dataset.
       python_function = getattr(dataset_fn, "python_function", dataset_fn)
       build = lambda: _as_dataset(python_function())  # pylint: disable=unnecessary-lambda-assignment
     self._dataset_fn = tf.function(build)
@@ -219,8 +194,8 @@ class PerWorkerDataset:
         for i in range(coordinator._num_workers))  # pylint: disable=protected-access
 
   def build(self):
-    """Each worker's dataset, as `PerWorkerValues` (for scheduled functions
-    that take a whole dataset, as tf_keras's exact evaluation does)."""
+    """Each worker's dataset, as `PerWorkerValues` (tf_keras's exact
+    evaluation schedules functions taking them)."""
     return self._datasets
 
   def __iter__(self):
@@ -249,8 +224,7 @@ def _as_dataset(made):
 
 
 class PerWorkerIterator(PerWorkerValues):
-  """Each worker's iterator over its per-worker dataset. `next()` works only
-  inside a scheduled function, on the iterator of the worker running it."""
+  """Each worker's iterator; `next()` only inside a scheduled function."""
 
   def __next__(self):
     raise NotImplementedError(

@@ -9,7 +9,7 @@ _lock = threading.Lock()
 
 
 def warn_once(name, instructions):
-  """Logs that `name` is deprecated, with what to do instead, once.
+  """Logs once that `name` is deprecated, with `instructions`.
 
   >>> warn_once("Strategy.unwrap", "use `experimental_local_results` instead.")
   """

@@ -1,10 +1,5 @@
-"""Device strings: canonical names, validation, and the current device.
-
-TensorFlow accepts many spellings of one device (`"CPU:0"`, `"cpu:0"`,
-`"/cpu:0"`, `"/job:localhost/replica:0/task:0/device:CPU:0"`); strategies
-name and compare devices by their canonical, fully qualified name, which
-has a job except in a TF1 graph, as in TensorFlow.
-"""
+"""Device strings: canonical (fully qualified) names, validation, and the
+current device."""
 
 import functools
 
@@ -12,8 +7,7 @@ import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
 
-# The task this process's devices belong to: localhost until it joins a
-# cluster (`set_local_task`).
+# The task this process's devices belong to (`set_local_task`).
 _local_task = ["/job:localhost/replica:0/task:0"]
 # A TF1 graph names devices without a job.
 _GRAPH_TASK = "/replica:0/task:0"
@@ -21,16 +15,10 @@ _GRAPH_TASK = "/replica:0/task:0"
 
 def canonicalize(device, default=None):
   """The fully qualified name of `device` (a string, `tf.DeviceSpec` or
-  `tf.config.LogicalDevice`), filling gaps from `default`, then from this
-  process's task (by default CPU:0 of replica 0, task 0).
+  `tf.config.LogicalDevice`), gaps filled from `default`, then from this
+  process's task and CPU:0. As in TensorFlow, in a TF1 graph names have no
+  job unless `device` or `default` names one.
 
-  As in TensorFlow, names carry a job only where eager execution is on
-  outside functions (eagerly and in a `tf.function`): in a TF1 graph they
-  have none, '/replica:0/task:0/device:CPU:0', unless `device` or `default`
-  names one.
-
-  >>> canonicalize("cpu:0")
-  '/job:localhost/replica:0/task:0/device:CPU:0'
   >>> canonicalize("/gpu:1")
   '/job:localhost/replica:0/task:0/device:GPU:1'
   >>> with tf.Graph().as_default():
@@ -42,15 +30,13 @@ def canonicalize(device, default=None):
 
 
 def _full_name(device):
-  """`device` canonicalised with a job, whatever the mode: names to compare
-  with this process's devices."""
+  """`device` canonicalised with a job, whatever the mode."""
   return _merged(device, None, _local_task[0])
 
 
 @functools.lru_cache(maxsize=1024)
 def _merged(device, default, task):
-  """CPU:0 of `task`, overridden by the fields `default` names, then by those
-  `device` names."""
+  """CPU:0 of `task`, overridden by `default`'s fields, then `device`'s."""
   spec = tf.DeviceSpec.from_string(task + "/device:CPU:0")
   if default:
     spec = spec.make_merged_spec(_parse(default, "default"))
@@ -68,8 +54,8 @@ def device_type(device):
 
 
 def _parse(device, argument):
-  """`device` (a name, a `tf.DeviceSpec`, a `tf.config.LogicalDevice`, or
-  None for no field, as in TensorFlow) as a `tf.DeviceSpec`."""
+  """`device` (a name, `tf.DeviceSpec`, `tf.config.LogicalDevice` or None)
+  as a `tf.DeviceSpec`."""
   if isinstance(device, tf.DeviceSpec):
     return device
   if device is None:
@@ -88,9 +74,8 @@ def _parse(device, argument):
 
 
 def set_local_task(task):
-  """Makes `task` (such as "/job:worker/replica:0/task:1") the task that
-  device names without one belong to: once a process has joined a cluster,
-  its devices are named by its job and task, not localhost.
+  """Makes `task` (such as "/job:worker/replica:0/task:1") the task of
+  device names without one, as after joining a cluster.
 
   >>> set_local_task("/job:worker/replica:0/task:1")
   >>> canonicalize("GPU:0")
@@ -98,7 +83,7 @@ def set_local_task(task):
   >>> set_local_task("/job:localhost/replica:0/task:0")
   """
   _local_task[0] = _merged(task, None, _local_task[0]).rsplit("/device:", 1)[0]
-  _local_device_cache.clear()
+  _local_devices.cache_clear()
 
 
 def is_present(device):
@@ -106,14 +91,9 @@ def is_present(device):
   return _full_name(device) in _local_devices()
 
 
-_local_device_cache = []
-
-
+@functools.lru_cache(maxsize=1)
 def _local_devices():
-  if not _local_device_cache:
-    _local_device_cache.append(frozenset(
-        _full_name(d.name) for d in tf.config.list_logical_devices()))
-  return _local_device_cache[0]
+  return frozenset(_full_name(d.name) for d in tf.config.list_logical_devices())
 
 
 def local_devices(device_type=None):
@@ -125,8 +105,6 @@ def local_devices(device_type=None):
 
 
 def current():
-  """The device the innermost eager `tf.device` scope names, or "".
-
-  Inside a `tf.function` the placer decides later, so this returns "".
-  """
+  """The device the innermost eager `tf.device` scope names; "" inside a
+  `tf.function` (the placer decides later)."""
   return _tf_bridge.eager_device_name() if tf.executing_eagerly() else ""

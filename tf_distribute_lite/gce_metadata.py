@@ -1,12 +1,11 @@
-"""Where a job runs, as `PreemptionCheckpointHandler` needs to know: on a
-Google Cloud VM, with or without GPUs, or elsewhere; and whether the VM's
-host announces a maintenance that stops it.
+"""Where a job runs (a Google Cloud VM with or without GPUs, or elsewhere)
+and whether its host announces a stopping maintenance, for
+`PreemptionCheckpointHandler`.
 
-The metadata server is the one `GCE_METADATA_IP` names, as TensorFlow reads
-it (else metadata.google.internal). Every question has a short timeout and
-no retry, and the first one, "is this Google Cloud?", is asked once per
-process and server, in a thread given at most `PROBE_SECONDS`: a name lookup
-that hangs off Google Cloud cannot block the job.
+Questions to the metadata server (`GCE_METADATA_IP`, as TensorFlow reads
+it) have short timeouts and no retry; "is this Google Cloud?" is asked once
+per server, in a thread bounded by `PROBE_SECONDS`, so a hanging lookup
+cannot block the job.
 """
 
 import enum
@@ -17,8 +16,7 @@ import tensorflow as tf
 from tf_distribute_lite import cloud_http
 
 PROBE_SECONDS = 2.0
-# Exit codes a restarting scheduler recognises: TensorFlow's on Google
-# Cloud, and elsewhere.
+# TensorFlow's restart exit codes, on Google Cloud and elsewhere.
 GCE_RESTART_EXIT_CODE = 143
 RESTART_EXIT_CODE = 42
 # The notice a GPU VM gets before host maintenance stops it.
@@ -79,8 +77,8 @@ def detect_platform():
 
 
 def maintenance_imminent():
-  """Whether the host announces a maintenance that stops this VM (a GPU VM
-  cannot migrate). An unanswered question counts as no."""
+  """Whether the host announces a maintenance that stops this (GPU) VM; no
+  answer counts as no."""
   try:
     event = cloud_http.metadata("instance/maintenance-event",
                                 timeout=PROBE_SECONDS / 2, retries=0)

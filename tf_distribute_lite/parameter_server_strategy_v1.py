@@ -1,13 +1,7 @@
-"""TF 1.x's `ParameterServerStrategy`: between-graph training with variables
-on parameter servers (`tf.compat.v1.distribute.experimental`).
-
-Every worker builds its own graph and runs it in a `tf.compat.v1.Session` on
-its server; the `ps` tasks only serve. Variables made in `scope()` go to the
-ps tasks in turn, by TensorFlow's `tf.compat.v1.train.replica_device_setter`
-(so each lands where TensorFlow puts it); every other op goes to the worker,
-one replica per GPU of the worker or one on its CPU. Workers apply their
-updates asynchronously, each at its own pace. Without a cluster this is
-`CentralStorageStrategy` on this machine's GPUs or CPU.
+"""TF 1.x's `ParameterServerStrategy` (`tf.compat.v1.distribute.experimental`):
+between-graph training, each worker running its own graph, with variables
+placed on the ps tasks by `tf.compat.v1.train.replica_device_setter` and
+updated asynchronously. Without a cluster, `CentralStorageStrategy`.
 """
 
 import copy
@@ -30,22 +24,14 @@ from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_reso
 class ParameterServerStrategyV1(
     strategy_v1.StrategyV1, stands_for=tf.compat.v1.distribute.experimental.ParameterServerStrategy):
   """Asynchronous training of TF1 graphs by workers, with variables on ps
-  tasks.
+  tasks. Graphs only, as in TensorFlow (eagerly, `scope`, `run` and the
+  dataset methods raise `NotImplementedError`). TensorFlow 2.21's `run` and
+  dataset methods return None, these their result; an evaluator the cluster
+  does not list reads its own input (TF 2.21 raises `KeyError`).
 
   Args:
-    cluster_resolver: the cluster and this task in it; by default a
-      `TFConfigClusterResolver` (the `TF_CONFIG` environment variable). A
-      cluster must have a "ps" job; with no cluster, training runs on this
-      machine.
-
-  As in TensorFlow, it builds graphs only: `scope()`, `run`,
-  `experimental_distribute_dataset` and `distribute_datasets_from_function`
-  raise `NotImplementedError` when executing eagerly. TensorFlow 2.21's
-  `run` and the two dataset methods return None (their result is lost);
-  these return it. An evaluator whose job the cluster does not list reads
-  its input on its own (TensorFlow 2.21's input functions raise `KeyError`).
-  `configure(session_config, cluster_spec, task_type, task_id)` makes a
-  strategy made without a cluster that task's, as in TensorFlow.
+    cluster_resolver: the cluster (with a "ps" job) and this task; by
+      default a `TFConfigClusterResolver`. No cluster: this machine only.
 
   >>> cluster = tf.train.ClusterSpec({"worker": ["localhost:2222"],
   ...                                 "ps": ["localhost:2223", "localhost:2224"]})
@@ -67,8 +53,7 @@ class ParameterServerStrategyV1(
     super().__init__(ParameterServerStrategyExtended(self, cluster_resolver))
 
   def scope(self):
-    """A context manager making this strategy current in a graph; ops made
-    in it go to this task unless placed, variables to the ps tasks."""
+    """Makes this strategy current in a graph (variables to the ps tasks)."""
     _refuse_eager_execution()
     return super().scope()
 
@@ -97,8 +82,7 @@ def _refuse_eager_execution():
 
 
 class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerStrategyExtended):
-  """`strategy.extended` of `ParameterServerStrategyV1` (named as in
-  TensorFlow, whose `CentralStorageStrategy` shares it): without a cluster,
+  """`strategy.extended` of `ParameterServerStrategyV1`: without a cluster,
   `CentralStorageStrategy`'s; in one, one worker's.
 
   >>> strategy = ParameterServerStrategyV1(
@@ -119,9 +103,8 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
       self._join(cluster_spec, cluster_resolver.task_type, cluster_resolver.task_id)
 
   def _join(self, cluster_spec, task_type, task_id):
-    """Makes this the strategy of task `task_id` of job `task_type` in
-    `cluster_spec`: replicas on the task's GPUs or CPU, variables on the ps
-    tasks, other ops on the task."""
+    """Makes this the strategy of task `task_type`:`task_id` of
+    `cluster_spec`."""
     if not task_type or task_id is None:
       raise ValueError("When `cluster_spec` is given, you must also specify "
                        f"`task_type` and `task_id`; got task_type={task_type!r}, "
@@ -132,7 +115,6 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
                        f"{cluster_spec.as_dict()}.")
     cluster_runtime.validate_task(cluster_spec, task_type, task_id)
     task = f"/job:{task_type}/task:{task_id}"
-    # The compute devices and reductions `CentralStorageStrategy` has, on the task.
     self._devices = tuple(device_util.canonicalize(d) for d in
                           cluster_runtime.replica_devices(task, self._num_gpus_per_worker))
     self._retrace_functions_for_each_device = len(self._devices) > 1
@@ -146,8 +128,6 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
     self._default_device = task
     self._is_chief = cluster_runtime.is_chief(cluster_spec, task_type, task_id)
     self._cluster_spec, self._task_type, self._task_id = cluster_spec, task_type, task_id
-
-  # --- The cluster.
 
   def _in_multi_worker_mode(self):
     return self._cluster_spec is not None
@@ -168,8 +148,6 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
       updated.device_filters.append(self._default_device)
     return updated
 
-  # --- Reductions, on this worker or the ps tasks.
-
   def _reduce_to(self, reduce_op, value, destinations, options):
     self._refuse_other_workers(destinations)
     return super()._reduce_to(reduce_op, value, destinations, options)
@@ -187,8 +165,6 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
       if spec.job == self._task_type and spec.task != self._task_id:
         raise ValueError(f"Cannot reduce to another worker: {device!r}, "
                          f"current worker is {self._default_device!r}")
-
-  # --- Input: this worker's own pipeline.
 
   @property
   def _input_host(self):

@@ -1,21 +1,11 @@
-"""Partitioners: into how many shards to split a variable, along one axis.
+"""Partitioners: how many shards to split a variable into, along one axis
+(a shard count per axis, 1 on all but the split one).
 
-Parameter-server training asks a partitioner (its `variable_partitioner`)
-how to shard each variable it creates. A partitioner is pure arithmetic on
-the variable's shape and dtype: called with them, it returns one shard count
-per axis, 1 on every axis but the one it splits.
-
-Where TensorFlow 2.21 fails or answers 0 shards on a valid shape, these
-answer one shard: an axis of length 0 (TF's `FixedShardsPartitioner` gives 0
-shards, its `MaxSizePartitioner` divides by zero) and slices of 0 bytes
-(a 0 in another axis, or a `resource` or `variant` dtype, where TF's
-`MaxSizePartitioner` divides by zero). Bad arguments fail when the
-partitioner is made or called, with a message naming them: `shape` may be a
-`tf.TensorShape` or anything it accepts (TF wants a `tf.TensorShape`); an
-unknown length that the answer needs raises `ValueError` (TF raises
-`TypeError` from its arithmetic in some partitioners); an axis out of range
-raises an error that is both a `ValueError` and an `IndexError`, the two
-classes TF's partitioners raise for it.
+Where TensorFlow 2.21 answers 0 shards or divides by zero (an axis of
+length 0, slices of 0 bytes), these answer one shard. `shape` may be
+anything `tf.TensorShape` accepts; an unknown length the answer needs
+raises `ValueError` (TF sometimes `TypeError`); an axis out of range raises
+an error that is both `ValueError` and `IndexError`, as TF raises either.
 """
 
 import math
@@ -30,8 +20,7 @@ from tf_distribute_lite.tf_classes import StandsFor
 
 class Partitioner(StandsFor, stands_for=tf.distribute.experimental.partitioners.Partitioner):
   """Base class of partitioners: called with a variable's `shape`, `dtype`
-  and `axis`, a partitioner returns a list with the number of shards for
-  each axis.
+  and `axis`, returns the number of shards for each axis.
 
   >>> class OneShardPerRow(Partitioner):
   ...   def __call__(self, shape, dtype, axis=0):
@@ -43,13 +32,7 @@ class Partitioner(StandsFor, stands_for=tf.distribute.experimental.partitioners.
   """
 
   def __call__(self, shape, dtype, axis=0):
-    """The number of shards along each axis of `shape`: a list of ints.
-
-    Args:
-      shape: the variable's `tf.TensorShape`.
-      dtype: the variable's `tf.dtypes.DType`.
-      axis: the axis to split; the others get 1 shard.
-    """
+    """The number of shards along each axis of `shape`: a list of ints."""
     raise NotImplementedError(
         f"{type(self).__name__} must implement "
         f"__call__(shape, dtype, axis=0), returning a shard count per axis.")
@@ -60,15 +43,10 @@ class FixedShardsPartitioner(
   """Splits `axis` into `num_shards` shards, or one per element if it is
   shorter.
 
-  >>> partitioner = FixedShardsPartitioner(num_shards=2)
-  >>> partitioner(tf.TensorShape([10, 3]), tf.float32)
-  [2, 1]
-  >>> partitioner(tf.TensorShape([1, 3]), tf.float32)
-  [1, 1]
+  `num_shards` must be a positive integer (TF 2.21 takes 0 or 2.5).
 
-  Args:
-    num_shards: a positive integer. TF 2.21 takes any value here and
-      answers with it (0 shards, or 2.5).
+  >>> FixedShardsPartitioner(num_shards=2)(tf.TensorShape([10, 3]), tf.float32)
+  [2, 1]
   """
 
   def __init__(self, num_shards):
@@ -82,76 +60,49 @@ class FixedShardsPartitioner(
 
 class MinSizePartitioner(
     Partitioner, stands_for=tf.distribute.experimental.partitioners.MinSizePartitioner):
-  """As many shards as possible, up to `max_shards`, of at least about
-  `min_shard_bytes` each.
-
-  The count is `ceil(variable bytes / min_shard_bytes)`, capped by
-  `max_shards` and the length of `axis`, as in TensorFlow; so a shard may be
-  a little smaller than `min_shard_bytes`.
-
-  >>> partitioner = MinSizePartitioner(min_shard_bytes=4, max_shards=2)
-  >>> partitioner(tf.TensorShape([6, 1]), tf.float32)
-  [2, 1]
-  >>> partitioner = MinSizePartitioner(min_shard_bytes=4, max_shards=10)
-  >>> partitioner(tf.TensorShape([6, 1]), tf.float32)
-  [6, 1]
-  >>> partitioner(tf.TensorShape([6, 1]), tf.string)  # 16 bytes a string
-  [6, 1]
+  """`ceil(variable bytes / min_shard_bytes)` shards, capped by
+  `max_shards` and the length of `axis`, as in TensorFlow.
 
   Args:
     min_shard_bytes: the least number of bytes a shard should hold.
     max_shards: the most shards to make, a positive integer.
-    bytes_per_string: the size assumed for each element of a `tf.string`
-      variable.
+    bytes_per_string: the size assumed for each `tf.string` element.
+
+  >>> MinSizePartitioner(min_shard_bytes=4, max_shards=2)(tf.TensorShape([6, 1]), tf.float32)
+  [2, 1]
   """
 
-  def __init__(self, min_shard_bytes=256 << 10, max_shards=1,
-               bytes_per_string=16):
+  def __init__(self, min_shard_bytes=256 << 10, max_shards=1, bytes_per_string=16):
     self._min_shard_bytes = _positive_number("min_shard_bytes", min_shard_bytes)
     self._max_shards = _positive_count("max_shards", max_shards)
-    self._bytes_per_string = _positive_number("bytes_per_string",
-                                              bytes_per_string)
+    self._bytes_per_string = _positive_number("bytes_per_string", bytes_per_string)
 
   def __call__(self, shape, dtype, axis=0):
     shape, axis = _checked_shape(shape, axis, whole_shape_known=True)
-    total_bytes = shape.num_elements() * _element_bytes(
-        dtype, self._bytes_per_string)
+    total_bytes = shape.num_elements() * _element_bytes(dtype, self._bytes_per_string)
     wanted = math.ceil(total_bytes / self._min_shard_bytes)
-    return _partitions(shape, axis,
-                       min(shape[axis], self._max_shards, wanted))
+    return _partitions(shape, axis, min(shape[axis], self._max_shards, wanted))
 
 
 class MaxSizePartitioner(
     Partitioner, stands_for=tf.distribute.experimental.partitioners.MaxSizePartitioner):
-  """As few shards as possible of at most `max_shard_bytes` each, but no
-  more than `max_shards`.
-
-  A shard holds whole slices along `axis`, at least one, so a slice larger
-  than `max_shard_bytes` gets a shard of its own; with `max_shards` reached,
-  shards may be larger.
-
-  >>> MaxSizePartitioner(max_shard_bytes=4)(tf.TensorShape([6, 1]), tf.float32)
-  [6, 1]
-  >>> MaxSizePartitioner(max_shard_bytes=4, max_shards=2)(
-  ...     tf.TensorShape([6, 1]), tf.float32)
-  [2, 1]
-  >>> MaxSizePartitioner(max_shard_bytes=1024)(
-  ...     tf.TensorShape([6, 1]), tf.float32)
-  [1, 1]
+  """As few shards as possible of at most `max_shard_bytes` each (at least
+  one whole slice along `axis`), but no more than `max_shards`.
 
   Args:
     max_shard_bytes: the most bytes a shard should hold.
     max_shards: the most shards to make; None or 0 for no limit.
-    bytes_per_string: the size assumed for each element of a `tf.string`
-      variable.
+    bytes_per_string: the size assumed for each `tf.string` element.
+
+  >>> MaxSizePartitioner(max_shard_bytes=4)(tf.TensorShape([6, 1]), tf.float32)
+  [6, 1]
   """
 
   def __init__(self, max_shard_bytes, max_shards=None, bytes_per_string=16):
     self._max_shard_bytes = _positive_number("max_shard_bytes", max_shard_bytes)
     self._max_shards = (None if max_shards is None or max_shards == 0 else
                         _positive_count("max_shards", max_shards))
-    self._bytes_per_string = _positive_number("bytes_per_string",
-                                              bytes_per_string)
+    self._bytes_per_string = _positive_number("bytes_per_string", bytes_per_string)
 
   def __call__(self, shape, dtype, axis=0):
     shape, axis = _checked_shape(shape, axis, whole_shape_known=True)
@@ -172,8 +123,7 @@ class _AxisError(ValueError, IndexError):
 
 
 def _checked_shape(shape, axis, whole_shape_known):
-  """`shape` as a `tf.TensorShape` and `axis` as a non-negative index, once
-  the lengths the answer needs are known."""
+  """`shape` as a `tf.TensorShape` and `axis` as a non-negative index."""
   shape = tf.TensorShape(shape)
   if shape.rank is None:
     raise ValueError(
@@ -185,8 +135,7 @@ def _checked_shape(shape, axis, whole_shape_known):
         f"Cannot partition along axis {axis}: `shape` {shape} has "
         f"{shape.rank} axes. Received: axis={axis}")
   axis %= shape.rank
-  if shape[axis] is None or (whole_shape_known and
-                             not shape.is_fully_defined()):
+  if shape[axis] is None or (whole_shape_known and not shape.is_fully_defined()):
     needed = "fully defined" if whole_shape_known else f"known along axis {axis}"
     raise ValueError(
         f"Cannot partition a variable whose shape is not {needed}. "

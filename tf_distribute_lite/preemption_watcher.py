@@ -1,6 +1,5 @@
-"""`PreemptionWatcher`: tells a program that a task of its cluster got a
-termination notice, through the coordination service of the cluster's
-runtime, and waits until the preempted tasks are gone."""
+"""`PreemptionWatcher`: a termination notice of a task of the cluster,
+through its coordination service, and waiting until that task is gone."""
 
 import logging
 import threading
@@ -12,11 +11,8 @@ from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite.tf_classes import StandsFor
 
-# How long one wait on the coordination service lasts before the watcher
-# checks whether to stop.
 POLL_SECONDS = 1.0
-# A lost task fails the service within its heartbeat timeout; this bounds
-# `block_until_worker_exit`.
+# A lost task leaves the service within its heartbeat timeout.
 EXIT_TIMEOUT_SECONDS = 3 * cluster_runtime.HEARTBEAT_TIMEOUT_SECONDS
 
 
@@ -24,14 +20,10 @@ class PreemptionWatcher(StandsFor, stands_for=tf.distribute.experimental.Preempt
   """Watches the cluster for a termination notice and keeps its message.
 
   Make it after the strategy has joined the cluster. A task that gets
-  SIGTERM records a notice in the cluster's coordination service (see
-  `cluster_runtime`), as does a `PreemptionCheckpointHandler` that gets its
-  notice; `preemption_message` then names that task, such as
-  "/job:worker/task:1". TensorFlow 2.21's watcher works only on Google's
-  internal TPU platform and elsewhere stays None.
-
-  Without a cluster there is no notice to watch: `preemption_message`
-  stays None and `block_until_worker_exit` returns at once.
+  SIGTERM (or a `PreemptionCheckpointHandler`'s notice) records it in the
+  coordination service; `preemption_message` then names that task, such as
+  "/job:worker/task:1" (TensorFlow 2.21's stays None off Google's internal
+  TPU platform). Without a cluster it stays None.
 
   >>> watcher = PreemptionWatcher()  # no cluster here
   >>> watcher.preemption_message is None
@@ -52,31 +44,29 @@ class PreemptionWatcher(StandsFor, stands_for=tf.distribute.experimental.Preempt
     return self._preemption_message
 
   def _watch(self):
-    while True:
-      try:
-        message = _tf_bridge.coordination_get(cluster_runtime.PREEMPTION_NOTICE_KEY,
-                                              POLL_SECONDS)
-      except tf.errors.DeadlineExceededError:
-        self._has_service.set()
-        self._checked.set()
-        continue
-      except tf.errors.FailedPreconditionError:
-        logging.warning("PreemptionWatcher: this process has joined no cluster; "
-                        "there is no termination notice to watch.")
-        self._checked.set()
-        return
-      except tf.errors.OpError:  # the cluster is going away
-        self._checked.set()
-        return
+    try:
+      while True:
+        try:
+          message = _tf_bridge.coordination_get(cluster_runtime.PREEMPTION_NOTICE_KEY,
+                                                POLL_SECONDS)
+          break
+        except tf.errors.DeadlineExceededError:
+          self._has_service.set()
+          self._checked.set()
       self._preemption_message = message
       self._has_service.set()
+    except tf.errors.FailedPreconditionError:
+      logging.warning("PreemptionWatcher: this process has joined no cluster; "
+                      "there is no termination notice to watch.")
+    except tf.errors.OpError:
+      pass  # the cluster is going away
+    finally:
       self._checked.set()
-      return
 
   def block_until_worker_exit(self):
-    """After a notice, waits until the preempted task no longer answers, at most `EXIT_TIMEOUT_SECONDS`
-    (`tf.errors.DeadlineExceededError` after that); without a notice or a
-    cluster, returns at once."""
+    """After a notice, waits (at most `EXIT_TIMEOUT_SECONDS`, then
+    `tf.errors.DeadlineExceededError`) until the preempted task no longer
+    answers; else returns at once."""
     if not self._has_service.is_set() or self._preemption_message is None:
       return
     job, _, index = self._preemption_message.strip("/").replace("job:", "").partition("/task:")

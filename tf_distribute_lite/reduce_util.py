@@ -6,26 +6,18 @@ import tensorflow as tf
 
 
 class ReduceOp(enum.Enum):
-  """How a set of per-replica values is reduced.
-
-  * `SUM`: add all the values.
-  * `MEAN`: the arithmetic mean of the values.
-
-  Wherever a reduce op is taken, `ReduceOp.SUM`, TensorFlow's
-  `tf.distribute.ReduceOp.SUM` and the string `"SUM"` mean the same thing.
+  """How per-replica values are reduced: `SUM` or `MEAN`. Wherever one is
+  taken, `ReduceOp.SUM`, `tf.distribute.ReduceOp.SUM` and `"SUM"` are alike.
 
   >>> ReduceOp.from_any("mean")
   <ReduceOp.MEAN: 'MEAN'>
-  >>> ReduceOp.from_variable_aggregation(tf.VariableAggregation.SUM)
-  <ReduceOp.SUM: 'SUM'>
   """
   SUM = "SUM"
   MEAN = "MEAN"
 
   def __eq__(self, other):
     # Equal to TensorFlow's member of the same name, from either side (Python
-    # asks us when TensorFlow's enum declines), so that TensorFlow code
-    # checking `reduce_op == tf.distribute.ReduceOp.SUM` accepts ours.
+    # asks us when TensorFlow's enum declines).
     if isinstance(other, enum.Enum) and type(other).__name__ == "ReduceOp":
       return self.value == other.value
     return NotImplemented
@@ -45,11 +37,9 @@ class ReduceOp(enum.Enum):
 
   @staticmethod
   def from_any(reduce_op):
-    """Our `ReduceOp` for `reduce_op`: ours, TensorFlow's, or a string in
-    any case.
-
-    Anything else is a `ValueError`, where TensorFlow 2.21 raises an empty
-    `AssertionError` or a `TypeError` from some methods.
+    """Our `ReduceOp` for ours, TensorFlow's, or a string in any case;
+    anything else is a `ValueError` (TF 2.21: `AssertionError` or
+    `TypeError`).
 
     >>> ReduceOp.from_any("max")
     Traceback (most recent call last):
@@ -61,8 +51,8 @@ class ReduceOp(enum.Enum):
     if isinstance(reduce_op, enum.Enum) and type(reduce_op).__name__ == "ReduceOp":
       reduce_op = reduce_op.value  # TensorFlow's own tf.distribute.ReduceOp
     if isinstance(reduce_op, str):
-      if reduce_op.upper() in ("SUM", "MEAN"):
-        return ReduceOp(reduce_op.upper())
+      if reduce_op.upper() in ReduceOp.__members__:
+        return ReduceOp[reduce_op.upper()]
       raise ValueError(
           f"{reduce_op.upper()!r} is not a valid ReduceOp: use "
           f"tf.distribute.ReduceOp.SUM or MEAN (or the string 'SUM' or 'MEAN').")

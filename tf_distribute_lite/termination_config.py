@@ -1,6 +1,5 @@
 """`TerminationConfig`: how a `PreemptionCheckpointHandler` learns of a
-termination, how long it may train on, how it saves and how it exits; and
-the defaults of each platform for what the user leaves out."""
+termination, saves and exits, with each platform's defaults."""
 
 import dataclasses
 import numbers
@@ -17,19 +16,16 @@ class TerminationConfig(StandsFor, stands_for=tf.distribute.experimental.Termina
   """Customizes `PreemptionCheckpointHandler` for a platform.
 
   Args:
-    termination_watcher_fn: a function, called about once a second, that
-      returns True once a termination notice has come. Without it the
-      handler watches for the signal SIGTERM (on a Google Cloud VM with
-      GPUs: for the host's maintenance notice).
-    exit_fn: called after the checkpoint is saved; by default
-      `sys.exit(42)`, and `sys.exit(143)` on Google Cloud, codes a
-      restarting scheduler can recognise.
-    grace_period: seconds between the notice and the termination. With a
-      positive one the handler saves at once, trains on, and saves again
-      and exits shortly before the period ends. By default 0 (save and
-      exit at once), 3600 on a Google Cloud VM with GPUs.
-    save_fn: called, with the arguments given to
-      `save_checkpoint_if_preempted`, instead of the handler's own save.
+    termination_watcher_fn: called about once a second, returns True once
+      a notice has come; by default the handler watches for SIGTERM (on a
+      Google Cloud GPU VM, the host's maintenance notice).
+    exit_fn: called after saving; by default `sys.exit(42)` (`143` on
+      Google Cloud).
+    grace_period: seconds from notice to termination; with a positive one
+      the handler saves at once, trains on, and saves and exits just before
+      it ends. By default 0 (3600 on a Google Cloud GPU VM).
+    save_fn: called with `save_checkpoint_if_preempted`'s arguments
+      instead of the handler's own save.
 
   >>> config = TerminationConfig(grace_period=30)
   >>> config.grace_period, config.exit_fn
@@ -60,8 +56,8 @@ class TerminationConfig(StandsFor, stands_for=tf.distribute.experimental.Termina
 
 @dataclasses.dataclass(frozen=True)
 class Termination:
-  """A `TerminationConfig` completed for a platform: `watcher_fn` is None
-  when the handler watches for SIGTERM."""
+  """A `TerminationConfig` completed for a platform (`watcher_fn` None:
+  SIGTERM)."""
   watcher_fn: Optional[Callable[[], bool]]
   exit_fn: Callable[[], None]
   grace_period: float
@@ -69,8 +65,7 @@ class Termination:
 
 
 def exit_for_restart():
-  """Ends the program with the code a restarting scheduler recognises off
-  Google Cloud, as TensorFlow's does."""
+  """Exits with TensorFlow's restart code off Google Cloud."""
   sys.exit(gce_metadata.RESTART_EXIT_CODE)
 
 
@@ -80,12 +75,9 @@ def exit_for_restart_on_google_cloud():
 
 
 def complete(config, platform):
-  """`config` (a `TerminationConfig` or None) with the defaults of
-  `platform` (a `gce_metadata.Platform`) where it leaves a field out.
-
-  TensorFlow turns its handler off on a Google Cloud VM without GPUs; there
-  it watches for SIGTERM here, as elsewhere, and exits with Google Cloud's
-  code.
+  """`config` (or None) completed with `platform`'s defaults. On a Google
+  Cloud VM without GPUs (where TensorFlow's handler is off) SIGTERM is
+  watched, with Google Cloud's exit code.
 
   >>> done = complete(None, gce_metadata.Platform.OTHER)
   >>> done.watcher_fn, done.exit_fn.__name__, done.grace_period

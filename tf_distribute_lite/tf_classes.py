@@ -1,12 +1,8 @@
 """tfd objects are instances of the public TensorFlow classes they stand for.
 
-Client code tells strategies and their parts apart with `isinstance` against
-TensorFlow's public classes: the Model Garden's trainer asserts
-`isinstance(strategy, tf.distribute.Strategy)`; Keras 3, tf_keras and the
-Model Garden branch on `tf.distribute.TPUStrategy`,
-`tf.distribute.MultiWorkerMirroredStrategy` or
-`tf.distribute.experimental.CentralStorageStrategy`. A tfd class names the
-TensorFlow classes it stands for where it is defined::
+Clients tell strategies and their parts apart with `isinstance` against
+TensorFlow's public classes (`tf.distribute.Strategy`, `TPUStrategy`, ...).
+A tfd class names those it stands for::
 
     class MirroredStrategy(Strategy, stands_for=tf.distribute.MirroredStrategy)
 
@@ -63,8 +59,8 @@ class StandsFor:
     return reported_class(type(self))
 
   def __reduce_ex__(self, protocol):
-    # `pickle` refuses to rebuild an object through `copyreg.__newobj__`
-    # from a class other than its `__class__`: rebuild it from its type.
+    # `pickle` refuses `copyreg.__newobj__` of a class other than
+    # `__class__`: rebuild from the type.
     reduced = super().__reduce_ex__(protocol)
     if reduced[0] is copyreg.__newobj__:
       return (_new,) + reduced[1:]
@@ -99,8 +95,8 @@ def reported_class(cls):
 
 
 def _metaclass_of(bases):
-  """The metaclass a class with `bases` needs: the most derived of theirs,
-  or one derived from all of them where none derives from the others."""
+  """The metaclass a class with `bases` needs (made where none derives
+  from the others)."""
   metaclasses = []
   for meta in map(type, bases):
     if not any(issubclass(m, meta) for m in metaclasses):

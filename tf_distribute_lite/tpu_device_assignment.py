@@ -5,9 +5,8 @@ import tensorflow as tf
 
 
 def full_computation_shape(computation_shape):
-  """`computation_shape` as TensorFlow 2.21 wants it: 4 elements
-  `[x, y, z, cores per chip]`. The 3-element form of TF 2.2's examples,
-  `[x, y, cores per chip]`, has `z = 1`.
+  """`computation_shape` with 4 elements: TF 2.2's `[x, y, cores per chip]`
+  gets `z = 1`.
 
   >>> full_computation_shape([1, 1, 2]), full_computation_shape([2, 2, 1, 2])
   ([1, 1, 1, 2], [2, 2, 1, 2])
@@ -21,17 +20,14 @@ def full_computation_shape(computation_shape):
 
 
 class DeviceAssignment(tf.tpu.experimental.DeviceAssignment):
-  """TensorFlow's `DeviceAssignment`; `build` reads a 3-element
-  `computation_shape` as `[x, y, cores per chip]` (so `[1, 1, 2]` is the two
-  cores of one v3 chip, `[2, 2, 2]` all 8 cores of a v3-8).
+  """TensorFlow's `DeviceAssignment`; `build` also reads a 3-element
+  `computation_shape` as `[x, y, cores per chip]`.
 
   >>> topology = tf_distribute_lite.tpu_emulation.PRESETS["v3-8"].topology()
   >>> assignment = DeviceAssignment.build(topology, computation_shape=[1, 1, 2],
   ...                                     num_replicas=4)
   >>> assignment.num_replicas, assignment.num_cores_per_replica
   (4, 2)
-  >>> isinstance(assignment, tf.tpu.experimental.DeviceAssignment)
-  True
   """
 
   @staticmethod

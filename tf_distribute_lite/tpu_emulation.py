@@ -1,11 +1,9 @@
 """Emulated TPU slices: a TPU's topology with one logical CPU device per core.
 
 `TPUClusterResolver(tpu="emulated:v3-8")` (or `TPU_NAME=emulated:v3-8`) gives
-a slice from here, so that a program written for a TPU runs, with the same
-topology, device assignment and sharding rules, on a machine without one.
-`TPUStrategy` refuses on a slice what it refuses on a TPU (an eager `run` of
-a plain Python function among them, unless `TFD_EMULATED_TPU_EAGER=1` asks
-for it, for debugging), so a program that runs here runs on a TPU.
+a slice from here: a TPU program runs with the same topology and rules on a
+machine without one, and `TPUStrategy` refuses there what a TPU refuses (an
+eager `run` of a Python function too, unless `TFD_EMULATED_TPU_EAGER=1`).
 
 >>> tpu_slice = parse("emulated:v3-8")
 >>> tpu_slice
@@ -24,8 +22,7 @@ PREFIX = "emulated:"
 
 @dataclasses.dataclass(frozen=True)
 class EmulatedSlice:
-  """A one-host TPU slice: its accelerator type and TPU mesh
-  `(x, y, z, cores per chip)`.
+  """A one-host TPU slice: its type and mesh `(x, y, z, cores per chip)`.
 
   >>> EmulatedSlice("v4-8", (2, 2, 1, 1)).devices[-1]
   '/job:localhost/replica:0/task:0/device:CPU:3'
@@ -35,7 +32,6 @@ class EmulatedSlice:
 
   @property
   def num_cores(self):
-    """TPU cores in the slice, one logical CPU device each."""
     x, y, z, cores_per_chip = self.mesh_shape
     return x * y * z * cores_per_chip
 
@@ -46,8 +42,7 @@ class EmulatedSlice:
             for i in range(self.num_cores)]
 
   def device_coordinates(self):
-    """Each core's `(x, y, z, core)`, in the order a TPU host lists its
-    cores: the cores of a chip together, chips along x first."""
+    """Each core's `(x, y, z, core)` in a TPU host's order (x first)."""
     x, y, z, cores = self.mesh_shape
     return [[cx, cy, cz, core] for cz, cy, cx, core in
             itertools.product(range(z), range(y), range(x), range(cores))]
@@ -59,12 +54,8 @@ class EmulatedSlice:
         device_coordinates=[self.device_coordinates()])
 
   def ensure_devices(self):
-    """Gives this process one logical CPU device per core.
-
-    TensorFlow fixes its devices when it starts: if it has started with
-    fewer CPU devices than the slice has cores, raises `RuntimeError` saying
-    how to get them.
-    """
+    """Gives this process one logical CPU device per core; `RuntimeError`
+    if TensorFlow has already started with fewer."""
     cpus = tf.config.list_physical_devices("CPU")
     try:
       configured = tf.config.get_logical_device_configuration(cpus[0])
@@ -95,8 +86,7 @@ PRESETS = {
 
 
 def parse(tpu):
-  """The slice an "emulated:<type>" TPU name asks for; None for any other
-  name.
+  """The slice an "emulated:<type>" TPU name asks for; None otherwise.
 
   >>> parse("emulated:v4-8").num_cores, parse("my-tpu")
   (4, None)

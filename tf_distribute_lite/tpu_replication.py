@@ -1,13 +1,7 @@
-"""The step of a `TPUStrategy`: on a TPU one `tpu.replicate` computation,
-traced once and compiled by XLA for every replica; on an emulated slice, the
-check that XLA compiles it (`check_compiles`).
-
-Inside the computation the code is the same for all replicas (SPMD): the
-replica context's all-reduce is TensorFlow's `CrossReplicaSum`, the replica id
-is a replicated input, reductions in `merge_call` sum across replicas, and a
-distributed variable is one replicated handle, each replica's own component.
-The computation's `TPUReplicaContext` keeps what its trace needs; the
-strategy finds it with `enclosing_step`.
+"""The step of a `TPUStrategy`: on a TPU one `tpu.replicate` computation
+traced once for all replicas (SPMD: all-reduce is `CrossReplicaSum`, the
+replica id and each distributed variable are replicated inputs); on an
+emulated slice, the check that XLA compiles it (`check_compiles`).
 """
 
 import contextlib
@@ -26,14 +20,13 @@ class LogicalDevices:
   """What a TPU replica context adds: `experimental_logical_device`."""
 
   def experimental_logical_device(self, logical_device_id):
-    """Places the ops made in it on logical device `logical_device_id` of
-    the replica (`TPUExtended.experimental_logical_device`)."""
+    """Places the ops made in it on the replica's logical device
+    `logical_device_id`."""
     return self.strategy.extended.experimental_logical_device(logical_device_id)
 
 
 class TPUReplicaContext(LogicalDevices, replica_context.ReplicaContext):
-  """The replica context inside a TPU computation: one trace for all
-  replicas."""
+  """The replica context of a TPU computation: one trace for all replicas."""
 
   def __init__(self, strategy):
     super().__init__(strategy, 0)
@@ -57,10 +50,8 @@ class TPUReplicaContext(LogicalDevices, replica_context.ReplicaContext):
                                 self.num_replicas_in_sync), value)
 
   def local_variable(self, variable):
-    """What the replicas read and write for distributed `variable`: a
-    variable whose one resource handle is each replica's own component
-    (`TPUReplicatedInput` of the components' handles), made once per
-    computation."""
+    """The variable the replicas use for distributed `variable`: one
+    replicated handle of its components, made once per computation."""
     key = id(variable)
     if key not in self._replicated_variables:
       handle = tf.raw_ops.TPUReplicatedInput(
@@ -75,8 +66,8 @@ class TPUReplicaContext(LogicalDevices, replica_context.ReplicaContext):
 
   def all_gather(self, value, axis, options=None):
     """Each tensor of `value` concatenated along `axis` over the replicas:
-    the `CrossReplicaSum` of the tensor placed at this replica's slot of
-    zeros, or for types that sum cannot carry, an `AllToAll`."""
+    a `CrossReplicaSum` of one-hot slots, or an `AllToAll` for types that
+    sum cannot carry."""
     del options
     replica_context.refuse_indexed_slices(value, "all_gather")
     count = self.num_replicas_in_sync
@@ -114,8 +105,8 @@ _CROSS_REPLICA_SUM_DTYPES = (tf.bfloat16, tf.float16, tf.float32, tf.float64,
 
 
 def enclosing_step(strategy):
-  """The `TPUReplicaContext` of `strategy`'s TPU computation (or XLA check)
-  being traced here, its `merge_call`s included; None elsewhere."""
+  """The `TPUReplicaContext` of `strategy`'s computation (or XLA check)
+  being traced here; None elsewhere."""
   context = contexts.enclosing_replica_context()
   if isinstance(context, TPUReplicaContext) and context.strategy is strategy:
     return context
@@ -132,15 +123,9 @@ def cross_replica(reduce_op, value, num_replicas):
 
 def replicate(strategy, fn, args, kwargs, device_assignment, options,
               use_spmd_for_xla_partitioning):
-  """`fn(*args, **kwargs)` as one `tpu.replicate` computation; returns the
-  replicas' results grouped into distributed values.
-
-  `options` (`RunOptions`): with `experimental_enable_dynamic_batch_size`
-  every dimension of the inputs may vary (XLA pads them), with
-  `experimental_bucketizing_dynamic_shape` to the next power of two;
-  `experimental_xla_options` default to partitioning with SPMD exactly when
-  `use_spmd_for_xla_partitioning`.
-  """
+  """`fn(*args, **kwargs)` as one `tpu.replicate` computation, the
+  replicas' results grouped into distributed values. `options` is the
+  `RunOptions` (dynamic batch, bucketizing, XLA options)."""
   count = strategy.num_replicas_in_sync
   per_replica = [values_lib.select_replica(i, (args, kwargs)) for i in range(count)]
   inputs = [split_inputs(p)[0] for p in per_replica]
@@ -170,10 +155,8 @@ def replicate(strategy, fn, args, kwargs, device_assignment, options,
 
 
 def split_inputs(inputs):
-  """The tensors of the nest `inputs`, which a TPU computation takes as its
-  inputs (variables stay variables, captured by the computation, as in
-  TensorFlow's `TPUStrategy`), and a function that puts other tensors in
-  their places."""
+  """The tensors of the nest `inputs` (variables stay captured, as in
+  TensorFlow), and a function putting other tensors in their places."""
   leaves = tf.nest.flatten(inputs)
   positions = [i for i, leaf in enumerate(leaves)
                if tf.is_tensor(leaf) and not isinstance(leaf, tf.Variable)]
@@ -192,11 +175,8 @@ def output_tensors(result):
 
 
 def maximum_shapes(replica_inputs, options):
-  """Each input's shape with every dimension unknown, so that XLA pads
-  inputs whose shapes vary between steps; None without dynamic batches (or
-  inputs). Raises `ValueError` for an input of unknown rank where a dynamic
-  batch is enabled (as by default): XLA can pad dimensions of unknown size,
-  never an unknown number of them."""
+  """Each input's shape with every dimension unknown, for XLA to pad; None
+  without a dynamic batch. XLA cannot pad an input of unknown rank."""
   if not options.experimental_enable_dynamic_batch_size:
     return None
   for tensor in replica_inputs:
@@ -207,9 +187,8 @@ def maximum_shapes(replica_inputs, options):
 
 
 class XlaCheckReplicaContext(TPUReplicaContext):
-  """Replica 0 of the compile check: collectives give results of the right
-  shapes (the input itself, or replica 0's value for every replica), and
-  distributed variables are replica 0's components."""
+  """Replica 0 of the compile check: collectives are stand-ins of the right
+  shapes, distributed variables replica 0's components."""
 
   @property
   def replica_id_in_sync_group(self):
@@ -234,22 +213,14 @@ class XlaCheckReplicaContext(TPUReplicaContext):
 
 def check_compiles(strategy, fn, args, kwargs, created_variables=()):
   """Raises `tf.errors.InvalidArgumentError`, with XLA's message, where XLA
-  cannot compile `fn(*args, **kwargs)` as replica 0 runs it: an emulated
-  slice checks each step as a TPU compiles it. `created_variables` are the
-  variables the replicas' trace of `fn` created, in order.
+  cannot compile `fn(*args, **kwargs)` as replica 0 runs it, so that an
+  emulated slice refuses what a TPU would. `created_variables`: those the
+  replicas' trace created, in order (reused: the check creates nothing).
 
-  `fn` is traced once more, for replica 0, in a `tf.function(jit_compile=True)`
-  with the replicas' input shapes (unknown dimensions as 1, as a TPU pads a
-  dynamic batch), and lowered to HLO without running. In that trace the
-  collectives are stand-ins of the same shapes, variables are replica 0's
-  components, and a variable the step creates is the one its replicas
-  created: the check creates nothing and never stops the step partway. An
-  error of the step's own code comes earlier, from the replicas' trace, with
-  its own class. The emulation computes with TensorFlow's kernels (XLA on a
-  CPU has no collectives), so where XLA is laxer (it clamps an out-of-range
-  gather index) it is the stricter of the two. Not checked: TF 1.x graphs
-  (XLA cannot capture their variables), inputs that are not dense tensors of
-  known rank, and resources made inside the step (a table, an iterator).
+  `fn` is traced again for replica 0 under `jit_compile=True` with static
+  input shapes (unknown dimensions as 1, as a TPU pads them) and lowered to
+  HLO without running. Not checked: TF 1.x graphs, inputs that are not dense
+  tensors of known rank, resources made inside the step.
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> strategy = tf_distribute_lite.TPUStrategy(resolver)
@@ -310,18 +281,16 @@ _UNUSED = tf.TensorSpec([], tf.int32)
 
 
 def _static(spec):
-  """`spec` with its unknown dimensions as 1: a TPU pads a dynamic batch to
-  a static shape, so any size shows whether the step compiles. None where
-  the spec is not a dense tensor's of known rank."""
+  """`spec` with unknown dimensions as 1 (a TPU pads them); None unless a
+  dense tensor's of known rank."""
   if not isinstance(spec, tf.TensorSpec) or spec.shape.rank is None:
     return None
   return tf.TensorSpec([1 if d is None else d for d in spec.shape.as_list()], spec.dtype)
 
 
 def _lowerable(traced, device):
-  """The values to compile `traced` with on `device`, for what it captured
-  (XLA needs their shapes, not their values); None where a capture has no
-  stand-in."""
+  """Values of `traced`'s captures to compile with on `device` (XLA needs
+  only their shapes); None where one has no stand-in."""
   variables = {id(v.handle): v for v in traced.variables}
   with tf.init_scope():
     values = [_lowerable_value(value, variables.get(id(value)), device)
@@ -330,12 +299,9 @@ def _lowerable(traced, device):
 
 
 def _lowerable_value(value, variable, device):
-  """An eager `value` itself, unless it is a variable (`variable`) not yet
-  initialized or on another device than `device` (as replica 0's variables
-  on its other logical devices are): a variable of zeros of its shape on
-  `device`. A tensor of the enclosing trace: zeros of its shape (a TPU
-  computation takes such a tensor as an input, not a constant). None for a
-  resource of the enclosing trace, or a shape of unknown rank."""
+  """An eager `value` itself, except a `variable` uninitialized or off
+  `device`: a zeros variable on `device`. A symbolic tensor: zeros of its
+  shape. None for a symbolic resource, or an unknown rank."""
   if tf.is_symbolic_tensor(value):
     spec = _static(tf.TensorSpec(value.shape, value.dtype))
     if spec is None or value.dtype in (tf.resource, tf.variant):

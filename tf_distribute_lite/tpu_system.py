@@ -65,8 +65,7 @@ def _require_tpu_system(cluster_resolver):
 
 @contextlib.contextmanager
 def _missing_tpu_is_not_found(cluster_resolver, step):
-  """Turns the `InvalidArgumentError` of a system op that finds no TPU into
-  `NotFoundError`, as TensorFlow does."""
+  """A system op's `InvalidArgumentError` as `NotFoundError`, as in TF."""
   try:
     yield
   except tf.errors.InvalidArgumentError as e:
@@ -93,8 +92,7 @@ def _configure_op(job):
 
 
 def initialize_function(job=None):
-  """The `tf.function` that initializes the TPU system and returns its
-  serialized topology.
+  """The `tf.function` initializing the TPU system (returns its topology).
 
   >>> graph = initialize_function().get_concrete_function().graph
   >>> [op.type for op in graph.get_operations()][0]

@@ -1,10 +1,6 @@
-"""Variable policies: how a strategy makes, places and updates its variables.
-
-`extended._variables` is one; `extended` hands it `_create_variable`,
-`update`, `update_non_slot`, `parameter_devices`, `non_slot_devices` and
-`_replica_local_variable`. It reads the replicas' devices from its strategy,
-so it follows them (a TPU's `experimental_logical_device`).
-"""
+"""Variable policies: how a strategy makes, places and updates variables
+(`extended._variables`, to which `extended` delegates variable creation,
+updates and parameter devices)."""
 
 import contextlib
 import weakref
@@ -19,8 +15,8 @@ from tf_distribute_lite import values as values_lib
 
 
 class VariablePolicy:
-  """Plain variables, on `device` if given (`OneDeviceStrategy`), else
-  where the caller puts them (the default strategy); updates run once."""
+  """Plain variables on `device` (`OneDeviceStrategy`), or where the caller
+  puts them (the default strategy); updates run once."""
 
   def __init__(self, strategy, device=None):
     self._strategy = weakref.ref(strategy)
@@ -28,19 +24,17 @@ class VariablePolicy:
 
   @property
   def parameter_devices(self):
-    """The devices variables are placed on."""
     if self._device is None:
       raise RuntimeError(
           "parameter_devices() method unsupported by default tf.distribute.Strategy.")
     return (self._device,)
 
   def non_slot_devices(self, var_list):
-    """Where variables that belong to no other go (an optimizer's step)."""
+    """Where variables of no other go (an optimizer's step)."""
     del var_list
     return self.parameter_devices
 
   def create(self, next_creator, **kwargs):
-    """The variable that a variable creator's `kwargs` describe."""
     colocate_with = kwargs.pop("colocate_with", None)
     with _on(self._device if colocate_with is None else colocate_with.device):
       return next_creator(**kwargs)
@@ -50,8 +44,8 @@ class VariablePolicy:
     return self.update_non_slot(var, fn, (var, *args), kwargs, group)
 
   def update_non_slot(self, colocate_with, fn, args, kwargs, group):
-    """`fn` once, in TensorFlow's update context; ungrouped, each value of
-    the result as the tuple of its per-replica values, as in TensorFlow."""
+    """`fn` once, in TensorFlow's update context; ungrouped, each value as
+    a tuple, as in TensorFlow."""
     with _on(self._update_device(colocate_with)), contexts.UpdateContext(0):
       result = fn(*args, **kwargs)
     return result if group else _ungrouped(result)
@@ -75,10 +69,9 @@ def _ungrouped(result):
 
 
 class MirroredPolicy(VariablePolicy):
-  """A component per replica device, in a `MirroredVariable` or (ON_READ) a
-  `SyncOnReadVariable`; updates apply to each component. `initial_value`,
-  if given, maps a variable's initial value and dtype to the one its
-  components take (`MultiWorkerMirroredStrategy`: the chief's)."""
+  """A component per replica device, in a `MirroredVariable` or (ON_READ)
+  `SyncOnReadVariable`. `initial_value`, if given, maps an initial value
+  and dtype to the components' (`MultiWorkerMirroredStrategy`: the chief's)."""
 
   def __init__(self, strategy, initial_value=None):
     super().__init__(strategy)
@@ -136,9 +129,8 @@ class MirroredPolicy(VariablePolicy):
 
 
 def _update_each(devices, fn, leading_args, args, kwargs, group):
-  """Each device's update, in TensorFlow's update context of its replica
-  and, in a graph, in name scope `update_<i>` as in TensorFlow (helpers such
-  as `assign_moving_average` name their ops after the scope); with `group`,
+  """Each device's update in its replica's update context (in a graph, in
+  name scope `update_<i>`, as TensorFlow's helpers expect); with `group`,
   one value that runs them all."""
   results = []
   in_graph = not tf.executing_eagerly()
@@ -167,8 +159,8 @@ def _update_each(devices, fn, leading_args, args, kwargs, group):
 
 
 def _collect_instead(components, variable):
-  """In a TF1 graph, puts `variable` where its components were put in the
-  graph's collections (`tf.compat.v1.trainable_variables()` and such)."""
+  """Puts `variable` in place of its components in a TF1 graph's
+  collections."""
   graph = tf.compat.v1.get_default_graph()
   for key in graph.get_all_collection_keys():
     collection = graph.get_collection_ref(key)
@@ -181,9 +173,7 @@ def _collect_instead(components, variable):
 
 def _copy_of(primary):
   """The initial value of components i > 0: the primary's value, read once
-  for all of them (each variable copies it onto its own device); in a TF1
-  graph, whose initializers run in one `session.run`, the primary's initial
-  value tensor, which that run computes once for all of them."""
+  per graph; in a TF1 graph, its initial value tensor."""
   if not tf.executing_eagerly() and not tf.compat.v1.get_default_graph().building_function:
     return primary.initial_value
   reads = {}
@@ -197,9 +187,8 @@ def _copy_of(primary):
 
 
 class TPUPolicy(MirroredPolicy):
-  """Mirrored; inside a TPU computation, or its compile check, a replica
-  reads and updates the variable that the computation's replica context
-  (`step()`, None elsewhere) gives for its own component."""
+  """Mirrored; inside a TPU computation (`step()`, else None) a replica
+  uses the variable its replica context gives."""
 
   def __init__(self, strategy, step):
     super().__init__(strategy)
@@ -218,9 +207,9 @@ class TPUPolicy(MirroredPolicy):
 
 
 class CentralStoragePolicy(VariablePolicy):
-  """Each variable once, where `device` (or a device function) puts it: by
-  default the only replica device, or the CPU; for several replicas an
-  `AggregatingVariable`. `parameter_devices` default to that device."""
+  """Each variable once, on `device` (or a device function; by default the
+  only replica device, or the CPU), an `AggregatingVariable` for several
+  replicas."""
 
   def __init__(self, strategy, device=None, parameter_devices=None):
     super().__init__(strategy)
@@ -252,8 +241,8 @@ class CentralStoragePolicy(VariablePolicy):
 
   @contextlib.contextmanager
   def _placement(self, colocate_with):
-    """Next to `colocate_with`, else on the variable device whatever
-    colocation the caller's code asks for, as TensorFlow places it."""
+    """Next to `colocate_with`, else on the variable device, ignoring the
+    caller's colocation, as TensorFlow does."""
     if colocate_with is not None:
       with tf.device(colocate_with.device):
         yield
@@ -274,10 +263,9 @@ class CentralStoragePolicy(VariablePolicy):
 
 
 class ParameterServerPolicy(VariablePolicy):
-  """Variables on `num_ps` ps tasks in turn; one that `partitioner` (or
-  None) splits is a `ShardedVariable`, its shards on successive ps tasks. A
-  slot goes with its variable; that of a `ShardedVariable` to
-  `coordinator_device`, where the whole value is read, as in TensorFlow."""
+  """Variables (or `partitioner`'s shards, as a `ShardedVariable`) on the
+  `num_ps` ps tasks in turn. A slot goes with its variable, that of a
+  `ShardedVariable` to `coordinator_device`, as in TensorFlow."""
 
   def __init__(self, strategy, num_ps, partitioner, coordinator_device):
     super().__init__(strategy)
