@@ -165,7 +165,7 @@ def test_input_fn_returning_a_callable_like_tf(kind, graph):
       return [[int(v) for v in step] for step in steps], len(calls)
   replicas = 1 if kind == "one_device" else 2
   values = list(range(10, 10 * (2 * replicas + 1), 10))
-  assert same(run, TF1, OURS) == (
+  assert compare(run, (TF1,), (OURS,)) == (
       [values[:replicas], values[replicas:]], 2 * replicas)
 
 
@@ -173,7 +173,7 @@ def test_input_fn_returning_a_callable_like_tf(kind, graph):
 def test_input_fn_returning_neither_dataset_nor_callable_raises_value_error(made):
   def run(mod):
     return _mirrored(mod).make_input_fn_iterator(lambda ctx: made)
-  assert same(run, TF1, OURS) is ValueError
+  assert compare(run, (TF1,), (OURS,)) == ValueError
   with pytest.raises(ValueError, match="input_fn must return a tf.data.Dataset or a "
                                        "callable; .* returned 42 of type int"):
     _mirrored(OURS).make_input_fn_iterator(lambda ctx: 42)
