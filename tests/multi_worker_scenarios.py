@@ -87,6 +87,8 @@ def basics(ctx):
       "task": [strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id],
       # tf_keras reads these (docs/client_private_names.md).
       "client_private_names": client_private_names(strategy),
+      # The collective leader, device filter and allocator of TF 1.x sessions.
+      "session_config": str(strategy.update_config_proto(tf.compat.v1.ConfigProto())),
       "replica_ids": _local(strategy, strategy.run(lambda: _replica_id(mod))),
       "value_ids": _local(strategy, strategy.experimental_distribute_values_from_function(
           lambda context: context.replica_id_in_sync_group)),

@@ -274,6 +274,8 @@ def _assert_strategy_api_matches_tensorflow(results):
     assert ours["replica_ids"] == ours["value_ids"] == [index]
     names = ours["client_private_names"]
     assert (names["extended._in_multi_worker_mode"], names["extended._task_id"]) == (True, index)
+    assert f'device_filters: "/job:worker/task:{index}"' in ours["session_config"]
+    assert 'collective_group_leader: "/job:worker/replica:0/task:0"' in ours["session_config"]
     assert ours["initial_value"] == ours["read_in_replica_context_by_hand"] == 10.0  # the chief's
     assert ours["counter"] == num_workers
     assert ours["saving_all_reduce"] is True  # TF's refusal of collectives
