@@ -10,6 +10,7 @@ import contextlib
 
 import tensorflow as tf
 
+from tf_distribute_lite import communicator as communicator_lib
 from tf_distribute_lite import contexts
 from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import device_util
@@ -18,6 +19,7 @@ from tf_distribute_lite import distributed_variables
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import values as values_lib
+from tf_distribute_lite.layout import Layout
 
 _LOCAL_CPU = "/device:CPU:0"
 
@@ -78,17 +80,18 @@ class ParameterServerStrategyExtended(mirrored_strategy.MirroredExtended):
   _between_graph = True
   # Read by tf_keras (docs/client_private_names.md): the cluster task this
   # process is; a strategy on one machine has none.
-  _task_type = None
-  _task_id = None
+  _task_type = property(lambda self: self._layout.task_type)
+  _task_id = property(lambda self: self._layout.task_id)
 
   def __init__(self, container_strategy, compute_devices, parameter_device):
     if compute_devices is None:
       compute_devices = device_util.local_devices("GPU") or (_LOCAL_CPU,)
+    layout = Layout(mirrored_strategy.resolve_devices(compute_devices))
     on_cpu = cross_device_ops_lib.ReductionToOneDevice(
         reduce_to_device=device_util.canonicalize(_LOCAL_CPU))
-    super().__init__(container_strategy, compute_devices, on_cpu)
+    super().__init__(container_strategy, layout,
+                     communicator_lib.Communicator(layout, on_cpu, on_cpu))
     self.experimental_enable_get_next_as_optional = False  # as in TensorFlow
-    self._host_ops = on_cpu
     if parameter_device is None:
       parameter_device = self._devices[0] if len(self._devices) == 1 else _LOCAL_CPU
     self._parameter_device = parameter_device

@@ -11,6 +11,7 @@ from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import replica_context
 from tf_distribute_lite import strategy_v1
+from tf_distribute_lite.layout import Layout
 
 
 class OneDeviceStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
@@ -38,15 +39,15 @@ class OneDeviceExtended(strategy_v1.StrategyExtendedV1):
 
   def __init__(self, container_strategy, device):
     super().__init__(container_strategy)
-    self._device = device_util.canonicalize(device)
+    self._layout = Layout((device_util.canonicalize(device),))
+
+  _device = property(lambda self: self._layout.devices[0])
 
   @property
   def worker_devices(self):
-    return (self._device,)
+    return self._layout.devices
 
-  @property
-  def parameter_devices(self):
-    return (self._device,)
+  parameter_devices = worker_devices
 
   def _create_variable(self, next_creator, **kwargs):
     colocate_with = kwargs.pop("colocate_with", None)
@@ -72,7 +73,7 @@ class OneDeviceExtended(strategy_v1.StrategyExtendedV1):
 
   def non_slot_devices(self, var_list):
     del var_list
-    return (self._device,)
+    return self._layout.devices
 
 
 class _OneDeviceReplicaContext(replica_context.ReplicaContext):

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import replica_context
+from tf_distribute_lite.communicator import cross_replica
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
 
@@ -97,14 +98,6 @@ def replicated_variable(variable):
       inputs=[component.handle for component in variable.values],
       is_mirrored_variable=True)
   return _tf_bridge.variable_of_handle(handle, variable)
-
-
-def cross_replica(reduce_op, value, num_replicas):
-  """`value` summed (or averaged) over the replicas of a TPU computation."""
-  total = tf.compat.v1.tpu.cross_replica_sum(tf.convert_to_tensor(value))
-  if reduce_op == ReduceOp.MEAN:
-    total = total / tf.cast(num_replicas, total.dtype)
-  return total
 
 
 def replicate(strategy, fn, args, kwargs, device_assignment, options):

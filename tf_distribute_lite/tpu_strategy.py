@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import communicator as communicator_lib
 from tf_distribute_lite import contexts
 from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
@@ -40,6 +41,7 @@ from tf_distribute_lite import tpu_system
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.cluster_resolver import TPUClusterResolver
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
+from tf_distribute_lite.layout import Layout
 
 
 class _TPUStrategyMethods:
@@ -267,7 +269,10 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     self._run_options = distribute_lib.RunOptions()  # those of the current `run`
     self._replicated_variables = {}
     self._logical_device = 0  # where variables go (`experimental_logical_device`)
-    super().__init__(container_strategy, [cores[0] for cores in self._tpu_devices], None)
+    layout = Layout(tuple(device_util.canonicalize(cores[0]) for cores in self._tpu_devices))
+    extended = weakref.ref(self)
+    super().__init__(container_strategy, layout, communicator_lib.TPUCommunicator(
+        layout, lambda: extended()._tpu_mode))  # pylint: disable=protected-access
 
   @property
   def worker_devices(self):
@@ -412,18 +417,6 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
       # TensorFlow (Keras legacy optimizers extend a list with it).
       return result if group else (result,)
     return super()._update(var, fn, args, kwargs, group)
-
-  def _reduce_to(self, reduce_op, value, destinations, options):
-    if self._tpu_mode and not isinstance(value, tf.distribute.DistributedValues):
-      if self._tpu_mode == "xla_check":
-        return value
-      return tpu_replication.cross_replica(reduce_op, value, self._num_replicas_in_sync)
-    return super()._reduce_to(reduce_op, value, destinations, options)
-
-  def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
-    if self._tpu_mode:
-      return [self._reduce_to(reduce_op, v, d, options) for v, d in value_destination_pairs]
-    return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
 
   def _annotated(self, tensor, kind, detail):
     """`tensor` with an XLA sharding annotation; unchanged on an emulated
