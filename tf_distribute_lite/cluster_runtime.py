@@ -116,13 +116,7 @@ def task_layout(cluster_spec, task_type, task_id):
   `Layout` without devices: the chief and the workers train together, the
   chief first; the chief (else worker 0) writes checkpoints and summaries.
   An evaluator works alone, a "ps" task serves, as does the only process of
-  no cluster.
-
-  >>> cluster = tf.train.ClusterSpec({"chief": ["a:1"], "worker": ["b:1", "c:1"]})
-  >>> layout = task_layout(cluster, "worker", 1)
-  >>> layout.num_workers, layout.worker_index, layout.is_chief
-  (3, 2, False)
-  """
+  no cluster."""
   if not cluster_spec.jobs:
     return Layout()
   if task_type not in _COORDINATED_JOBS:

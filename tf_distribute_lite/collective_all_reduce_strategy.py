@@ -27,7 +27,6 @@ from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import strategy_v1
-from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 from tf_distribute_lite.collective_util import CommunicationImplementation
@@ -192,12 +191,6 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
   def _make_replica_context(self, replica_id, runner):
     return _MirroredReplicaContext(self._container_strategy(), replica_id, runner,
                                    self._layout.replica_offset)
-
-  def _distribute_values_from_function(self, value_fn):
-    return values_lib.regroup(
-        [value_fn(distribute_lib.ValueContext(self._layout.replica_offset + i,
-                                              self._num_replicas_in_sync))
-         for i in range(len(self._devices))], always_wrap=True)
 
   def _input_context(self):
     return input_context_lib.InputContext(

@@ -40,12 +40,6 @@ class Communicator:
     cross_device_ops: a `CrossDeviceOps`; by default
       `default_cross_device_ops(layout.devices)`.
     host_ops: what reduces on one device; by default `ReductionToOneDevice()`.
-
-  >>> from tf_distribute_lite.layout import Layout
-  >>> communicator = Communicator(Layout(("/cpu:0", "/cpu:1")))
-  >>> communicator.reduce_to(tf_distribute_lite.ReduceOp.SUM, tf_distribute_lite.values.PerReplica(
-  ...     [tf.constant(1.0), tf.constant(2.0)]), "/cpu:0", None)
-  <tf.Tensor: shape=(), dtype=float32, numpy=3.0>
   """
 
   def __init__(self, layout, cross_device_ops=None, host_ops=None):
@@ -66,7 +60,16 @@ class Communicator:
     if reduce_op == ReduceOp.MEAN and _is_mirrored(value):
       return value
     if not isinstance(value, tf.distribute.DistributedValues):
-      return self._reduce_shared_value(reduce_op, value, destinations)
+      # The same object on every replica: MEAN (or a sum of zeros) is itself.
+      if reduce_op == ReduceOp.MEAN or (not tf.is_tensor(value) and _is_all_zero(value)):
+        return value
+      if len(self.layout.devices) != 1:
+        raise ValueError(
+            f"A non-DistributedValues value {value!s} cannot be reduced with "
+            f"the given reduce op {reduce_op}. Summing one value that every "
+            f"replica shares is ambiguous: pass per-replica values (from "
+            f"strategy.run) or use ReduceOp.MEAN.")
+      return cross_device_ops_lib.simple_broadcast(value, destinations)
     destinations = self._destination_devices(destinations)
     devices = cross_device_ops_lib.devices_of(destinations)
     ops = self._ops_for(value)
@@ -127,13 +130,9 @@ class Communicator:
 
   def _placed(self, value, ops):
     """`value` with each component on its replica's device, where `ops`
-    all-reduces in place (reducing on one device reads components anywhere).
-
-    The components of a distributed value belong to the replicas in order,
-    wherever they were made: a `tf.function` argument has no device, and a
-    value from `experimental_distribute_values_from_function` sits where
-    `value_fn` made it.
-    """
+    all-reduces in place: components belong to the replicas in order,
+    wherever they were made (a `tf.function` argument has no device; a
+    `value_fn` may make them anywhere)."""
     if (not cross_device_ops_lib.all_reduces_in_place(ops) or
         not self._is_per_replica(value)):
       return value
@@ -153,18 +152,6 @@ class Communicator:
     this strategy (its components belong to the replicas, wherever they
     were made), else `destinations` itself."""
     return self.layout.devices if self._is_per_replica(destinations) else destinations
-
-  def _reduce_shared_value(self, reduce_op, value, destinations):
-    """Reduces a value that is the same object on every replica."""
-    if reduce_op == ReduceOp.MEAN or (not tf.is_tensor(value) and _is_all_zero(value)):
-      return value
-    if len(self.layout.devices) != 1:
-      raise ValueError(
-          f"A non-DistributedValues value {value!s} cannot be reduced with "
-          f"the given reduce op {reduce_op}. Summing one value that every "
-          f"replica shares is ambiguous: pass per-replica values (from "
-          f"strategy.run) or use ReduceOp.MEAN.")
-    return cross_device_ops_lib.simple_broadcast(value, destinations)
 
   def _refuse_other_workers(self, destinations):
     if self.layout.task_type is None or destinations is None:
@@ -397,15 +384,12 @@ def _mean_in_dtype(total, count):
 
 
 class TPUCommunicator(Communicator):
-  """The reductions of a TPU strategy.
-
-  `tpu_step()` names the TPU step being traced: "replicate" inside
-  `tpu.replicate`, "xla_check" in an emulated slice's compile check (see
-  `tpu_compilation`), else None. In such a step a value that is not
-  distributed is every replica's, traced once: it reduces with
-  `CrossReplicaSum`, or, in the compile check, stands for its reduction as
-  it is. Other values reduce as on the replicas of one process.
-  """
+  """The reductions of a TPU strategy. `tpu_step()` names the TPU step
+  being traced: "replicate" (`tpu.replicate`), "xla_check" (an emulated
+  slice's compile check) or None. There a value that is not distributed is
+  every replica's, traced once: it reduces with `CrossReplicaSum`, or, in
+  the compile check, stands for its reduction. Other values reduce as on
+  the replicas of one process."""
 
   def __init__(self, layout, tpu_step):
     super().__init__(layout)

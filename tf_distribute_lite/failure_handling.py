@@ -33,7 +33,6 @@ from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import gce_metadata
 from tf_distribute_lite import termination_config as termination_config_lib
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
-from tf_distribute_lite.cluster_resolver import tpu_cluster_resolver
 from tf_distribute_lite.layout import Layout
 from tf_distribute_lite.tf_classes import StandsFor
 
@@ -321,9 +320,7 @@ class MissingCheckpointDirError(tf.errors.InvalidArgumentError, TypeError):
 def _task_layout(resolver):
   """Where this worker stands among those that agree on a step to save at;
   a TPU's single client, or a process without a cluster, stands alone."""
-  if resolver is None or isinstance(resolver, (
-      tpu_cluster_resolver.TPUClusterResolver,
-      tf.distribute.cluster_resolver.TPUClusterResolver)):
+  if resolver is None or hasattr(resolver, "get_tpu_system_metadata"):
     return Layout()
   spec = resolver.cluster_spec()
   if "ps" in spec.jobs:

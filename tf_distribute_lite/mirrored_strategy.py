@@ -169,9 +169,9 @@ class MirroredExtended(strategy_v1.StrategyExtendedV1):
     return _MirroredReplicaContext(self._container_strategy(), replica_id, runner)
 
   def _distribute_values_from_function(self, value_fn):
-    n = len(self._devices)
+    first, count = self._layout.replica_offset, self._layout.num_replicas
     return values_lib.regroup(
-        [value_fn(distribute_lib.ValueContext(i, n)) for i in range(n)],
+        [value_fn(distribute_lib.ValueContext(first + i, count)) for i in range(len(self._devices))],
         always_wrap=True)
 
   # --- Reductions: all through the communicator.
