@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tf_distribute_lite import cluster_runtime
+from tf_distribute_lite import layout as layout_lib
 
 WORKERS = tf.train.ClusterSpec({"worker": ["a:1", "b:2", "c:3"]})
 WITH_CHIEF = tf.train.ClusterSpec({"chief": ["c:1"], "worker": ["w:1", "w:2"],
@@ -19,13 +20,19 @@ WITH_CHIEF = tf.train.ClusterSpec({"chief": ["c:1"], "worker": ["w:1", "w:2"],
     (WORKERS, ("worker", 2), (3, 2, False, "/job:worker/replica:0/task:0")),
     (WITH_CHIEF, ("chief", 0), (3, 0, True, "/job:chief/replica:0/task:0")),
     (WITH_CHIEF, ("worker", 0), (3, 1, False, "/job:chief/replica:0/task:0")),
-    (WITH_CHIEF, ("evaluator", 0), (3, 0, True, "/job:chief/replica:0/task:0")),
+    (WITH_CHIEF, ("evaluator", 0), (1, 0, True, "/job:chief/replica:0/task:0")),
+    (tf.train.ClusterSpec({"worker": ["a:1"], "ps": ["b:1"]}), ("ps", 0),
+     (1, 0, False, "/job:worker/replica:0/task:0")),
 ])
 def test_questions_about_a_cluster(cluster, task, expected):
-  assert (cluster_runtime.worker_count(cluster),
-          cluster_runtime.id_in_cluster(cluster, *task),
-          cluster_runtime.is_chief(cluster, *task),
+  layout = cluster_runtime.task_layout(cluster, *task)
+  assert (layout.num_workers, layout.worker_index, layout.is_chief,
           cluster_runtime.leader(cluster)) == expected
+  assert (layout.task_type, layout.task_id, layout.devices) == (*task, ())
+
+
+def test_without_a_cluster_a_process_is_alone():
+  assert cluster_runtime.task_layout(tf.train.ClusterSpec({}), "worker", 1) == layout_lib.Layout()
 
 
 @pytest.mark.parametrize("cluster, task_type, task_id, message", [
@@ -52,13 +59,6 @@ def test_configure_collectives_sets_the_leader_the_task_filter_and_the_allocator
   assert (config.experimental.collective_group_leader, list(config.device_filters),
           list(rewrites.scoped_allocator_opts.enable_op)) == (
               "/job:chief/replica:0/task:0", ["/job:worker/task:1"], ["CollectiveReduce"])
-
-
-def test_a_ps_task_has_no_id_as_in_tensorflow():
-  cluster = tf.train.ClusterSpec({"worker": ["a:1"], "ps": ["b:1"]})
-  cluster_runtime.validate_task(cluster, "ps", 0)
-  with pytest.raises(ValueError, match="^There is no id for task_type 'ps'"):
-    cluster_runtime.id_in_cluster(cluster, "ps", 0)
 
 
 def test_an_evaluator_need_not_be_in_the_cluster():

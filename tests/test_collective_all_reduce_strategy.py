@@ -281,7 +281,7 @@ def _assert_strategy_api_matches_tensorflow(results):
     assert ours["saving_all_reduce"] is True  # TF's refusal of collectives
     # Every field of CommunicationOptions reaches the collective ops; with
     # none the timeout is finite. Two strategies in one program do not collide.
-    default_timeout = tfd.collective_all_reduce_strategy.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
+    default_timeout = tfd.communicator.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
     assert collective_ops == [[3, ["ring"], [7.5], 35.0 * num_workers],
                               [1, ["auto"], [default_timeout], 35.0 * num_workers]]
     if index == 0:

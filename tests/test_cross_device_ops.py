@@ -884,3 +884,29 @@ def test_one_replicas_sparse_value_reduces_to_itself_as_in_tf():
     reduced = strategy.reduce("SUM", strategy.run(_sparse), axis=None)
     return tf.sparse.to_dense(reduced).numpy().tolist()
   assert oracle.compare(snippet, (oracle.TF,), (oracle.TFD,)) == [[1.0, 1.0], [1.0, 1.0]]
+
+
+def test_every_group_has_its_own_key_and_groups_across_workers_their_own_range():
+  """Collective groups of different sizes in one process never share a key;
+  the keys of groups across workers follow one another whatever local
+  groups are made between them, so workers that make the same multi-worker
+  strategies derive the same keys."""
+  first = cross_device_ops_lib.next_group_key(across_workers=True)
+  collective = cross_device_ops_lib.CollectiveAllReduce
+  local = [collective(DEVICES[:2]), collective(DEVICES),
+           tfd.MirroredStrategy(DEVICES[:3], cross_device_ops=collective(DEVICES[:3]))]
+  second = cross_device_ops_lib.next_group_key(across_workers=True)
+  local_keys = {ops._group_key for ops in local[:2]}  # pylint: disable=protected-access
+  local_keys.add(local[2].extended._communicator.cross_device_ops._group_key)  # pylint: disable=protected-access
+  assert second == first + 1
+  assert len(local_keys) == 3 and not local_keys & {first, second}
+
+
+@pytest.mark.parametrize("dtype, expected", [(tf.float32, 1.5), (tf.int32, 1.5)])
+def test_mean_from_sum_divides_truly_on_the_values_device(dtype, expected):
+  with tf.device(DEVICES[1]):
+    total = tf.constant(3, dtype)
+  slices = tf.IndexedSlices(tf.constant([3.0]), tf.constant([0]), tf.constant([2]))
+  mean = cross_device_ops_lib.mean_from_sum(total, 2)
+  assert (mean.numpy().item(), mean.device) == (expected, DEVICES[1])
+  assert cross_device_ops_lib.mean_from_sum(slices, 2).values.numpy().tolist() == [1.5]

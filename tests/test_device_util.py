@@ -62,3 +62,20 @@ def test_local_devices_and_presence_in_a_graph():
     assert device_util.is_present("/replica:0/task:0/device:CPU:3")
     assert device_util.is_present(DEVICES[3])
     assert not device_util.is_present("/replica:0/task:0/device:CPU:4")
+
+
+def test_on_device_copies_only_what_is_elsewhere():
+  with tf.device(DEVICES[1]):
+    here = tf.constant([1.0, 2.0])
+    variable = tf.Variable([3.0])
+  slices = tf.IndexedSlices(here, tf.constant([0, 1]))
+  assert device_util.on_device(here, DEVICES[1]) is here
+  copied = device_util.on_device(here, DEVICES[1], copy=True)
+  assert copied is not here and copied.device == DEVICES[1]
+  moved = device_util.on_device(here, DEVICES[2])
+  assert (moved.device, moved.numpy().tolist()) == (DEVICES[2], [1.0, 2.0])
+  read = device_util.on_device(variable, DEVICES[1])
+  assert isinstance(read, tf.Tensor) and read.numpy().tolist() == [3.0]
+  assert device_util.on_device(slices, DEVICES[1]) is slices
+  assert device_util.on_device(slices, DEVICES[3]).indices.device == DEVICES[3]
+  assert device_util.on_device(2.5, DEVICES[3]).device == DEVICES[3]

@@ -19,8 +19,12 @@ MODULES = pytest.mark.parametrize("mod", [tf.distribute, tfd], ids=["tf", "tfd"]
 
 
 def _cross_device_ops(strategy):
-  """The algorithm a strategy reduces with (private in TF and here alike)."""
-  return strategy.extended._cross_device_ops  # pylint: disable=protected-access
+  """The algorithm a strategy reduces with (private in TF; here its
+  communicator's)."""
+  extended = strategy.extended
+  if hasattr(extended, "_communicator"):
+    return extended._communicator.cross_device_ops  # pylint: disable=protected-access
+  return extended._cross_device_ops  # pylint: disable=protected-access
 
 
 def _replica_ids_all_reduced(mod, strategy, run_mode):

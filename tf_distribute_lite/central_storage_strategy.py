@@ -8,12 +8,14 @@ every variable exists once, on the parameter device. Updates made inside
 
 import tensorflow as tf
 
+from tf_distribute_lite import communicator as communicator_lib
 from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import variable_policy
+from tf_distribute_lite.layout import Layout
 
 _LOCAL_CPU = "/device:CPU:0"
 
@@ -79,12 +81,13 @@ class ParameterServerStrategyExtended(mirrored_strategy.MirroredExtended):
   def __init__(self, container_strategy, compute_devices, parameter_device):
     if compute_devices is None:
       compute_devices = device_util.local_devices("GPU") or (_LOCAL_CPU,)
+    layout = Layout(mirrored_strategy.resolve_devices(compute_devices))
     on_cpu = cross_device_ops_lib.ReductionToOneDevice(
         reduce_to_device=device_util.canonicalize(_LOCAL_CPU))
-    super().__init__(container_strategy, compute_devices, on_cpu,
+    super().__init__(container_strategy, layout,
+                     communicator_lib.Communicator(layout, on_cpu, on_cpu),
                      variable_policy.CentralStoragePolicy(container_strategy, parameter_device))
     self.experimental_enable_get_next_as_optional = False  # as in TensorFlow
-    self._host_ops = on_cpu
 
   @property
   def worker_devices(self):

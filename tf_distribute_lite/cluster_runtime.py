@@ -22,11 +22,12 @@ program had set for SIGTERM stays. `on_sigterm` replaces the handler
 (`PreemptionCheckpointHandler` calls it).
 
 A process joins one cluster, once: TensorFlow configures its runtime at
-program start. The helpers below answer the questions strategies ask of a
-cluster (how many workers, which one is the chief, ...).
+program start. `join` returns the task's `layout.Layout`; `task_layout`
+says where a task stands in a cluster without joining.
 """
 
 import concurrent.futures
+import dataclasses
 import os
 import signal
 import socket
@@ -38,6 +39,7 @@ import tensorflow as tf
 from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import device_util
 from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
+from tf_distribute_lite.layout import Layout
 
 STARTUP_TIMEOUT_VARIABLE = "TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT"
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 900.0
@@ -117,52 +119,20 @@ def validate_task(cluster_spec, task_type, task_id):
           f"the cluster {cluster}.")
 
 
-def worker_count(cluster_spec):
-  """How many tasks train: the chief and the workers.
-
-  >>> worker_count(tf.train.ClusterSpec({"chief": ["a:1"], "worker": ["b:1"]}))
-  2
-  """
-  jobs = cluster_spec.jobs
-  return sum(cluster_spec.num_tasks(job) for job in _COORDINATED_JOBS if job in jobs)
-
-
-def id_in_cluster(cluster_spec, task_type, task_id):
-  """The index of a training task among all of them, the chief first (an
-  evaluator's is its own index). Other tasks (a "ps") have none: `ValueError`,
-  as in TensorFlow.
-
-  >>> cluster = tf.train.ClusterSpec({"chief": ["a:1"], "worker": ["b:1"], "ps": ["c:1"]})
-  >>> id_in_cluster(cluster, "worker", 0)
-  1
-  >>> id_in_cluster(cluster, "ps", 0)
-  Traceback (most recent call last):
-  ...
-  ValueError: There is no id for task_type 'ps': only 'chief' and 'worker' tasks train with MultiWorkerMirroredStrategy (and an 'evaluator' on its own); a 'ps' task serves ParameterServerStrategy.
-  """
-  if task_type == "chief":
-    return 0
-  if task_type == "evaluator":
-    return task_id
-  if task_type != "worker":
-    raise ValueError(
-        f"There is no id for task_type {task_type!r}: only 'chief' and "
-        f"'worker' tasks train with MultiWorkerMirroredStrategy (and an "
-        f"'evaluator' on its own); a 'ps' task serves ParameterServerStrategy.")
+def task_layout(cluster_spec, task_type, task_id):
+  """Where task `task_id` of job `task_type` stands in `cluster_spec`, as a
+  `Layout` without devices: the chief and the workers train together, the
+  chief first; the chief (else worker 0) writes checkpoints and summaries.
+  An evaluator works alone, a "ps" task serves, as does the only process of
+  no cluster."""
+  if not cluster_spec.jobs:
+    return Layout()
+  if task_type not in _COORDINATED_JOBS:
+    return Layout(is_chief=task_type != "ps", task_type=task_type, task_id=task_id)
   chiefs = cluster_spec.num_tasks("chief") if "chief" in cluster_spec.jobs else 0
-  return task_id + chiefs
-
-
-def is_chief(cluster_spec, task_type, task_id):
-  """Whether the task writes checkpoints and summaries: the chief, else
-  worker 0 (and an evaluator, which works alone).
-
-  >>> is_chief(tf.train.ClusterSpec({"worker": ["a:1", "b:1"]}), "worker", 1)
-  False
-  """
-  if task_type in ("chief", "evaluator"):
-    return True
-  return task_type == "worker" and task_id == 0 and "chief" not in cluster_spec.jobs
+  index = 0 if task_type == "chief" else task_id + chiefs
+  return Layout(num_workers=len(_tasks(cluster_spec)), worker_index=index,
+                is_chief=index == 0, task_type=task_type, task_id=task_id)
 
 
 def gpus_per_task(resolver):
@@ -181,15 +151,14 @@ def gpus_per_task(resolver):
 
 
 def replica_devices(task, gpus):
-  """One device per replica of task `task` (a task name, "" for this
-  machine): its `gpus` GPUs, else its CPU.
+  """The canonical device of each replica of task `task` (a task name, ""
+  for this machine): its `gpus` GPUs, else its CPU.
 
   >>> replica_devices("/job:worker/task:1", 2)
-  ('/job:worker/task:1/device:GPU:0', '/job:worker/task:1/device:GPU:1')
+  ('/job:worker/replica:0/task:1/device:GPU:0', '/job:worker/replica:0/task:1/device:GPU:1')
   """
-  if gpus:
-    return tuple(f"{task}/device:GPU:{i}" for i in range(gpus))
-  return (f"{task}/device:CPU:0",)
+  names = [f"{task}/device:GPU:{i}" for i in range(gpus)] or [f"{task}/device:CPU:0"]
+  return tuple(device_util.canonicalize(name) for name in names)
 
 
 def leader(cluster_spec):
@@ -219,15 +188,33 @@ def task_name(task_type, task_id):
 _joined = {}
 
 
-def join(cluster_spec, task_type, task_id, rpc_layer=None):
-  """Starts this process's server as task `task_id` of job `task_type` and
-  waits (at most `startup_timeout()` seconds) until every training task has
-  joined. Returns this task's name, such as "/job:worker/replica:0/task:1".
-
-  A second call for the same task and cluster returns at once; a call for
-  another one raises `RuntimeError` (a process joins one cluster).
+def join(resolver):
+  """The `Layout` of the task `resolver` names (its replicas: its GPUs, else
+  its CPU). A chief or worker first starts this process's server and waits,
+  at most `startup_timeout()` seconds, until every training task has joined;
+  a second call for the same task finds it joined, one for another raises
+  `RuntimeError` (a process joins one cluster). Without a cluster, or as an
+  evaluator (which works alone), nothing starts.
   """
-  validate_task(cluster_spec, task_type, task_id)
+  cluster_spec = resolver.cluster_spec()
+  task_type, task_id = resolver.task_type, resolver.task_id
+  task = ""
+  if cluster_spec.jobs:
+    validate_task(cluster_spec, task_type, task_id)
+    if task_type == "ps":
+      raise ValueError(
+          "There is no id for task_type 'ps': only 'chief' and 'worker' tasks "
+          "train with MultiWorkerMirroredStrategy (and an 'evaluator' on its "
+          "own); a 'ps' task serves ParameterServerStrategy.")
+    if task_type != "evaluator":
+      task = _start_server(cluster_spec, task_type, task_id, resolver.rpc_layer)
+  return dataclasses.replace(task_layout(cluster_spec, task_type, task_id),
+                             devices=replica_devices(task, gpus_per_task(resolver)), task=task)
+
+
+def _start_server(cluster_spec, task_type, task_id, rpc_layer):
+  """Joins the cluster as the task (see `join`); returns its name, such as
+  "/job:worker/replica:0/task:1"."""
   key = (repr(cluster_spec.as_dict()), task_type, task_id)
   if _joined:
     if _joined["key"] != key:
@@ -342,7 +329,7 @@ def _session_config(cluster_spec, task_type, task_id, register_seconds):
 def _startup_failure(cluster_spec, task_type, task_id, timeout, probe_seconds, detail):
   """The message of a failed start: which tasks are missing, where. Their
   servers are asked at once, each for at most `probe_seconds`."""
-  others = [task for task in _tasks(cluster_spec, _COORDINATED_JOBS)
+  others = [task for task in _tasks(cluster_spec)
             if task[:2] != (task_type, task_id)]
   with concurrent.futures.ThreadPoolExecutor(max(len(others), 1)) as pool:
     answered = list(pool.map(lambda task: _listening(task[2], probe_seconds), others))
@@ -360,8 +347,8 @@ def _startup_failure(cluster_spec, task_type, task_id, timeout, probe_seconds, d
           f"TensorFlow's message: {detail}")
 
 
-def _tasks(cluster_spec, jobs):
-  """`(job, index, address)` of each task of `jobs` in the cluster."""
+def _tasks(cluster_spec, jobs=_COORDINATED_JOBS):
+  """`(job, index, address)` of each task of `jobs` (the training tasks)."""
   return [(job, index, cluster_spec.task_address(job, index)) for job in jobs
           if job in cluster_spec.jobs for index in range(cluster_spec.num_tasks(job))]
 

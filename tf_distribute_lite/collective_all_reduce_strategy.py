@@ -6,56 +6,34 @@ run as in `MirroredStrategy`; reductions add up every replica of every
 worker with TensorFlow's collective ops over its gRPC runtime, which
 `cluster_runtime` starts.
 
-Collective keys need no messages between workers: each strategy of several
-workers takes the next two group keys of a counter that only these
-strategies use, and each of its `CollectiveAllReduce`s draws instance keys
-at run time from a counter of its own, so workers that run the same
-program (creating these strategies and launching collectives in the same
-order) derive the same keys, whatever other strategies each worker makes.
-Two collective groups serve a strategy: its replicas, and its workers (one
-member each, on the worker's CPU) for values that are not per replica,
-variable initial values and input synchronisation.
+`cluster_runtime.join` gives the strategy its layout; with several workers
+its reductions are a `communicator.ClusterCommunicator`'s, whose collective
+keys need no messages between workers (see `cross_device_ops.next_group_key`).
 
 Without a cluster (no `TF_CONFIG`) the strategy runs on this machine alone.
 """
 
 import copy
 import functools
-import itertools
 
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import cluster_runtime
+from tf_distribute_lite import communicator as communicator_lib
 from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import deprecation
-from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
-from tf_distribute_lite import distributed_variables
 from tf_distribute_lite import executors
+from tf_distribute_lite import variable_policy
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import mirrored_strategy
 from tf_distribute_lite import strategy_v1
-from tf_distribute_lite import values as values_lib
-from tf_distribute_lite import variable_policy
 from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 from tf_distribute_lite.collective_util import CommunicationImplementation
 from tf_distribute_lite.collective_util import CommunicationOptions
-from tf_distribute_lite.reduce_util import ReduceOp
-
-# A collective that waits longer than this for other workers raises
-# `tf.errors.DeadlineExceededError`, unless `CommunicationOptions` set a
-# timeout of their own (TensorFlow 2.21 waits forever by default).
-DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 1800.0
-
-# The first group key of these strategies, clear of TensorFlow's keys and of
-# those of the other strategies' collectives.
-_GROUP_KEY_BASE = 8_000_000
-_group_keys = itertools.count(_GROUP_KEY_BASE, 2)  # two groups per strategy
-
-_SUMMABLE = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
 
 
 class CollectiveAllReduceStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
@@ -68,7 +46,7 @@ class CollectiveAllReduceStrategy(strategy_v1.TF1Methods, distribute_lib.Strateg
     communication_options: `tf.distribute.experimental.CommunicationOptions`
       for every reduction (per-call options override them). Across workers a
       collective times out after `timeout_seconds`, by default
-      `DEFAULT_COLLECTIVE_TIMEOUT_SECONDS`.
+      `communicator.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS`.
 
   Create it at the start of the program, before any other TensorFlow op:
   it starts this task's gRPC server and waits until every task has joined.
@@ -173,86 +151,52 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     self._cluster_resolver = cluster_resolver or TFConfigClusterResolver()
     cluster_resolver_lib.check_resolver(self._cluster_resolver)
     self._communication_options = communication_options
-    cluster_spec = self._cluster_resolver.cluster_spec()
-    task_type = self._cluster_resolver.task_type
-    task_id = self._cluster_resolver.task_id
-    self._task = ""
-    self._num_workers, self._id_in_cluster, self._is_chief = 1, 0, True
-    # Read by tf_keras (docs/client_private_names.md): this process's index
-    # in its job, None without a cluster.
-    self._task_id = task_id if cluster_spec.jobs else None
-    if cluster_spec.jobs:
-      cluster_runtime.validate_task(cluster_spec, task_type, task_id)
-      if task_type != "evaluator":  # an evaluator works on its own
-        self._id_in_cluster = cluster_runtime.id_in_cluster(cluster_spec, task_type, task_id)
-        self._task = cluster_runtime.join(cluster_spec, task_type, task_id,
-                                          self._cluster_resolver.rpc_layer)
-        # Read by tf_keras's TF 1.x distribute coordinator, which otherwise
-        # starts a second server for this task (docs/client_private_names.md).
-        self._std_server_started = True
-        self._num_workers = cluster_runtime.worker_count(cluster_spec)
-        self._is_chief = cluster_runtime.is_chief(cluster_spec, task_type, task_id)
-    devices = cluster_runtime.replica_devices(
-        self._task, cluster_runtime.gpus_per_task(self._cluster_resolver))
-    options = communication_options
-    if self._num_workers > 1 and not options.timeout_seconds:
-      options = CommunicationOptions(options.bytes_per_pack,
-                                     DEFAULT_COLLECTIVE_TIMEOUT_SECONDS,
-                                     options.implementation)
-    group_key = next(_group_keys) if self._num_workers > 1 else None
-    super().__init__(container_strategy, devices,
-                     cross_device_ops_lib.CollectiveAllReduce(
-                         devices, len(devices) * self._num_workers, options, group_key),
-                     variable_policy.MirroredPolicy(
-                         container_strategy,
-                         self._chief_value if self._num_workers > 1 else None))
-    self._executor = executors.LocalReplicas(
-        container_strategy, self._devices,
-        functools.partial(_MirroredReplicaContext, first_replica=self._first_replica),
-        self._first_replica, self._num_replicas_in_sync)
+    layout = cluster_runtime.join(self._cluster_resolver)
+    if layout.task:
+      # Read by tf_keras's TF 1.x distribute coordinator, which otherwise
+      # starts a second server for this task (docs/client_private_names.md).
+      self._std_server_started = True
+    multi_worker = layout.num_workers > 1
+    if multi_worker:
+      communicator = communicator_lib.ClusterCommunicator(layout, communication_options)
+    else:
+      communicator = communicator_lib.Communicator(layout, cross_device_ops_lib.CollectiveAllReduce(
+          layout.devices, options=communication_options))
+    super().__init__(
+        container_strategy, layout, communicator,
+        variable_policy.MirroredPolicy(container_strategy,
+                                       self._chief_value if multi_worker else None),
+        executors.LocalReplicas(
+            container_strategy, layout.devices,
+            functools.partial(_MirroredReplicaContext, first_replica=layout.replica_offset),
+            layout.replica_offset, layout.num_replicas))
     self.experimental_enable_get_next_as_optional = True  # also in TF1 graphs
-    self._worker_ops = self._worker_sync = None
-    if self._num_workers > 1:
-      self._worker_ops = cross_device_ops_lib.CollectiveAllReduce(
-          [self._input_host], self._num_workers, options, group_key + 1)
-      self._worker_sync = input_lib.WorkerSync(self._any_worker_has)
+    self._worker_sync = input_lib.WorkerSync(communicator.any_worker) if multi_worker else None
 
   # --- The cluster.
 
+  # Read by tf_keras (docs/client_private_names.md): this process's index
+  # in its job, None without a cluster.
+  _task_id = property(lambda self: self._layout.task_id)
+
   def _in_multi_worker_mode(self):
-    return self._num_workers > 1
-
-  @property
-  def _num_replicas_in_sync(self):
-    return len(self._devices) * self._num_workers
-
-  @property
-  def _num_local_replicas(self):
-    return len(self._devices)
-
-  @property
-  def _first_replica(self):
-    """The global id of this worker's first replica."""
-    return self._id_in_cluster * len(self._devices)
-
-  def _get_local_replica_id(self, replica_id_in_sync_group):
-    return replica_id_in_sync_group - self._first_replica
+    return self._layout.num_workers > 1
 
   def _update_config_proto(self, config_proto):
     updated = copy.deepcopy(config_proto)
-    if not self._task:
+    if not self._layout.task:
       cluster_runtime.configure_collectives(updated)
     else:
-      task = tf.DeviceSpec.from_string(self._task)
       cluster_runtime.configure_collectives(
-          updated, self._cluster_resolver.cluster_spec(), task.job, task.task)
+          updated, self._cluster_resolver.cluster_spec(), self._layout.task_type,
+          self._layout.task_id)
     return updated
 
   # --- Replicas and input.
 
   def _input_context(self):
     return input_context_lib.InputContext(
-        self._num_workers, self._id_in_cluster, self._num_replicas_in_sync)
+        self._layout.num_workers, self._layout.worker_index, self._num_replicas_in_sync)
 
   def _experimental_distribute_dataset(self, dataset, options):
     input_context_lib.refuse_per_replica(options)
@@ -268,13 +212,6 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
         input_context=self._input_context(), workers=self._worker_sync,
         partial_steps=self._partial_steps(partial_steps))
 
-  def _any_worker_has(self, has_value):
-    """Whether any worker's input has data, given this worker's answer."""
-    with tf.device(self._input_host):
-      mine = tf.cast(has_value, tf.int32)
-    (total,) = self._sum_over(self._worker_ops, [[mine]], None)[0]
-    return total > 0
-
   # --- Variables: every worker starts from the chief's initial values.
 
   def _chief_value(self, initial_value, dtype):
@@ -283,135 +220,8 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
       given = initial_value() if callable(initial_value) else initial_value
       if isinstance(given, _tf_bridge.CheckpointInitialValue):
         given = given.wrapped_value
-      given = tf.convert_to_tensor(given, dtype=dtype)
-      if not (given.dtype in _SUMMABLE or given.dtype.is_integer or
-              given.dtype.is_bool):
-        return given  # strings and such: every worker makes its own
-      with tf.device(self._input_host):
-        mine = tf.identity(given) if self._is_chief else tf.zeros_like(given)
-      (chief,) = self._sum_over(self._worker_ops, [[mine]], None)[0]
-      return chief
+      return self._communicator.from_chief(tf.convert_to_tensor(given, dtype=dtype))
     return value
-
-  # --- Reductions across workers.
-
-  def _reduce(self, reduce_op, value):
-    if self._num_workers == 1:
-      return super()._reduce(reduce_op, value)
-    destination = device_util.current() or self._input_host
-    return self._local_results(self._reduce_to(reduce_op, value, destination, None))[0]
-
-  def _reduce_to(self, reduce_op, value, destinations, options):
-    if self._num_workers == 1:
-      return super()._reduce_to(reduce_op, value, destinations, options)
-    if reduce_op == ReduceOp.MEAN and isinstance(
-        value, (values_lib.Mirrored, distributed_variables.MirroredVariable)):
-      return value
-    return self._batch_reduce_to(reduce_op, [(value, destinations)], options)[0]
-
-  def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
-    if self._num_workers == 1:
-      return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
-    by_group = {}
-    results = [None] * len(value_destination_pairs)
-    for index, (value, destinations) in enumerate(value_destination_pairs):
-      ops, components = self._collective_inputs(value)
-      if any(isinstance(c, tf.IndexedSlices) for c in components):
-        results[index] = self._onto(
-            self._reduce_indexed_slices(reduce_op, ops, components, options),
-            destinations, value)
-      else:
-        by_group.setdefault(ops, []).append((index, components))
-    for ops, items in by_group.items():
-      sums = self._sum_over(ops, [components for _, components in items], options)
-      for (index, _), summed in zip(items, sums):
-        if reduce_op == ReduceOp.MEAN:
-          summed = [_divide(s, self._group_size(ops)) for s in summed]
-        value, destinations = value_destination_pairs[index]
-        results[index] = self._onto(summed, destinations, value)
-    return results
-
-  def _gather_to(self, value, destinations, axis, options=None):
-    if self._num_workers == 1:
-      return super()._gather_to(value, destinations, axis, options)
-    ops, components = self._collective_inputs(value, dense=True)
-    gathered = self._all_gather(ops, components, axis, options)
-    return self._onto(gathered, destinations, value)
-
-  def _collective_inputs(self, value, dense=False):
-    """The group that reduces `value` and its components (tensors, or
-    IndexedSlices unless `dense`), one per member in this process, on the
-    members' devices: a per-replica value goes to the replicas' group; any
-    other value is this worker's, for the workers' group."""
-    if (isinstance(value, tf.distribute.DistributedValues) and
-        len(value.values) == len(self._devices)):
-      return self._cross_device_ops, [
-          _on(c, d, dense) for c, d in zip(value.values, self._devices)]
-    return self._worker_ops, [_on(value, self._input_host, dense)]
-
-  def _reduce_indexed_slices(self, reduce_op, ops, components, options):
-    """IndexedSlices summed over the group of `ops` as TensorFlow sums them:
-    every member's indices and values gathered in member order (a dense
-    component counts as slices of all its rows); MEAN scales the values."""
-    slices = [c if isinstance(c, tf.IndexedSlices) else _as_slices(c)
-              for c in components]
-    values = self._all_gather(ops, [s.values for s in slices], 0, options)
-    indices = self._all_gather(ops, [s.indices for s in slices], 0, options)
-    if reduce_op == ReduceOp.MEAN:
-      values = [_divide(v, self._group_size(ops)) for v in values]
-    return [tf.IndexedSlices(v, i, s.dense_shape)
-            for v, i, s in zip(values, indices, slices)]
-
-  def _group_size(self, ops):
-    return self._num_replicas_in_sync if ops is self._cross_device_ops else self._num_workers
-
-  def _first_member(self, ops):
-    return self._first_replica if ops is self._cross_device_ops else self._id_in_cluster
-
-  def _sum_over(self, ops, values, options):
-    """Sums each list of components in `values` over the group of `ops`;
-    returns, per value, the sums on this process's members."""
-    casts = [[_summable(c) for c in components] for components in values]
-    per_replica = [values_lib.PerReplica(components) for components in casts]
-    summed = ops.batch_reduce_implementation(
-        ReduceOp.SUM, [(v, v) for v in per_replica], options)
-    return [[tf.cast(s, c.dtype) if s.dtype != c.dtype else s
-             for s, c in zip(values_lib.local_results(total, len(components)), components)]
-            for total, components in zip(summed, values)]
-
-  def _all_gather(self, ops, components, axis, options):
-    """Every member's component of `ops`' group concatenated along `axis`, in
-    member order: each member writes its part into zeros at its offset,
-    and a sum puts the parts together."""
-    axis = axis % components[0].shape.rank if components[0].shape.rank else axis
-    group_size, first = self._group_size(ops), self._first_member(ops)
-    sizes = []
-    for member, component in enumerate(components):
-      with tf.device(component.device):
-        sizes.append(tf.one_hot(first + member, group_size, dtype=tf.int64,
-                                on_value=tf.shape(component, out_type=tf.int64)[axis]))
-    all_sizes = self._sum_over(ops, [sizes], options)[0]
-    padded = []
-    for member, (component, counts) in enumerate(zip(components, all_sizes)):
-      with tf.device(component.device):
-        before = tf.reduce_sum(counts[:first + member])
-        after = tf.reduce_sum(counts[first + member + 1:])
-        paddings = tf.one_hot(axis, tf.rank(component), dtype=tf.int64)[:, None] * (
-            tf.stack([before, after])[None, :])
-        padded.append(tf.pad(component, paddings))
-    return self._sum_over(ops, [padded], options)[0]
-
-  def _onto(self, per_device, destinations, value):
-    """Results on this process's members placed on `destinations`: a tensor
-    for one device, else a `Mirrored` value."""
-    if destinations is value or self._is_per_replica(destinations):
-      devices = self._devices
-    else:
-      devices = cross_device_ops_lib.devices_of(destinations)
-    by_device = {device_util.canonicalize(t.device): t for t in per_device if t.device}
-    placed = [by_device.get(d) if d in by_device else
-              cross_device_ops_lib.copy_to_device(per_device[0], d) for d in devices]
-    return placed[0] if len(placed) == 1 else values_lib.Mirrored(placed)
 
 
 class _MirroredReplicaContext(executors._MirroredReplicaContext):  # pylint: disable=protected-access
@@ -429,44 +239,3 @@ class _MirroredReplicaContext(executors._MirroredReplicaContext):  # pylint: dis
                        name="replica_id_in_sync_group")
 
 
-def _on(value, device, dense=False):
-  """`value` on `device`: IndexedSlices as they are unless `dense`,
-  anything else as a tensor."""
-  if isinstance(value, tf.IndexedSlices) and not dense:
-    if value.device and device_util.canonicalize(value.device) == device:
-      return value
-    return cross_device_ops_lib.copy_to_device(value, device)
-  if isinstance(value, tf.Variable):
-    value = value.read_value()
-  with tf.device(device):
-    tensor = tf.convert_to_tensor(value)
-    if tensor.device and device_util.canonicalize(tensor.device) == device:
-      return tensor
-    return tf.identity(tensor)
-
-
-def _as_slices(tensor):
-  """A dense tensor as IndexedSlices of all its rows."""
-  with tf.device(tensor.device):
-    shape = tf.shape(tensor, out_type=tf.int64)
-    return tf.IndexedSlices(tensor, tf.range(shape[0]), shape)
-
-
-def _summable(tensor):
-  """`tensor` in a dtype collective ops add: integers and booleans as int64."""
-  if tensor.dtype in _SUMMABLE:
-    return tensor
-  if tensor.dtype.is_integer or tensor.dtype.is_bool:
-    with tf.device(tensor.device):
-      return tf.cast(tensor, tf.int64)
-  raise TypeError(
-      f"Cannot reduce a {tensor.dtype.name} tensor across workers: collective "
-      f"ops add {', '.join(d.name for d in _SUMMABLE)} (and other integer or "
-      f"boolean tensors, as int64).")
-
-
-def _divide(tensor, count):
-  with tf.device(tensor.device):
-    if tensor.dtype.is_floating:
-      return tensor / tf.cast(count, tensor.dtype)
-    return tensor // count

@@ -122,45 +122,33 @@ def check_cross_device_ops(ops, argument="cross_device_ops"):
         f"{type(ops).__name__} {ops!r}.")
 
 
-def copy_to_device(value, device):
-  """`value` (a tensor or IndexedSlices) copied onto `device`."""
-  with tf.device(device):
-    if isinstance(value, tf.IndexedSlices):
-      return tf.IndexedSlices(tf.identity(value.values),
-                              tf.identity(value.indices),
-                              None if value.dense_shape is None else
-                              tf.identity(value.dense_shape))
-    return tf.identity(value)
-
-
-def _device_of(value):
-  """The canonical device of a tensor, or None where it has none yet."""
-  device = getattr(value, "device", None)
-  return device_util.canonicalize(device) if device else None
-
-
 def simple_broadcast(value, destinations, always_mirrored=False):
   """Copies `value` to every destination device (one already there is
   returned as it is)."""
   devices = devices_of(destinations)
   if len(devices) == 1 and not always_mirrored:
-    if _device_of(value) == devices[0]:
+    device = getattr(value, "device", None)
+    if device and device_util.canonicalize(device) == devices[0]:
       return value
-    return copy_to_device(value, devices[0])
-  return values_lib.regroup([copy_to_device(value, d) for d in devices],
+    return device_util.on_device(value, devices[0], copy=True)
+  return values_lib.regroup([device_util.on_device(value, d, copy=True) for d in devices],
                             values_lib.Mirrored)
 
 
-def _divide(value, n):
-  if isinstance(value, tf.IndexedSlices):
-    return tf.IndexedSlices(value.values / n, value.indices, value.dense_shape)
-  return value / n
+def mean_from_sum(total, count):
+  """The mean of `count` values that add up to `total` (a tensor, or
+  IndexedSlices whose values are scaled), on its device, by true division:
+  integers give floats, as in TensorFlow's reductions on one device."""
+  with tf.device(total.device):
+    if isinstance(total, tf.IndexedSlices):
+      return tf.IndexedSlices(total.values / count, total.indices, total.dense_shape)
+    return total / count
 
 
 def _aggregate(components, accumulation_fn):
   """Sums tensors with `accumulation_fn`; concatenates IndexedSlices."""
   if any(isinstance(c, tf.IndexedSlices) for c in components):
-    slices = [c if isinstance(c, tf.IndexedSlices) else _dense_as_slices(c)
+    slices = [c if isinstance(c, tf.IndexedSlices) else as_indexed_slices(c)
               for c in components]
     return tf.IndexedSlices(tf.concat([s.values for s in slices], 0),
                             tf.concat([s.indices for s in slices], 0),
@@ -168,9 +156,10 @@ def _aggregate(components, accumulation_fn):
   return accumulation_fn(list(components))
 
 
-def _dense_as_slices(tensor):
-  rows = tf.shape(tensor, out_type=tf.int64)[0]
-  return tf.IndexedSlices(tensor, tf.range(rows), tf.shape(tensor, out_type=tf.int64))
+def as_indexed_slices(tensor):
+  """A dense tensor as IndexedSlices of all its rows."""
+  shape = tf.shape(tensor, out_type=tf.int64)
+  return tf.IndexedSlices(tensor, tf.range(shape[0]), shape)
 
 
 def reduce_on_device(reduce_op, value, device, accumulation_fn=tf.math.add_n):
@@ -179,7 +168,7 @@ def reduce_on_device(reduce_op, value, device, accumulation_fn=tf.math.add_n):
   with tf.device(device):
     reduced = _aggregate(value.values, accumulation_fn)
     if reduce_op == ReduceOp.MEAN:
-      reduced = _divide(reduced, len(value.values))
+      reduced = mean_from_sum(reduced, len(value.values))
   return reduced
 
 
@@ -205,7 +194,7 @@ class CrossDeviceOps(StandsFor, stands_for=tf.distribute.CrossDeviceOps):
     value = as_per_replica(per_replica_value)
     devices = devices_of(destinations)
     if len(value.values) == 1 and devices_of(value) == devices:
-      return values_lib.regroup([copy_to_device(value.values[0], devices[0])],
+      return values_lib.regroup([device_util.on_device(value.values[0], devices[0], copy=True)],
                                 values_lib.Mirrored)
     return self.reduce_implementation(reduce_op, value, destinations,
                                       options or CommunicationOptions())
@@ -216,7 +205,7 @@ class CrossDeviceOps(StandsFor, stands_for=tf.distribute.CrossDeviceOps):
     pairs = _checked_pairs(value_destination_pairs)
     if all(len(v.values) == 1 and devices_of(v) == devices_of(d)
            for v, d in pairs):
-      return [values_lib.regroup([copy_to_device(v.values[0], v.values[0].device)],
+      return [values_lib.regroup([device_util.on_device(v.values[0], v.values[0].device, copy=True)],
                                  values_lib.Mirrored) for v, _ in pairs]
     return self.batch_reduce_implementation(reduce_op, pairs,
                                             options or CommunicationOptions())
@@ -238,15 +227,6 @@ class CrossDeviceOps(StandsFor, stands_for=tf.distribute.CrossDeviceOps):
 
   def broadcast_implementation(self, tensor, destinations):
     return simple_broadcast(tensor, destinations, always_mirrored=True)
-
-  def _gather(self, per_replica_value, destinations, axis, options=None):
-    """Concatenates the components along `axis` onto `destinations`."""
-    del options
-    value = as_per_replica(per_replica_value)
-    devices = devices_of(destinations)
-    with tf.device(devices[0]):
-      gathered = tf.concat(list(value.values), axis=axis)
-    return simple_broadcast(gathered, destinations)
 
 
 def _checked_pairs(value_destination_pairs):
@@ -328,14 +308,9 @@ class _AllReduce(CrossDeviceOps):
       reduced = self._batch_all_reduce([values[i] for i in dense], options)
       for i, per_device in zip(dense, reduced):
         if reduce_op == ReduceOp.MEAN:
-          per_device = [self._on(v, lambda x: x / len(per_device)) for v in per_device]
+          per_device = [mean_from_sum(v, len(per_device)) for v in per_device]
         results[i] = values_lib.regroup(per_device, values_lib.Mirrored)
     return results
-
-  @staticmethod
-  def _on(tensor, fn):
-    with tf.device(tensor.device):
-      return fn(tensor)
 
   def _batch_all_reduce(self, values, options):
     """Sums each distributed value in `values`; per value, per-device sums."""
@@ -442,7 +417,7 @@ class HierarchicalCopyAllReduce(_PackedByCount,
   def _all_reduce_dense(self, per_device, devices, options):
     n = len(devices)
     if n == 1:
-      return [copy_to_device(per_device[0], devices[0])]
+      return [device_util.on_device(per_device[0], devices[0], copy=True)]
     halves = [list(range(0, (n + 1) // 2)), list(range((n + 1) // 2, n))]
     shift = next(self._next_root)
     roots = [half[shift % len(half)] for half in halves]
@@ -498,19 +473,24 @@ class NcclAllReduce(_PackedByCount, stands_for=tf.distribute.NcclAllReduce):
     return result
 
 
-# Group keys of collective ops are process-wide; every CollectiveAllReduce
+# Group keys of collective ops are process-wide: every CollectiveAllReduce
 # takes its own group, so that strategies of different sizes can live in one
-# process. Instance keys are counted per group. The base stays clear of
-# TensorFlow's own keys.
-_KEY_BASE = 7_000_000
-_KEY_LIMIT = 2**31 - 1
-_group_keys = itertools.count(_KEY_BASE)
+# process. Groups across workers draw from a range of their own, so workers
+# that make the same multi-worker strategies in the same order derive the
+# same keys, whatever groups of their own processes each also makes. Both
+# ranges stay clear of TensorFlow's own keys.
+_group_keys = {False: itertools.count(7_000_000), True: itertools.count(8_000_000)}
 _group_key_lock = threading.Lock()
+# Instance keys are counted per group.
+_FIRST_INSTANCE_KEY = 7_000_000
+_INSTANCE_KEY_LIMIT = 2**31 - 1
 
 
-def _next_group_key():
+def next_group_key(across_workers=False):
+  """The next collective group key of this process, for a group of its
+  own devices or, `across_workers`, one that spans several workers."""
   with _group_key_lock:
-    return next(_group_keys)
+    return next(_group_keys[across_workers])
 
 
 class CollectiveAllReduce(_AllReduce):
@@ -549,7 +529,7 @@ class CollectiveAllReduce(_AllReduce):
     self._devices = tuple(device_util.canonicalize(d) for d in devices)
     self._group_size = group_size or len(self._devices)
     self._options = options or CommunicationOptions()
-    self._group_key = _next_group_key() if group_key is None else group_key
+    self._group_key = next_group_key() if group_key is None else group_key
     self._ordering_tokens = None
     self._instance_counter = None
     self._eager_launch = tf.function(self._launch, autograph=False,
@@ -585,7 +565,7 @@ class CollectiveAllReduce(_AllReduce):
       reduced = self._eager_launch(per_device, options.implementation.value,
                                    options.timeout_seconds or 0)
       # A function hands its outputs back on the caller's device.
-      return [copy_to_device(r, d) for r, d in zip(reduced, devices)]
+      return [device_util.on_device(r, d, copy=True) for r, d in zip(reduced, devices)]
     # As TensorFlow does: a SavedModel cannot hold collective ops.
     _tf_bridge.mark_function_unsaveable(
         "It all-reduces with collective ops (CollectiveAllReduce), which a "
@@ -628,7 +608,7 @@ class CollectiveAllReduce(_AllReduce):
           device_type="CPU", device_index=0)
       with tf.init_scope():
         self._instance_counter = _tf_bridge.plain_variable(
-            _KEY_BASE, host, "instance_key_counter")
+            _FIRST_INSTANCE_KEY, host, "instance_key_counter")
     with tf.device(self._instance_counter.device):
       return tf.raw_ops.ResourceCountUpTo(
-          resource=self._instance_counter.handle, limit=_KEY_LIMIT, T=tf.int32)
+          resource=self._instance_counter.handle, limit=_INSTANCE_KEY_LIMIT, T=tf.int32)

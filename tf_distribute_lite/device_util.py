@@ -1,5 +1,5 @@
-"""Device strings: canonical (fully qualified) names, validation, and the
-current device."""
+"""Device strings: canonical (fully qualified) names, validation, the
+current device, and values placed on a device."""
 
 import functools
 
@@ -108,3 +108,23 @@ def current():
   """The device the innermost eager `tf.device` scope names; "" inside a
   `tf.function` (the placer decides later)."""
   return _tf_bridge.eager_device_name() if tf.executing_eagerly() else ""
+
+
+def on_device(value, device, copy=False):
+  """`value` (a tensor, IndexedSlices, variable, or what
+  `tf.convert_to_tensor` takes) on canonical `device`: itself (read, or
+  converted) if it is there already, else (or with `copy`) a copy made there.
+
+  >>> on_device(tf.constant(1.0), canonicalize("CPU:1")).device
+  '/job:localhost/replica:0/task:0/device:CPU:1'
+  """
+  if not copy:
+    if isinstance(value, tf.Variable):
+      value = value.read_value()
+    elif not tf.is_tensor(value):
+      with tf.device(device):
+        value = tf.convert_to_tensor(value)
+    if value.device and canonicalize(value.device) == device:
+      return value
+  with tf.device(device):
+    return tf.identity(value)

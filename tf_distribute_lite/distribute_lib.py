@@ -225,29 +225,10 @@ class StrategyBase(StandsFor):
           f"tf.SparseTensor; got one of shape {sparse[0].shape} with "
           f"axis={axis!r}. Convert it with tf.sparse.to_dense first.")
     if len(components) == self.num_replicas_in_sync == local_replicas:
-      return _reduce_local_along(reduce_op, components, axis)
-    # Other processes hold the other replicas' components: sums and element
-    # counts are reduced across all of them.
-    sums, counts = [], []
-    for component in components:
-      with tf.device(getattr(component, "device", None) or None):
-        tensor = tf.convert_to_tensor(component)
-        axes = _checked_axes(axis, tensor)
-        sums.append(tf.reduce_sum(tensor, axis=axes))
-        if reduce_op == ReduceOp.MEAN:
-          counts.append(_element_count(tensor, axes))
-    total = self._extended._reduce(  # pylint: disable=protected-access
-        ReduceOp.SUM, self._as_distributed(sums))
-    if reduce_op == ReduceOp.SUM:
-      return total
-    count = self._extended._reduce(  # pylint: disable=protected-access
-        ReduceOp.SUM, self._as_distributed([tf.cast(c, tf.int64) for c in counts]))
-    return tf.math.truediv(total, tf.cast(count, total.dtype))
-
-  def _as_distributed(self, components):
-    if len(components) == 1:
-      return components[0]
-    return values_lib.PerReplica(components)
+      return _reduce_along_axis(reduce_op, components, axis)
+    # Other processes hold the other replicas' components.
+    return _reduce_along_axis(reduce_op, components, axis, lambda total: (
+        self._extended._reduce(ReduceOp.SUM, total)))  # pylint: disable=protected-access
 
   def experimental_local_results(self, value):
     """The components of `value` on this worker's replicas, as a tuple.
@@ -432,19 +413,24 @@ def _replica_count(value):
   return len(value.values) if values_lib.is_split(value) else None
 
 
-def _reduce_local_along(reduce_op, components, axis):
-  """`Strategy.reduce` along `axis` of components that all live in this
-  process: on the current device, joined along the first reduced axis where
-  their shapes allow, so it costs what one `reduce_sum` of the batch does."""
+def _reduce_along_axis(reduce_op, components, axis, across=None):
+  """`Strategy.reduce` along `axis` of this process's `components`: on the
+  current device, joined along the first reduced axis where their shapes
+  allow, so it costs what one `reduce_sum` of the batch does. Where other
+  processes hold other replicas' components, `across` sums this process's
+  total and element count over all of them."""
   with tf.device(device_util.current() or "/device:CPU:0"):
     tensors = [c if isinstance(c, tf.Tensor) else tf.convert_to_tensor(c)
                for c in components]
     axes = _checked_axes(axis, tensors[0])
     parts = _joined(tensors, axes)
-    if len(parts) == 1 and (reduce_op == ReduceOp.SUM or parts[0].dtype.is_floating):
+    if across is None and len(parts) == 1 and (
+        reduce_op == ReduceOp.SUM or parts[0].dtype.is_floating):
       reduce = tf.reduce_sum if reduce_op == ReduceOp.SUM else tf.reduce_mean
       return reduce(parts[0], axis=axes)
     total = tf.math.add_n([tf.reduce_sum(p, axis=axes) for p in parts])
+    if across is not None:
+      total = across(total)
     if reduce_op == ReduceOp.SUM:
       return total
     counts = [_element_count(p, axes) for p in parts]
@@ -452,6 +438,8 @@ def _reduce_local_along(reduce_op, components, axis):
       count = sum(counts)
     else:
       count = tf.math.add_n([tf.cast(c, tf.int64) for c in counts])
+    if across is not None:
+      count = across(tf.cast(count, tf.int64))
     return tf.math.truediv(total, tf.cast(count, total.dtype))
 
 

@@ -573,17 +573,9 @@ class SyncOnReadVariable(DistributedVariable):
     for component in self._values:
       with tf.device(component.device):
         reads.append(component.read_value())
-    strategy = self._distribute_strategy
-    if strategy.num_replicas_in_sync != len(reads):
-      # Other workers hold the other replicas' components.
-      return strategy.extended._reduce(  # pylint: disable=protected-access
-          ReduceOp.from_variable_aggregation(self._aggregation),
-          values_lib.PerReplica(reads))
-    with tf.device(self._primary.device):
-      total = tf.add_n(reads)
-      if self._aggregation == tf.VariableAggregation.MEAN:
-        return total / len(reads)
-      return total
+    # As `strategy.reduce` does (across workers too, where the strategy has several).
+    return self._distribute_strategy.extended._reduce(  # pylint: disable=protected-access
+        ReduceOp.from_variable_aggregation(self._aggregation), values_lib.PerReplica(reads))
 
   def _get(self):
     local = super()._get()

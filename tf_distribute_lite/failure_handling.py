@@ -32,7 +32,7 @@ from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import gce_metadata
 from tf_distribute_lite import termination_config as termination_config_lib
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
-from tf_distribute_lite.cluster_resolver import tpu_cluster_resolver
+from tf_distribute_lite.layout import Layout
 from tf_distribute_lite.tf_classes import StandsFor
 
 _PREFIX = "TF_DISTRIBUTE_LITE_PREEMPTION"
@@ -95,7 +95,7 @@ class PreemptionCheckpointHandler(
     if cluster_resolver is not None:
       cluster_resolver_lib.check_resolver(cluster_resolver)
     self._cluster_resolver = cluster_resolver
-    self._task = _Task.of(cluster_resolver)
+    self._task = _task_layout(cluster_resolver)
     self._platform = gce_metadata.detect_platform()
     self._termination = termination_config_lib.complete(termination_config, self._platform)
     self._checkpoint = checkpoint
@@ -119,7 +119,7 @@ class PreemptionCheckpointHandler(
     self._step_received = threading.Event()
     self._stop = threading.Event()
     self._threads = []
-    if not self._task.alone:
+    if self._task.task_type is not None:
       self._start_thread(self._watch_step_keys, "PeerTerminationWatcher")
     if self._termination.watcher_fn:
       self._start_thread(self._poll_watcher_fn, "WorkerTerminationSignalWatcher")
@@ -162,7 +162,7 @@ class PreemptionCheckpointHandler(
     try:
       yield
     except tf.errors.OpError as error:
-      if not self._task.alone:
+      if self._task.task_type is not None:
         with contextlib.suppress(Exception):
           _tf_bridge.report_error_to_cluster(error)
       raise
@@ -170,7 +170,7 @@ class PreemptionCheckpointHandler(
   # --- Notices.
 
   def _start_thread(self, target, name):
-    thread = threading.Thread(target=target, name=f"{name}-{self._task.id}", daemon=True)
+    thread = threading.Thread(target=target, name=f"{name}-{self._task.worker_index}", daemon=True)
     self._threads.append(thread)
     thread.start()
 
@@ -183,10 +183,10 @@ class PreemptionCheckpointHandler(
 
   def _claim_lead(self):
     """This worker got a notice: it leads, unless another one already does."""
-    if not self._task.alone:
-      cluster_runtime.publish_preemption_notice(self._task.type, self._task.index)
+    if self._task.task_type is not None:
+      cluster_runtime.publish_preemption_notice(self._task.task_type, self._task.task_id)
       try:
-        _tf_bridge.coordination_set(_LEAD_KEY, str(self._task.id))
+        _tf_bridge.coordination_set(_LEAD_KEY, str(self._task.worker_index))
       except tf.errors.AlreadyExistsError:
         return
     self._own_notice_time = time.time()
@@ -200,7 +200,7 @@ class PreemptionCheckpointHandler(
         return
       self._step_to_save = int(value)
       self._step_received.set()
-      _tf_bridge.coordination_set(f"{key}_ACK_{self._task.id}", "1")
+      _tf_bridge.coordination_set(f"{key}_ACK_{self._task.worker_index}", "1")
 
   def _wait_for_key(self, key):
     while not self._stop.is_set():
@@ -233,14 +233,14 @@ class PreemptionCheckpointHandler(
                           - 6 * self._estimated_run_time)
 
   def _publish_step(self, step):
-    if self._task.alone:
+    if self._task.task_type is None:
       self._step_to_save = step
       self._step_received.set()
       return
     key = _STEP_KEYS[1 if self._final_countdown else 0]
     _tf_bridge.coordination_set(key, str(step))
     deadline = time.monotonic() + AGREEMENT_TIMEOUT_SECONDS
-    for worker in range(self._task.count):
+    for worker in range(self._task.num_workers):
       try:
         _tf_bridge.coordination_get(f"{key}_ACK_{worker}",
                                     max(deadline - time.monotonic(), 0.001))
@@ -273,7 +273,7 @@ class PreemptionCheckpointHandler(
     if self._task.is_chief:
       return self._read_checkpoint_manager
     given = self._read_checkpoint_manager.directory.rstrip("/")
-    temporary = os.path.join(os.path.dirname(given), f"workertemp_{self._task.index}",
+    temporary = os.path.join(os.path.dirname(given), f"workertemp_{self._task.task_id}",
                              os.path.basename(given))
     return tf.train.CheckpointManager(self._checkpoint, temporary, max_to_keep=1)
 
@@ -316,30 +316,16 @@ class MissingCheckpointDirError(tf.errors.InvalidArgumentError, TypeError):
   error is both."""
 
 
-class _Task:
-  """This worker's place in the job: how many train, which one it is."""
-
-  def __init__(self, alone, count=1, id_=0, task_type=None, index=None, is_chief=True):
-    self.alone, self.count, self.id = alone, count, id_
-    self.type, self.index, self.is_chief = task_type, index, is_chief
-
-  @classmethod
-  def of(cls, resolver):
-    if resolver is None or isinstance(resolver, (
-        tpu_cluster_resolver.TPUClusterResolver,
-        tf.distribute.cluster_resolver.TPUClusterResolver)):
-      return cls(alone=True)
-    spec = resolver.cluster_spec()
-    if "ps" in spec.jobs:
-      raise NotImplementedError(
-          "PreemptionCheckpointHandler does not support a cluster with a 'ps' "
-          "job (ParameterServerStrategy); it handles MultiWorkerMirroredStrategy, "
-          f"MirroredStrategy, OneDeviceStrategy and TPUStrategy. Cluster: {spec.as_dict()}.")
-    if not spec.jobs:
-      return cls(alone=True)
-    task_type, index = resolver.task_type, resolver.task_id
-    return cls(alone=False, count=cluster_runtime.worker_count(spec),
-               id_=cluster_runtime.id_in_cluster(spec, task_type, index),
-               task_type=task_type, index=index,
-               is_chief=cluster_runtime.is_chief(spec, task_type, index))
+def _task_layout(resolver):
+  """Where this worker stands among those that agree on a step to save at;
+  a TPU's single client, or a process without a cluster, stands alone."""
+  if resolver is None or hasattr(resolver, "get_tpu_system_metadata"):
+    return Layout()
+  spec = resolver.cluster_spec()
+  if "ps" in spec.jobs:
+    raise NotImplementedError(
+        "PreemptionCheckpointHandler does not support a cluster with a 'ps' "
+        "job (ParameterServerStrategy); it handles MultiWorkerMirroredStrategy, "
+        f"MirroredStrategy, OneDeviceStrategy and TPUStrategy. Cluster: {spec.as_dict()}.")
+  return cluster_runtime.task_layout(spec, resolver.task_type, resolver.task_id)
 

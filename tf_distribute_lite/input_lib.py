@@ -613,8 +613,7 @@ def _copy_to_device(value, device):
   if (isinstance(value, _tf_bridge.EagerTensor) and
       device_util.is_present(device)):  # else tf.device soft-places the copy
     return _tf_bridge.copy_to_device(value, device)
-  with tf.device(device):
-    return tf.identity(value)
+  return device_util.on_device(value, device, copy=True)
 
 
 def _batch_size(value):

@@ -5,20 +5,16 @@ Every variable is mirrored on all devices; each step runs once per device
 are all-reduced so the copies stay equal.
 """
 
-import numpy as np
 import tensorflow as tf
 
-from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
+from tf_distribute_lite import communicator as communicator_lib
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
-from tf_distribute_lite import distributed_variables
 from tf_distribute_lite import executors
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite import variable_policy
-from tf_distribute_lite.collective_util import CommunicationImplementation
-from tf_distribute_lite.collective_util import CommunicationOptions
-from tf_distribute_lite.reduce_util import ReduceOp
+from tf_distribute_lite.layout import Layout
 
 
 class MirroredStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
@@ -44,27 +40,39 @@ class MirroredStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
   """
 
   def __init__(self, devices=None, cross_device_ops=None):
-    super().__init__(MirroredExtended(self, devices, cross_device_ops))
+    super().__init__(_extended(self, devices, cross_device_ops))
+
+
+def _extended(strategy, devices, cross_device_ops):
+  layout = Layout(resolve_devices(devices))
+  return MirroredExtended(strategy, layout,
+                          communicator_lib.Communicator(layout, cross_device_ops))
 
 
 class MirroredExtended(strategy_v1.StrategyExtendedV1):
-  """`strategy.extended` of `MirroredStrategy`."""
+  """`strategy.extended` of `MirroredStrategy`, made of where the replicas
+  are (`layout.Layout`), what reduces their values
+  (`communicator.Communicator`), how variables are made (`variable_policy`)
+  and what runs the replicas (`executors`)."""
 
-  def __init__(self, container_strategy, devices, cross_device_ops, variables=None):
+  def __init__(self, container_strategy, layout, communicator, variables=None, executor=None):
     super().__init__(container_strategy,
                      variables or variable_policy.MirroredPolicy(container_strategy))
-    self._devices = _resolve_devices(devices)
-    self._retrace_functions_for_each_device = len(self._devices) > 1
-    cross_device_ops_lib.check_cross_device_ops(cross_device_ops)
-    self._cross_device_ops = cross_device_ops or _default_cross_device_ops(self._devices)
-    self._host_ops = cross_device_ops_lib.ReductionToOneDevice()
-    self._executor = executors.LocalReplicas(container_strategy, self._devices)
+    self._layout = layout
+    self._communicator = communicator
+    self._executor = executor or executors.LocalReplicas(
+        container_strategy, layout.devices, first_replica=layout.replica_offset,
+        num_replicas=layout.num_replicas)
     # As in TensorFlow: a strategy made in a TF1 graph ends the input at a
     # partial last step of its input functions' pipelines. Users may set it.
     self.experimental_enable_get_next_as_optional = (
         tf.compat.v1.executing_eagerly_outside_functions())
 
-  # --- Devices.
+  # --- Devices and the cluster, from the layout.
+
+  _devices = property(lambda self: self._layout.devices)
+  _retrace_functions_for_each_device = property(lambda self: len(self._layout.devices) > 1)
+  _is_chief = property(lambda self: self._layout.is_chief)
 
   @property
   def worker_devices(self):
@@ -72,7 +80,18 @@ class MirroredExtended(strategy_v1.StrategyExtendedV1):
 
   @property
   def _num_replicas_in_sync(self):
+    return self._layout.num_replicas
+
+  @property
+  def _num_local_replicas(self):
     return len(self._devices)
+
+  def _get_local_replica_id(self, replica_id_in_sync_group):
+    return replica_id_in_sync_group - self._layout.replica_offset
+
+  @property
+  def _input_host(self):
+    return device_util.canonicalize(self._layout.input_host)
 
   def _local_results(self, value):
     return values_lib.local_results(value, len(self._devices))
@@ -85,113 +104,19 @@ class MirroredExtended(strategy_v1.StrategyExtendedV1):
   def _distribute_values_from_function(self, value_fn):
     return self._executor.distribute_values_from_function(value_fn)
 
-  # --- Reductions.
-
-  def _cross_device_ops_for(self, value):
-    """The algorithm for `value`: int32 goes through one device, as in TF."""
-    components = values_lib.local_results(value, 1)
-    cross_device_ops_lib.check_not_sparse(components)
-    if any(getattr(c, "dtype", None) == tf.int32 for c in components):
-      return self._host_ops
-    return self._cross_device_ops
-
-  def _placed(self, value, ops):
-    """`value` with each component on its replica's device, where `ops`
-    all-reduces in place (reducing on one device reads components anywhere).
-
-    The components of a distributed value belong to the replicas in order,
-    wherever they were made: a `tf.function` argument has no device, and a
-    value from `experimental_distribute_values_from_function` sits where
-    `value_fn` made it.
-    """
-    if (not cross_device_ops_lib.all_reduces_in_place(ops) or
-        not self._is_per_replica(value)):
-      return value
-    devices = [device_util.canonicalize(c.device) if c.device else None
-               for c in value.values]
-    if all(d == r for d, r in zip(devices, self._devices)):
-      return value
-    return type(value)([
-        c if d == r else cross_device_ops_lib.copy_to_device(c, r)
-        for c, d, r in zip(value.values, devices, self._devices)])
-
-  def _is_per_replica(self, value):
-    return (isinstance(value, values_lib.DistributedValues) and
-            not values_lib.is_distributed_variable(value) and
-            len(value.values) == len(self._devices))
-
-  def _destination_devices(self, destinations):
-    """The replicas' devices where `destinations` is a distributed value of
-    this strategy (its components belong to the replicas, wherever they
-    were made), else `destinations` itself."""
-    return self._devices if self._is_per_replica(destinations) else destinations
-
-  def _reduce(self, reduce_op, value):
-    destination = self._reduce_destination()
-    if (type(value) is values_lib.PerReplica and self._is_per_replica(value) and
-        device_util.device_type(destination) == "CPU"):
-      # What `_reduce_to` does onto one CPU, without its dispatch.
-      return cross_device_ops_lib.reduce_on_device(reduce_op, value, destination)
-    return super()._reduce(reduce_op, value)
+  # --- Reductions: all through the communicator.
 
   def _reduce_to(self, reduce_op, value, destinations, options):
-    if reduce_op == ReduceOp.MEAN and _is_mirrored(value):
-      return value
-    if not isinstance(value, tf.distribute.DistributedValues):
-      return self._reduce_plain_value(reduce_op, value, destinations)
-    destinations = self._destination_devices(destinations)
-    devices = cross_device_ops_lib.devices_of(destinations)
-    ops = self._cross_device_ops_for(value)
-    value = self._placed(value, ops)
-    on_host = any(device_util.device_type(d) == "CPU" for d in devices)
-    if on_host or devices != cross_device_ops_lib.devices_of(value):
-      return self._host_ops.reduce(reduce_op, value, destinations)
-    return ops.reduce(reduce_op, value, destinations, options)
-
-  def _reduce_plain_value(self, reduce_op, value, destinations):
-    """Reduces a value that is the same object on every replica."""
-    if not tf.is_tensor(value) and _is_all_zero(value):
-      return value
-    if reduce_op == ReduceOp.MEAN:
-      return value
-    if len(self._devices) != 1:
-      raise ValueError(
-          f"A non-DistributedValues value {value!s} cannot be reduced with "
-          f"the given reduce op {reduce_op}. Summing one value that every "
-          f"replica shares is ambiguous: pass per-replica values (from "
-          f"strategy.run) or use ReduceOp.MEAN.")
-    return cross_device_ops_lib.simple_broadcast(value, destinations)
+    return self._communicator.reduce_to(reduce_op, value, destinations, options)
 
   def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
-    results = [None] * len(value_destination_pairs)
-    by_ops = {}
-    pairs = []
-    for i, (value, destinations) in enumerate(value_destination_pairs):
-      if not isinstance(value, tf.distribute.DistributedValues):
-        results[i] = _shared_value_on(value, destinations)
-        pairs.append(None)
-        continue
-      ops = self._cross_device_ops_for(value)
-      placed = self._placed(value, ops)
-      pairs.append((placed, self._destination_devices(destinations)))
-      by_ops.setdefault(ops, []).append(i)
-    for ops, indices in by_ops.items():
-      reduced = ops.batch_reduce(reduce_op, [pairs[i] for i in indices], options)
-      for i, r in zip(indices, reduced):
-        results[i] = r
-    return results
+    return self._communicator.batch_reduce_to(reduce_op, value_destination_pairs, options)
 
   def _broadcast_to(self, tensor, destinations):
-    if isinstance(tensor, (float, int)):
-      return tensor
-    return self._cross_device_ops_for(tensor).broadcast(
-        tensor, self._destination_devices(destinations))
+    return self._communicator.broadcast_to(tensor, destinations)
 
   def _gather_to(self, value, destinations, axis, options=None):
-    if not isinstance(value, tf.distribute.DistributedValues):
-      return value
-    return self._host_ops._gather(  # pylint: disable=protected-access
-        value, self._destination_devices(destinations), axis, options)
+    return self._communicator.gather_to(value, destinations, axis, options)
 
   def _update_config_proto(self, config_proto):
     updated = type(config_proto)()
@@ -200,34 +125,7 @@ class MirroredExtended(strategy_v1.StrategyExtendedV1):
     return updated
 
 
-def _shared_value_on(value, destinations):
-  """What batch reduction makes of a value that is not distributed.
-
-  Such a value is the same on every replica, so it is already in sync: SUM
-  and MEAN both give the value itself (not SUM times the replica count), as
-  in TensorFlow. It is copied only if `destinations` lie elsewhere.
-  """
-  if destinations is value or not (tf.is_tensor(value) or
-                                    isinstance(value, tf.Variable)):
-    return value
-  if value.device and cross_device_ops_lib.devices_of(destinations) == (
-      device_util.canonicalize(value.device),):
-    return value
-  return cross_device_ops_lib.simple_broadcast(value, destinations)
-
-
-def _is_mirrored(value):
-  return isinstance(value, (values_lib.Mirrored, distributed_variables.MirroredVariable))
-
-
-def _is_all_zero(value):
-  try:
-    return bool(np.all(np.asarray(value) == 0))
-  except (TypeError, ValueError):
-    return False
-
-
-def _resolve_devices(devices):
+def resolve_devices(devices):
   """Validated, canonical device names; all local devices when none given."""
   if devices is None or (isinstance(devices, (list, tuple)) and not devices):
     devices = device_util.local_devices("GPU") or device_util.local_devices("CPU")
@@ -245,39 +143,6 @@ def _resolve_devices(devices):
   return resolved
 
 
-def _default_cross_device_ops(devices):
-  """The all-reduce algorithm for `devices` when the user names none.
-
-  GPUs all-reduce with NCCL collectives, as in TensorFlow. Devices of one
-  process that are not all GPUs (CPUs, or a mix) reduce on one device and
-  share the result: the logical CPU devices of a process share its memory,
-  so a sum on one device is all the arithmetic there is and handing it to
-  the others copies nothing. Measured on 4 logical CPU devices (a 16 MB
-  all-reduce of 50 tensors), that takes 1.3x a plain sum on one device,
-  where TensorFlow's default ring collective takes 3-4x. The ring adds the
-  replicas' values in another order, so float results can differ from
-  TensorFlow's in their last bits; they are the same bits as those of
-  `tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.ReductionToOneDevice())`.
-  """
-  missing = [d for d in devices if not device_util.is_present(d)]
-  if missing:
-    tf.get_logger().warning(
-        "MirroredStrategy devices %s are not present on this machine: "
-        "TensorFlow places their ops on available devices instead (soft "
-        "placement), and reductions use ReductionToOneDevice.",
-        ", ".join(missing))
-    return cross_device_ops_lib.ReductionToOneDevice()
-  types = {device_util.device_type(d) for d in devices}
-  if types != {"GPU"}:
-    return cross_device_ops_lib.ReductionToOneDevice()
-  if len(tf.config.list_physical_devices("GPU")) >= len(tf.config.list_logical_devices("GPU")):
-    implementation = CommunicationImplementation.NCCL
-  else:
-    implementation = CommunicationImplementation.RING
-  return cross_device_ops_lib.CollectiveAllReduce(
-      devices, options=CommunicationOptions(implementation=implementation))
-
-
 class MirroredStrategyV1(strategy_v1.StrategyV1,
                          stands_for=tf.compat.v1.distribute.MirroredStrategy):
   """`MirroredStrategy` with the TF 1.x API (`tf.compat.v1.distribute`).
@@ -288,7 +153,7 @@ class MirroredStrategyV1(strategy_v1.StrategyV1,
   """
 
   def __init__(self, devices=None, cross_device_ops=None):
-    super().__init__(MirroredExtended(self, devices, cross_device_ops))
+    super().__init__(_extended(self, devices, cross_device_ops))
 
   def _configure_cluster(self, cluster_spec, task_type, task_id):
     # TensorFlow 2.21 replicates in-graph onto the cluster's tasks, which

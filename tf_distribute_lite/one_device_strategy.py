@@ -13,6 +13,7 @@ from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import replica_context
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import variable_policy
+from tf_distribute_lite.layout import Layout
 
 
 class OneDeviceStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
@@ -39,13 +40,15 @@ class OneDeviceExtended(strategy_v1.StrategyExtendedV1):
   """`strategy.extended` of `OneDeviceStrategy`."""
 
   def __init__(self, container_strategy, device):
-    self._device = device_util.canonicalize(device)
+    self._layout = Layout((device_util.canonicalize(device),))
     super().__init__(container_strategy,
                      variable_policy.VariablePolicy(container_strategy, self._device))
 
+  _device = property(lambda self: self._layout.devices[0])
+
   @property
   def worker_devices(self):
-    return (self._device,)
+    return self._layout.devices
 
   def _call_for_each_replica(self, fn, args, kwargs):
     fn = _tf_bridge.autograph_convert(fn)

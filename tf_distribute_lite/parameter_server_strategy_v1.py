@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tf_distribute_lite import central_storage_strategy
 from tf_distribute_lite import cluster_runtime
+from tf_distribute_lite import communicator as communicator_lib
 from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import device_util
 from tf_distribute_lite import executors
@@ -19,6 +20,7 @@ from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import variable_policy
 from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
+from tf_distribute_lite.layout import Layout
 
 
 class ParameterServerStrategyV1(
@@ -97,7 +99,7 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
     self._num_gpus_per_worker = cluster_runtime.gpus_per_task(cluster_resolver)
     super().__init__(container_strategy,
                      cluster_runtime.replica_devices("", self._num_gpus_per_worker), None)
-    self._cluster_spec = None
+    self._cluster_spec = tf.train.ClusterSpec({})
     cluster_spec = cluster_resolver.cluster_spec()
     if cluster_spec.jobs:
       self._join(cluster_spec, cluster_resolver.task_type, cluster_resolver.task_id)
@@ -115,62 +117,43 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
                        f"{cluster_spec.as_dict()}.")
     cluster_runtime.validate_task(cluster_spec, task_type, task_id)
     task = f"/job:{task_type}/task:{task_id}"
-    self._devices = tuple(device_util.canonicalize(d) for d in
-                          cluster_runtime.replica_devices(task, self._num_gpus_per_worker))
-    self._retrace_functions_for_each_device = len(self._devices) > 1
-    self._executor = executors.LocalReplicas(self._container_strategy(), self._devices)
-    self._cross_device_ops = self._host_ops = cross_device_ops_lib.ReductionToOneDevice(
+    # The compute devices and reductions `CentralStorageStrategy` has, on the
+    # task. Workers train asynchronously: the replicas in sync are its own.
+    self._layout = Layout(
+        cluster_runtime.replica_devices(task, self._num_gpus_per_worker),
+        input_host=task, task_type=task_type, task_id=task_id,
+        is_chief=cluster_runtime.task_layout(cluster_spec, task_type, task_id).is_chief)
+    on_task = cross_device_ops_lib.ReductionToOneDevice(
         reduce_to_device=device_util.canonicalize(task))
+    self._communicator = communicator_lib.Communicator(self._layout, on_task, on_task)
+    self._executor = executors.LocalReplicas(self._container_strategy(), self._devices)
     self._variables = variable_policy.CentralStoragePolicy(
         self._container_strategy(),
         tf.compat.v1.train.replica_device_setter(worker_device=task, cluster=cluster_spec),
         tuple(f"/job:ps/task:{i}" for i in range(num_ps)))
     self._default_device = task
-    self._is_chief = cluster_runtime.is_chief(cluster_spec, task_type, task_id)
-    self._cluster_spec, self._task_type, self._task_id = cluster_spec, task_type, task_id
+    self._cluster_spec = cluster_spec
 
   def _in_multi_worker_mode(self):
-    return self._cluster_spec is not None
+    return self._layout.task_type is not None
 
   experimental_should_init = property(
       lambda self: self._is_chief, doc="Whether this task initializes the variables.")
 
   def _update_config_proto(self, config_proto):
-    if self._cluster_spec is None:
+    if self._layout.task_type is None:
       return super()._update_config_proto(config_proto)
     updated = copy.deepcopy(config_proto)
     updated.isolate_session_state = False
     # Each task sees the ps tasks and itself, not the other workers.
     del updated.device_filters[:]
-    if self._task_type in ("chief", "worker"):
+    if self._layout.task_type in ("chief", "worker"):
       updated.device_filters.extend([self._default_device, "/job:ps"])
-    elif self._task_type == "evaluator":
+    elif self._layout.task_type == "evaluator":
       updated.device_filters.append(self._default_device)
     return updated
 
-  def _reduce_to(self, reduce_op, value, destinations, options):
-    self._refuse_other_workers(destinations)
-    return super()._reduce_to(reduce_op, value, destinations, options)
-
-  def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
-    for _, destinations in value_destination_pairs:
-      self._refuse_other_workers(destinations)
-    return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
-
-  def _refuse_other_workers(self, destinations):
-    if self._cluster_spec is None or destinations is None:
-      return
-    for device in cross_device_ops_lib.devices_of(destinations):
-      spec = tf.DeviceSpec.from_string(device)
-      if spec.job == self._task_type and spec.task != self._task_id:
-        raise ValueError(f"Cannot reduce to another worker: {device!r}, "
-                         f"current worker is {self._default_device!r}")
-
-  @property
-  def _input_host(self):
-    if self._default_device is None:
-      return super()._input_host
-    return device_util.canonicalize(self._default_device)
+  # --- Input: this worker's own pipeline.
 
   def _distribute_datasets_from_function(self, dataset_fn, options, partial_steps=None):
     input_context_lib.refuse_per_replica(options)
@@ -181,9 +164,6 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
 
   def _input_context(self):
     """This worker's pipeline among those of every training task."""
-    if self._cluster_spec is None or self._task_type == "evaluator":
-      return input_context_lib.InputContext(1, 0, self._num_replicas_in_sync)
+    task = cluster_runtime.task_layout(self._cluster_spec, self._layout.task_type, self._layout.task_id)
     return input_context_lib.InputContext(
-        cluster_runtime.worker_count(self._cluster_spec),
-        cluster_runtime.id_in_cluster(self._cluster_spec, self._task_type, self._task_id),
-        self._num_replicas_in_sync)
+        task.num_workers, task.worker_index, self._num_replicas_in_sync)

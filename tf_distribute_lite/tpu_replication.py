@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import contexts
+from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import device_util
 from tf_distribute_lite import replica_context
 from tf_distribute_lite import values as values_lib
@@ -117,7 +118,7 @@ def cross_replica(reduce_op, value, num_replicas):
   """`value` summed (or averaged) over the replicas of a TPU computation."""
   total = tf.compat.v1.tpu.cross_replica_sum(tf.convert_to_tensor(value))
   if reduce_op == ReduceOp.MEAN:
-    total = total / tf.cast(num_replicas, total.dtype)
+    total = cross_device_ops_lib.mean_from_sum(total, num_replicas)
   return total
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import communicator as communicator_lib
 from tf_distribute_lite import contexts
 from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
@@ -34,6 +35,7 @@ from tf_distribute_lite import values as values_lib
 from tf_distribute_lite import variable_policy
 from tf_distribute_lite.cluster_resolver import TPUClusterResolver
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
+from tf_distribute_lite.layout import Layout
 
 
 class _TPUStrategyMethods:
@@ -235,11 +237,13 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     self._emulated = getattr(resolver, "emulated_slice", None) is not None
     self.steps_per_run = 1 if steps_per_run is None else steps_per_run
     self._logical_device = 0  # where variables go (`experimental_logical_device`)
-    super().__init__(container_strategy, [cores[0] for cores in self._tpu_devices], None,
-                     variable_policy.TPUPolicy(container_strategy, self._tpu_step))
+    layout = Layout(tuple(device_util.canonicalize(cores[0]) for cores in self._tpu_devices))
     executor = executors.EmulatedTPU if self._emulated else executors.TPUReplicate
-    self._executor = executor(container_strategy, self._devices, device_assignment,
-                              use_spmd_for_xla_partitioning)
+    super().__init__(container_strategy, layout,
+                     communicator_lib.TPUCommunicator(layout, self._tpu_step),
+                     variable_policy.TPUPolicy(container_strategy, self._tpu_step),
+                     executor(container_strategy, layout.devices, device_assignment,
+                              use_spmd_for_xla_partitioning))
 
   @property
   def worker_devices(self):
@@ -327,17 +331,6 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
   def _tpu_step(self):
     """The context of the TPU computation (or XLA check) traced here, or None."""
     return tpu_replication.enclosing_step(self._container_strategy())
-
-  def _reduce_to(self, reduce_op, value, destinations, options):
-    step = self._tpu_step()
-    if step is not None and not isinstance(value, tf.distribute.DistributedValues):
-      return step.all_reduce(reduce_op, value)
-    return super()._reduce_to(reduce_op, value, destinations, options)
-
-  def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
-    if self._tpu_step() is not None:
-      return [self._reduce_to(reduce_op, v, d, options) for v, d in value_destination_pairs]
-    return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
 
   def _annotated(self, tensor, kind, detail):
     """`tensor` with an XLA sharding annotation; unchanged on an emulated
