@@ -16,8 +16,7 @@ _MISSING_CLIENT = (
 
 class ExecutableLocation(enum.Enum):
   """Where the program runs: inside the Kubernetes cluster, or outside it
-  (then `~/.kube/config` says how to reach it). Exported as
-  `KubernetesExecutableLocation`.
+  (reached through `~/.kube/config`). Exported as `KubernetesExecutableLocation`.
 
   >>> KubernetesExecutableLocation.OFF_CLUSTER
   <ExecutableLocation.OFF_CLUSTER: 1>
@@ -63,8 +62,8 @@ class KubernetesClusterResolver(ClusterResolver,
   ...               status=Obj(phase="Running", host_ip="10.1.0.4"))
   ...     return Obj(items=[pod])
   >>> resolver = KubernetesClusterResolver(override_client=FakeClient())
-  >>> resolver.cluster_spec().as_dict()
-  {'worker': ['10.1.0.4:8470']}
+  >>> resolver.cluster_spec().as_dict(), resolver.master("worker", 0)
+  ({'worker': ['10.1.0.4:8470']}, 'grpc://10.1.0.4:8470')
   """
 
   def __init__(self, job_to_label_mapping=None, tf_server_port=8470,
@@ -80,40 +79,13 @@ class KubernetesClusterResolver(ClusterResolver,
         "worker": ["job-name=tensorflow"]}
     self._tf_server_port = tf_server_port
     self._override_client = override_client
-    self.task_type = None
-    self.task_id = None
     self.rpc_layer = rpc_layer
 
-  def master(self, task_type=None, task_id=None, rpc_layer=None):
-    """The address of the given (by default this) task; "" when no task is
-    given or set.
-
-    >>> from types import SimpleNamespace as Obj
-    >>> class FakeClient:
-    ...   def list_pod_for_all_namespaces(self, label_selector):
-    ...     pods = [Obj(metadata=Obj(name=f"tf-{i}"),
-    ...                 status=Obj(phase="Running", host_ip=f"10.1.0.{i}")) for i in (1, 2)]
-    ...     return Obj(items=pods)
-    >>> resolver = KubernetesClusterResolver(override_client=FakeClient())
-    >>> resolver.master(), resolver.master("worker", 1)
-    ('', 'grpc://10.1.0.2:8470')
-    """
-    return task_master(self, task_type, task_id, rpc_layer)
+  master = task_master
 
   def cluster_spec(self):
     """Asks the Kubernetes API for the pods; a pod that is not running
-    raises `RuntimeError` naming it and its phase.
-
-    >>> from types import SimpleNamespace as Obj
-    >>> class FakeClient:
-    ...   def list_pod_for_all_namespaces(self, label_selector):
-    ...     pod = Obj(metadata=Obj(name="tf-ps"), status=Obj(phase="Pending", host_ip=""))
-    ...     return Obj(items=[pod])
-    >>> KubernetesClusterResolver(override_client=FakeClient()).cluster_spec()
-    Traceback (most recent call last):
-    ...
-    RuntimeError: Pod "tf-ps" is not running; phase: "Pending"
-    """
+    raises `RuntimeError` naming it and its phase."""
     client = self._override_client
     if not client:
       kubernetes = _kubernetes()
