@@ -17,13 +17,10 @@ EXIT_TIMEOUT_SECONDS = 3 * cluster_runtime.HEARTBEAT_TIMEOUT_SECONDS
 
 
 class PreemptionWatcher(StandsFor, stands_for=tf.distribute.experimental.PreemptionWatcher):
-  """Watches the cluster for a termination notice and keeps its message.
-
-  Make it after the strategy has joined the cluster. A task that gets
-  SIGTERM (or a `PreemptionCheckpointHandler`'s notice) records it in the
-  coordination service; `preemption_message` then names that task, such as
-  "/job:worker/task:1" (TensorFlow 2.21's stays None off Google's internal
-  TPU platform). Without a cluster it stays None.
+  """Watches the cluster, once joined, for a termination notice: a task that
+  gets SIGTERM (or a `PreemptionCheckpointHandler`'s notice) is then named
+  by `preemption_message`, such as "/job:worker/task:1" (TensorFlow 2.21's
+  stays None off Google's internal TPU platform). Without a cluster, None.
 
   >>> watcher = PreemptionWatcher()  # no cluster here
   >>> watcher.preemption_message is None
