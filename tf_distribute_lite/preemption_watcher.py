@@ -42,16 +42,14 @@ class PreemptionWatcher(StandsFor, stands_for=tf.distribute.experimental.Preempt
 
   def _watch(self):
     try:
-      while True:
+      while self._preemption_message is None:
         try:
-          message = _tf_bridge.coordination_get(cluster_runtime.PREEMPTION_NOTICE_KEY,
-                                                POLL_SECONDS)
-          break
+          self._preemption_message = _tf_bridge.coordination_get(
+              cluster_runtime.PREEMPTION_NOTICE_KEY, POLL_SECONDS)
         except tf.errors.DeadlineExceededError:
-          self._has_service.set()
-          self._checked.set()
-      self._preemption_message = message
-      self._has_service.set()
+          pass  # no notice yet, but a service to ask
+        self._has_service.set()
+        self._checked.set()
     except tf.errors.FailedPreconditionError:
       logging.warning("PreemptionWatcher: this process has joined no cluster; "
                       "there is no termination notice to watch.")

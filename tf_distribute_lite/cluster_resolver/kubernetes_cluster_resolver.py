@@ -8,11 +8,6 @@ import tensorflow as tf
 from tf_distribute_lite.cluster_resolver.cluster_resolver import ClusterResolver
 from tf_distribute_lite.cluster_resolver.cluster_resolver import task_master
 
-_MISSING_CLIENT = (
-    "The Kubernetes Python client must be installed before using the "
-    "Kubernetes Cluster Resolver. To install the Kubernetes Python client, run "
-    "`pip install kubernetes` on your command line.")
-
 
 class ExecutableLocation(enum.Enum):
   """Where the program runs: inside the Kubernetes cluster, or outside it
@@ -41,19 +36,19 @@ def _kubernetes():
   try:
     import kubernetes  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise ImportError(_MISSING_CLIENT) from None
+    raise ImportError(
+        "The Kubernetes Python client must be installed before using the Kubernetes "
+        "Cluster Resolver. To install the Kubernetes Python client, run `pip install "
+        "kubernetes` on your command line.") from None
   return kubernetes
 
 
 class KubernetesClusterResolver(ClusterResolver,
                                 stands_for=tf.distribute.cluster_resolver.KubernetesClusterResolver):
   """Each job is the pods its label selectors pick (sorted by name, each
-  `host_ip:tf_server_port`); every one must be running.
-
-  `override_client` replaces the Kubernetes API client (any object with
-  `list_pod_for_all_namespaces(label_selector=...)`); without it the
-  `kubernetes` package must be installed. `executable_location` may also be
-  TensorFlow's `KubernetesExecutableLocation`.
+  `host_ip:tf_server_port`); all must be running. `override_client` replaces
+  the Kubernetes API client (`list_pod_for_all_namespaces(label_selector=...)`);
+  without it the `kubernetes` package must be installed.
 
   >>> from types import SimpleNamespace as Obj
   >>> class FakeClient:
