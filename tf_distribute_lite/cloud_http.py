@@ -115,5 +115,4 @@ def metadata(path, timeout=None, retries=None):
 
 def access_token():
   """The default service account's OAuth token, from the metadata server."""
-  answer = json.loads(metadata("instance/service-accounts/default/token"))
-  return answer["access_token"]
+  return json.loads(metadata("instance/service-accounts/default/token"))["access_token"]

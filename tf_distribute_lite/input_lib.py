@@ -325,14 +325,13 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     return self
 
   def __next__(self):
+    """The next step's value; raises `StopIteration` at the end."""
     try:
       return self.get_next()
     except tf.errors.OutOfRangeError:
       raise StopIteration from None
 
-  def next(self):
-    """The next step's value; raises `StopIteration` at the end."""
-    return self.__next__()
+  next = __next__
 
   @property
   def element_spec(self):

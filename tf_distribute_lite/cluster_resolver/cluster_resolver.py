@@ -233,9 +233,7 @@ class UnionClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_res
                        ClusterResolver.rpc_layer.fset,
                        doc="The protocol given, or the first resolver's.")
 
-  @property
-  def environment(self):
-    return self._resolvers[0].environment
+  environment = property(lambda self: self._resolvers[0].environment)
 
   def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
     """The first resolver's answer."""
