@@ -1,21 +1,14 @@
-"""Plain HTTP calls to the GCE metadata server and the Cloud TPU API, with a
-timeout on every call and bounded retries with backoff, from the standard
-library alone.
+"""HTTP GETs of the GCE metadata server and the Cloud TPU API (standard
+library only), each try with a timeout, retried with backoff.
 
-Settings (environment variables, read at each call):
-
-* `GCE_METADATA_HOST`, else `GCE_METADATA_IP`, else metadata.google.internal:
-  the metadata server, as Google's libraries read it;
-* `TF_DISTRIBUTE_LITE_HTTP_TIMEOUT`: seconds one try may take (default 5);
-* `TF_DISTRIBUTE_LITE_HTTP_RETRIES`: tries after the first for a server
-  error or a timeout (default 2; the wait doubles from 0.2 s);
-* `TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT`: the Cloud TPU API's root URL
-  (default https://tpu.googleapis.com), for tests and private endpoints;
-* `TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS`: how long the addresses of a READY
-  TPU node are reused before the API is asked again (default 10; 0 asks at
-  every call, as TensorFlow does);
-* `TPU_API_DISCOVERY_URL`: as in TensorFlow, a discovery document to take
-  that root from, overriding `TPUClusterResolver(discovery_url=...)`.
+Environment settings, read at each call: `GCE_METADATA_HOST`, else
+`GCE_METADATA_IP` (the metadata server, as Google's libraries read it);
+`TF_DISTRIBUTE_LITE_HTTP_TIMEOUT` (seconds per try, default 5);
+`TF_DISTRIBUTE_LITE_HTTP_RETRIES` (retries of a server error or timeout,
+default 2, waits doubling from 0.2 s); `TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT`
+(the Cloud TPU API's root URL); `TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS` (how
+long a READY TPU node's addresses are reused, default 10; 0 asks at every
+call, as TensorFlow does); `TPU_API_DISCOVERY_URL` (as in TensorFlow).
 """
 
 import json
@@ -30,11 +23,6 @@ RETRIES_VARIABLE = "TF_DISTRIBUTE_LITE_HTTP_RETRIES"
 ENDPOINT_VARIABLE = "TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT"
 CACHE_VARIABLE = "TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS"
 DISCOVERY_VARIABLE = "TPU_API_DISCOVERY_URL"
-DEFAULT_TIMEOUT_SECONDS = 5.0
-DEFAULT_RETRIES = 2
-DEFAULT_CACHE_SECONDS = 10.0
-DEFAULT_TPU_API_ENDPOINT = "https://tpu.googleapis.com"
-_FIRST_BACKOFF_SECONDS = 0.2
 
 
 def _setting(name, default, kind):
@@ -51,25 +39,12 @@ def _setting(name, default, kind):
 
 
 def cache_seconds():
-  """Seconds a READY TPU node's addresses are reused.
-
-  >>> import os
-  >>> os.environ.pop(CACHE_VARIABLE, None) and None
-  >>> cache_seconds()
-  10.0
-  """
-  return _setting(CACHE_VARIABLE, DEFAULT_CACHE_SECONDS, float)
+  """Seconds a READY TPU node's addresses are reused."""
+  return _setting(CACHE_VARIABLE, 10.0, float)
 
 
 def metadata_root():
-  """The metadata server's URL.
-
-  >>> import os
-  >>> os.environ.pop("GCE_METADATA_HOST", None) and None
-  >>> os.environ.pop("GCE_METADATA_IP", None) and None
-  >>> metadata_root()
-  'http://metadata.google.internal'
-  """
+  """The metadata server's URL."""
   host = (os.environ.get("GCE_METADATA_HOST") or
           os.environ.get("GCE_METADATA_IP", "metadata.google.internal"))
   return "http://" + host
@@ -78,12 +53,8 @@ def metadata_root():
 def tpu_api_root(discovery_url=None):
   """The Cloud TPU API's root URL: `$TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT`,
   else the `rootUrl` of the discovery document at `$TPU_API_DISCOVERY_URL`
-  or `discovery_url` (a URL or, as for Google's API client, a template with
-  `{api}` and `{apiVersion}`), else Google's.
-
-  >>> tpu_api_root()
-  'https://tpu.googleapis.com'
-  """
+  or `discovery_url` (a URL, or a template with `{api}` and `{apiVersion}`
+  as for Google's API client), else Google's."""
   if os.environ.get(ENDPOINT_VARIABLE):
     return os.environ[ENDPOINT_VARIABLE].rstrip("/")
   discovery_url = os.environ.get(DISCOVERY_VARIABLE) or discovery_url
@@ -91,22 +62,18 @@ def tpu_api_root(discovery_url=None):
     url = discovery_url.replace("{api}", "tpu").replace("{apiVersion}", "v1")
     document = get_json(url)
     return (document.get("rootUrl", "") + document.get("servicePath", "")).rstrip("/")
-  return DEFAULT_TPU_API_ENDPOINT
+  return "https://tpu.googleapis.com"
 
 
 def get(url, headers=None, timeout=None, retries=None):
   """The body of a GET of `url` as text; `timeout` (seconds per try) and
-  `retries` override the settings above.
-
-  Server errors (5xx), timeouts and dropped connections are retried; other
-  HTTP errors raise `urllib.error.HTTPError` at once, an unreachable host
-  `urllib.error.URLError`, and a server that never answers `TimeoutError`
-  naming the URL and the time allowed.
-  """
+  `retries` override the settings. Server errors (5xx), timeouts and dropped
+  connections are retried; then, or for other errors, `HTTPError`, `URLError`
+  (unreachable host) or `TimeoutError` names the URL."""
   if timeout is None:
-    timeout = _setting(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT_SECONDS, float)
+    timeout = _setting(TIMEOUT_VARIABLE, 5.0, float)
   if retries is None:
-    retries = _setting(RETRIES_VARIABLE, DEFAULT_RETRIES, int)
+    retries = _setting(RETRIES_VARIABLE, 2, int)
   request = urllib.request.Request(url, headers=headers or {})
   for attempt in range(retries + 1):
     last_try = attempt == retries
@@ -126,7 +93,7 @@ def get(url, headers=None, timeout=None, retries=None):
     except urllib.error.URLError as e:
       if not isinstance(e.reason, (TimeoutError, socket.timeout)) or last_try:
         raise urllib.error.URLError(f"GET {url} failed: {e.reason}") from None
-    time.sleep(_FIRST_BACKOFF_SECONDS * 2 ** attempt)
+    time.sleep(0.2 * 2 ** attempt)
   raise AssertionError("unreachable")
 
 
@@ -141,15 +108,11 @@ def get_json(url, headers=None):
 
 
 def metadata(path, timeout=None, retries=None):
-  """The metadata server's value at `path` (such as "project/project-id").
-
-  The server answers only requests with the header `Metadata-Flavor: Google`.
-  """
+  """The metadata server's value at `path`, such as "project/project-id"."""
   return get(f"{metadata_root()}/computeMetadata/v1/{path}",
              {"Metadata-Flavor": "Google"}, timeout, retries)
 
 
 def access_token():
   """The default service account's OAuth token, from the metadata server."""
-  answer = json.loads(metadata("instance/service-accounts/default/token"))
-  return answer["access_token"]
+  return json.loads(metadata("instance/service-accounts/default/token"))["access_token"]

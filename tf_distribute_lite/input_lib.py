@@ -1,13 +1,11 @@
 """Distributed datasets and iterators: every step, one batch per replica.
 
-A `DistributedDataset` is one or more host-side `tf.data` pipelines plus a
-`_Layout` saying which replicas each dequeued element feeds. Behind
-`strategy.experimental_distribute_dataset`, `distribute_dataset` cuts each
-global batch of the user's pipeline into one part per replica (`tf.split`
-aliases, not copies); `distribute_datasets_from_function` makes one pipeline
-per worker or per replica, each replica dequeuing its own batch. Iterators
-copy the parts to the replicas' devices as `PerReplica` values. Both are
-composite tensors: they pass into a `tf.function`, and `for` loops there.
+A `DistributedDataset` is host-side `tf.data` pipelines plus a `_Layout` of
+the replicas each element feeds: `distribute_dataset` cuts each global batch
+into one part per replica (`tf.split` aliases), `distribute_datasets_from_function`
+makes a pipeline per worker or per replica. Iterators copy the parts to the
+replicas' devices as `PerReplica` values. Both are composite tensors, so
+they pass into a `tf.function` and `for` loops there.
 """
 
 import collections
@@ -58,12 +56,10 @@ def _check_strategy(layout):
 
 
 class WorkerSync:
-  """What the iterators of several workers agree on each step: whether any
-  worker still has data (`any_worker_has` maps this worker's bool tensor to
-  the cluster's). While one has, the others run the step on empty batches,
-  so no worker waits for a collective another never starts. Type specs hold
-  plain values, so they hold the sync's `key`; a sync lives as long as the
-  process, like the strategy that makes it."""
+  """What several workers' iterators agree on each step: whether any worker
+  still has data (`any_worker_has` maps this worker's bool tensor to the
+  cluster's); while one has, the others run on empty batches, so no collective
+  waits for ever. Type specs hold its `key`; it lives as long as the process."""
 
   _by_key = {}
   _keys = itertools.count()
@@ -92,12 +88,10 @@ def check_dataset(dataset):
 def distribute_dataset(dataset, devices, host, options=None,
                        input_context=None, workers=None):
   """A `DistributedDataset` cutting each global batch of `dataset` across
-  `devices`, as TensorFlow does: a batch of `b` gives each replica in turn
-  `ceil(b / replicas)` elements (or what is left), sparse ones too (where
-  TensorFlow 2.21 fails on empty shares). With several input pipelines in
-  `input_context` (one per worker, synced by `workers`), it is this
-  pipeline's auto-sharded pieces of each global batch, one per replica.
-  """
+  `devices` as TensorFlow does: each replica in turn gets `ceil(b / replicas)`
+  elements or what is left (sparse too, where TensorFlow 2.21 fails on empty
+  shares). With a pipeline per worker in `input_context` (synced by `workers`),
+  this pipeline's auto-sharded share of each global batch, a piece per replica."""
   check_dataset(dataset)
   devices = tuple(devices)
   options = options or input_context_lib.InputOptions()
@@ -121,17 +115,13 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
                                       input_context=None, workers=None,
                                       partial_steps=True):
   """A `DistributedDatasetsFromFunction` of the datasets, batched per replica,
-  that `dataset_fn(InputContext)` makes once (`PER_WORKER`) or once per
-  replica (`PER_REPLICA`), as `options` say for this call only (TensorFlow
-  2.21 keeps `PER_REPLICA` once asked). On one worker of several,
-  `input_context` is what `dataset_fn` gets and `workers` syncs the steps.
-
-  Replicas whose pipelines end first get empty batches in a last, partial
-  step, as in TensorFlow: from `get_next` if `partial_steps`, always from
-  `get_next_as_optional`. Elements of a fully known shape have no empty
-  form: there the partial step ends the input (TensorFlow 2.21 makes up
-  zeros).
-  """
+  that `dataset_fn(InputContext)` makes once (`PER_WORKER`) or per replica
+  (`PER_REPLICA`) as `options` say for this call only (TensorFlow 2.21 keeps
+  `PER_REPLICA` once asked). On one worker of several, `dataset_fn` gets
+  `input_context` and `workers` syncs the steps. As in TensorFlow, replicas
+  whose pipelines end first get empty batches in a last, partial step (from
+  `get_next` only if `partial_steps`); elements of a fully known shape have
+  no empty form, so there the input ends (TensorFlow 2.21 makes up zeros)."""
   devices = tuple(devices)
   options = options or input_context_lib.InputOptions()
   if not input_context_lib.is_per_replica(options):
@@ -159,8 +149,7 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
 
 
 def _fully_shaped(element_spec):
-  """Whether every component has a fully known shape (for ragged and sparse
-  components, a known batch dimension)."""
+  """Whether every component's shape is known (ragged, sparse: its batch)."""
   for spec in tf.nest.flatten(element_spec):
     if isinstance(spec, (tf.RaggedTensorSpec, tf.SparseTensorSpec)):
       if spec.shape.rank and spec.shape[0] is None:
@@ -173,10 +162,9 @@ def _fully_shaped(element_spec):
 
 class DistributedDataset(tf.distribute.DistributedDataset,
                          _tf_bridge.CompositeTensor):
-  """Batches for every replica, one step at a time; made by
-  `strategy.experimental_distribute_dataset`. It cannot be transformed
-  further (transform the `tf.data.Dataset` before). Keras 3's `fit`,
-  `evaluate` and `predict` take it as they take TensorFlow's.
+  """Each step, a batch for every replica (from
+  `strategy.experimental_distribute_dataset`); it cannot be transformed
+  further. Keras 3's `fit`, `evaluate` and `predict` take it.
 
   >>> dist = distribute_dataset(tf.data.Dataset.range(4).batch(2),
   ...                           ["CPU:0", "CPU:1"], host="CPU:0")
@@ -219,9 +207,8 @@ class DistributedDataset(tf.distribute.DistributedDataset,
 
   @property
   def cardinality(self):
-    """How many elements the first pipeline yields, or
-    `tf.data.INFINITE_CARDINALITY` or `tf.data.UNKNOWN_CARDINALITY` (always
-    for a distributed dataset made inside a `tf.function`)."""
+    """How many elements the first pipeline yields, or `tf.data`'s infinite
+    or unknown cardinality (unknown if made inside a `tf.function`)."""
     return self._cardinality
 
   def reduce(self, initial_state, reduce_fn):
@@ -338,14 +325,13 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     return self
 
   def __next__(self):
+    """The next step's value; raises `StopIteration` at the end."""
     try:
       return self.get_next()
     except tf.errors.OutOfRangeError:
       raise StopIteration from None
 
-  def next(self):
-    """The next step's value; raises `StopIteration` at the end."""
-    return self.__next__()
+  next = __next__
 
   @property
   def element_spec(self):
@@ -505,17 +491,15 @@ class DistributedIterator(tf.distribute.DistributedIterator,
 
 
 def _refuse_in_a_replica(call, args):
-  """Raises TensorFlow's ValueError for `call` inside `strategy.run` (not the
-  default strategy's), where each replica would get every replica's input
-  (it should come as `run`'s `args`)."""
+  """Raises TensorFlow's ValueError for `call` inside `strategy.run`, where
+  each replica would get every replica's input (not the default strategy's)."""
   if contexts.has_strategy() and not contexts.in_cross_replica_context():
     raise ValueError(f"{call} should be called from outside of replica_fn. "
                      f"e.g. strategy.run(replica_fn, {args})")
 
 
 class InitializableIterator(DistributedIterator):
-  """A `DistributedIterator` of a TF 1.x graph, whose `initializer` op
-  (re)starts its input pipelines."""
+  """A TF 1.x graph's `DistributedIterator`, with an `initializer` op."""
 
   @property
   def initializer(self):
@@ -523,8 +507,7 @@ class InitializableIterator(DistributedIterator):
     return tf.group([it.initializer for it in self._iterators])
 
   def initialize(self):
-    """Deprecated: the `initializer` (ops in a graph; eagerly it restarts
-    the iterator and gives None)."""
+    """Deprecated: the `initializer`."""
     deprecation.warn_once("DistributedIterator.initialize",
                           "Use the iterator's `initializer` property instead.")
     return self.initializer
@@ -585,9 +568,8 @@ def _check_batched(element_spec, replicas):
 
 
 def _split_leaf(value, replicas):
-  """`replicas` consecutive chunks of `value` of `ceil(batch / replicas)` rows
-  each, or what is left, aliasing `value`, as in TensorFlow; in a graph, with
-  static shapes only for a static batch that divides evenly."""
+  """`replicas` chunks of `value` of `ceil(batch / replicas)` rows or what is
+  left, aliasing it; in a graph, static shapes only for an even static batch."""
   batch = value.shape[0]
   if tf.executing_eagerly() or (batch is not None and batch % replicas == 0):
     size = -(-batch // replicas)
@@ -638,8 +620,7 @@ def _sparse_rows(value, start, rows):
 
 
 def _empty_like(spec):
-  """Empty stand-ins for a replica that gets no data on the last step: the
-  batch dimension (and any unknown one) is 0, as in TensorFlow."""
+  """Empty stand-ins (batch and unknown dimensions 0, as in TensorFlow)."""
   def empty(leaf):
     if isinstance(leaf, tf.RaggedTensorSpec):
       shape = leaf.shape[:1].concatenate(leaf.shape[1 + leaf.ragged_rank:])
@@ -660,16 +641,15 @@ def _empty_like(spec):
 
 
 def numpy_dataset(numpy_input, device):
-  """A dataset of the slices of `numpy_input` (a nest of arrays), held as
-  tensors on `device` rather than as constants of a graph."""
+  """A dataset of the slices of `numpy_input`, as tensors on `device`."""
   with tf.init_scope(), tf.device(device):  # eager tensors: captured, not Const
     tensors = tf.nest.map_structure(tf.convert_to_tensor, numpy_input)
   return tf.data.Dataset.from_tensor_slices(tensors)
 
 
 def initializable_iterator(distributed_dataset):
-  """The TF 1.x iterator over a distributed dataset, whose `initializer` op
-  (re)starts it in a TF1 graph and `initialize()` restarts it eagerly."""
+  """The TF 1.x iterator over a distributed dataset (`initializer`,
+  `initialize()` and `get_next()`)."""
   if tf.executing_eagerly():
     return _EagerIterator(distributed_dataset)
   if isinstance(distributed_dataset, tf.data.Dataset):  # the default strategy's
@@ -678,7 +658,6 @@ def initializable_iterator(distributed_dataset):
 
 
 class _TF1Iterator:
-  """What the TF 1.x iterators below share: `initialize()` and `get_next()`."""
 
   initialize = InitializableIterator.initialize
 
@@ -687,15 +666,14 @@ class _TF1Iterator:
 
 
 class _GraphDatasetIterator(_TF1Iterator):
-  """The default strategy's TF 1.x iterator in a TF1 graph, over the dataset
-  itself; as in TensorFlow its `initializer` is a list of one op."""
+  """The default strategy's TF 1.x iterator in a TF1 graph."""
 
   def __init__(self, dataset):
     self._iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
 
   @property
   def initializer(self):
-    """`[op]`, where the op (re)starts the iterator."""
+    """`[op]`, as in TensorFlow."""
     return [self._iterator.initializer]
 
   def get_next_as_optional(self):
@@ -703,8 +681,8 @@ class _GraphDatasetIterator(_TF1Iterator):
 
 
 class CallableIterator(_TF1Iterator):
-  """The TF 1.x iterator over a callable an `input_fn` returned: each
-  `get_next` calls it on `host` once per replica, as TensorFlow's does."""
+  """The TF 1.x iterator over a callable an `input_fn` returned, called on
+  `host` once per replica."""
 
   def __init__(self, fn, num_replicas, host):
     self._fn, self._num_replicas, self._host = fn, num_replicas, host
@@ -720,8 +698,7 @@ class CallableIterator(_TF1Iterator):
 
 
 class _EagerIterator(_TF1Iterator):
-  """An eager distributed iterator whose TF 1.x `initialize()` restarts it,
-  as TensorFlow's does."""
+  """An eager distributed iterator, restarted by `initialize()`."""
 
   def __init__(self, distributed_dataset):
     self._dataset = distributed_dataset

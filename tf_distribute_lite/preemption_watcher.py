@@ -17,13 +17,10 @@ EXIT_TIMEOUT_SECONDS = 3 * cluster_runtime.HEARTBEAT_TIMEOUT_SECONDS
 
 
 class PreemptionWatcher(StandsFor, stands_for=tf.distribute.experimental.PreemptionWatcher):
-  """Watches the cluster for a termination notice and keeps its message.
-
-  Make it after the strategy has joined the cluster. A task that gets
-  SIGTERM (or a `PreemptionCheckpointHandler`'s notice) records it in the
-  coordination service; `preemption_message` then names that task, such as
-  "/job:worker/task:1" (TensorFlow 2.21's stays None off Google's internal
-  TPU platform). Without a cluster it stays None.
+  """Watches the cluster, once joined, for a termination notice: a task that
+  gets SIGTERM (or a `PreemptionCheckpointHandler`'s notice) is then named
+  by `preemption_message`, such as "/job:worker/task:1" (TensorFlow 2.21's
+  stays None off Google's internal TPU platform). Without a cluster, None.
 
   >>> watcher = PreemptionWatcher()  # no cluster here
   >>> watcher.preemption_message is None
@@ -45,16 +42,14 @@ class PreemptionWatcher(StandsFor, stands_for=tf.distribute.experimental.Preempt
 
   def _watch(self):
     try:
-      while True:
+      while self._preemption_message is None:
         try:
-          message = _tf_bridge.coordination_get(cluster_runtime.PREEMPTION_NOTICE_KEY,
-                                                POLL_SECONDS)
-          break
+          self._preemption_message = _tf_bridge.coordination_get(
+              cluster_runtime.PREEMPTION_NOTICE_KEY, POLL_SECONDS)
         except tf.errors.DeadlineExceededError:
-          self._has_service.set()
-          self._checked.set()
-      self._preemption_message = message
-      self._has_service.set()
+          pass  # no notice yet, but a service to ask
+        self._has_service.set()
+        self._checked.set()
     except tf.errors.FailedPreconditionError:
       logging.warning("PreemptionWatcher: this process has joined no cluster; "
                       "there is no termination notice to watch.")

@@ -16,14 +16,12 @@ class TerminationConfig(StandsFor, stands_for=tf.distribute.experimental.Termina
   """Customizes `PreemptionCheckpointHandler` for a platform.
 
   Args:
-    termination_watcher_fn: called about once a second, returns True once
-      a notice has come; by default the handler watches for SIGTERM (on a
-      Google Cloud GPU VM, the host's maintenance notice).
-    exit_fn: called after saving; by default `sys.exit(42)` (`143` on
-      Google Cloud).
-    grace_period: seconds from notice to termination; with a positive one
-      the handler saves at once, trains on, and saves and exits just before
-      it ends. By default 0 (3600 on a Google Cloud GPU VM).
+    termination_watcher_fn: called about once a second, True once a notice
+      has come; by default SIGTERM (a Google Cloud GPU VM's maintenance notice).
+    exit_fn: called after saving; by default `sys.exit(42)` (143 on Google Cloud).
+    grace_period: seconds from notice to termination; if positive the handler
+      saves at once, trains on, and saves and exits just before it ends.
+      By default 0 (3600 on a Google Cloud GPU VM).
     save_fn: called with `save_checkpoint_if_preempted`'s arguments
       instead of the handler's own save.
 
@@ -70,14 +68,13 @@ def exit_for_restart():
 
 
 def exit_for_restart_on_google_cloud():
-  """Ends the program with TensorFlow's restart code on Google Cloud."""
+  """Exits with TensorFlow's restart code on Google Cloud."""
   sys.exit(gce_metadata.GCE_RESTART_EXIT_CODE)
 
 
 def complete(config, platform):
-  """`config` (or None) completed with `platform`'s defaults. On a Google
-  Cloud VM without GPUs (where TensorFlow's handler is off) SIGTERM is
-  watched, with Google Cloud's exit code.
+  """`config` (or None) completed with `platform`'s defaults; on a Google
+  Cloud VM without GPUs (where TensorFlow's handler is off), SIGTERM.
 
   >>> done = complete(None, gce_metadata.Platform.OTHER)
   >>> done.watcher_fn, done.exit_fn.__name__, done.grace_period

@@ -6,11 +6,7 @@ import tensorflow as tf
 
 def full_computation_shape(computation_shape):
   """`computation_shape` with 4 elements: TF 2.2's `[x, y, cores per chip]`
-  gets `z = 1`.
-
-  >>> full_computation_shape([1, 1, 2]), full_computation_shape([2, 2, 1, 2])
-  ([1, 1, 1, 2], [2, 2, 1, 2])
-  """
+  gets `z = 1`."""
   if computation_shape is None:
     return None
   shape = [int(n) for n in computation_shape]

@@ -1,13 +1,7 @@
 """The cluster resolver interface, and the resolvers that read no environment:
-`SimpleClusterResolver` and `UnionResolver`.
-
-A resolver answers where the tasks of a cluster are (`cluster_spec()`), which
-task this process is (`task_type`, `task_id`), how to reach a task
-(`master()`) and how many accelerators a task has (`num_accelerators()`).
-Every resolver here counts as a `tf.distribute.cluster_resolver.ClusterResolver`,
-so TensorFlow's own functions, such as `tf.config.experimental_connect_to_cluster`,
-accept it; TensorFlow's resolvers count as ours.
-"""
+`SimpleClusterResolver` and `UnionResolver`. Our resolvers count as
+TensorFlow's `ClusterResolver` (so `tf.config.experimental_connect_to_cluster`
+takes them), and TensorFlow's count as ours."""
 
 import abc
 import collections
@@ -22,36 +16,25 @@ _HOST_DEVICE_TYPES = ("CPU", "XLA_CPU")
 
 
 def format_master_url(master, rpc_layer=None):
-  """`master` prefixed by `rpc_layer`, as in "grpc://host:port".
-
-  >>> format_master_url("10.0.0.2:8470", "grpc")
-  'grpc://10.0.0.2:8470'
-  >>> format_master_url("10.0.0.2:8470")
-  '10.0.0.2:8470'
-  """
+  """`master` prefixed by `rpc_layer`, as in "grpc://host:port"."""
   return f"{rpc_layer}://{master}" if rpc_layer else master
 
 
-def task_master(resolver, task_type=None, task_id=None, rpc_layer=None):
-  """The address of the given task (by default the resolver's own) in its
-  cluster, with `rpc_layer` (by default the resolver's); "" when no task is
-  known."""
-  task_type = resolver.task_type if task_type is None else task_type
-  task_id = resolver.task_id if task_id is None else task_id
+def task_master(self, task_type=None, task_id=None, rpc_layer=None):
+  """A resolver's `master` method: the address of the given (by default
+  this) task in its cluster, with `rpc_layer` (by default the resolver's);
+  "" when no task is known."""
+  task_type = self.task_type if task_type is None else task_type
+  task_id = self.task_id if task_id is None else task_id
   if task_type is None or task_id is None:
     return ""
-  return format_master_url(resolver.cluster_spec().task_address(task_type, task_id),
-                           rpc_layer or resolver.rpc_layer)
+  return format_master_url(self.cluster_spec().task_address(task_type, task_id),
+                           rpc_layer or self.rpc_layer)
 
 
 @dataclasses.dataclass(frozen=True)
 class DeviceAttributes:
-  """A device, with the attributes `tf.compat.v1.Session.list_devices()`
-  gives (a session's devices are its own objects with the same attributes).
-
-  >>> DeviceAttributes("/job:localhost/replica:0/task:0/device:CPU:0", "CPU")
-  DeviceAttributes(name='/job:localhost/replica:0/task:0/device:CPU:0', device_type='CPU', memory_limit_bytes=0, incarnation=0)
-  """
+  """A device, with the attributes of `tf.compat.v1.Session.list_devices()`'s."""
   name: str
   device_type: str
   memory_limit_bytes: int = 0
@@ -59,13 +42,8 @@ class DeviceAttributes:
 
 
 def devices_of(master, config_proto=None):
-  """Every device `master` reaches: this process's logical devices (fully
-  qualified names) when executing eagerly, else the devices of a session on
-  `master`.
-
-  >>> devices_of("")[0].device_type
-  'CPU'
-  """
+  """Every device `master` reaches: eagerly this process's logical devices
+  (fully qualified names), else a session's on `master`."""
   if tf.executing_eagerly():
     return [DeviceAttributes(device_util.canonicalize(d.name), d.device_type)
             for d in tf.config.list_logical_devices()]
@@ -73,36 +51,25 @@ def devices_of(master, config_proto=None):
     return session.list_devices()
 
 
-def accelerator_devices(master, config_proto=None):
-  """(name, device type) of `devices_of(master)` but the host's CPUs.
-
-  >>> accelerator_devices("")  # no accelerator on this machine
-  []
-  """
-  return [(d.name, d.device_type) for d in devices_of(master, config_proto)
-          if d.device_type not in _HOST_DEVICE_TYPES]
+def _settable(attribute, doc):
+  """A property reading `attribute` (None until set) and setting it."""
+  return property(lambda self: getattr(self, attribute, None),
+                  lambda self, value: setattr(self, attribute, value), doc=doc)
 
 
 class ClusterResolver(abc.ABC, StandsFor, stands_for=tf.distribute.cluster_resolver.ClusterResolver):
-  """The interface of every cluster resolver.
-
-  Subclasses implement `cluster_spec()` and `master()`; `task_type`,
-  `task_id` and `rpc_layer` are plain settable attributes unless a subclass
-  reads them from its environment. TensorFlow's resolvers are instances too.
+  """The interface of every cluster resolver: subclasses implement
+  `cluster_spec()` and `master()`; `task_type`, `task_id` and `rpc_layer`
+  are settable attributes. TensorFlow's resolvers are instances too.
 
   >>> class OneTask(ClusterResolver):
   ...   def cluster_spec(self):
   ...     return tf.train.ClusterSpec({"worker": ["localhost:2222"]})
-  ...   def master(self, task_type=None, task_id=None, rpc_layer=None):
-  ...     return ""
+  ...   master = task_master
   >>> resolver = OneTask()
   >>> resolver.task_type, resolver.task_id, resolver.environment
   (None, None, '')
   >>> isinstance(resolver, tf.distribute.cluster_resolver.ClusterResolver)
-  True
-  >>> theirs = tf.distribute.cluster_resolver.SimpleClusterResolver(
-  ...     tf.train.ClusterSpec({}))
-  >>> isinstance(theirs, ClusterResolver)
   True
   """
 
@@ -117,63 +84,31 @@ class ClusterResolver(abc.ABC, StandsFor, stands_for=tf.distribute.cluster_resol
 
   @abc.abstractmethod
   def cluster_spec(self):
-    """The cluster as a `tf.train.ClusterSpec`, as it is now.
-
-    >>> SimpleClusterResolver(tf.train.ClusterSpec({"ps": ["p0:1"]})).cluster_spec().as_dict()
-    {'ps': ['p0:1']}
-    """
+    """The cluster as a `tf.train.ClusterSpec`, as it is now."""
 
   @abc.abstractmethod
   def master(self, task_type=None, task_id=None, rpc_layer=None):
-    """The address of a session master (TF 1.x sessions).
-
-    >>> SimpleClusterResolver(tf.train.ClusterSpec({}), master="m:1").master(rpc_layer="grpc")
-    'grpc://m:1'
-    """
+    """The address of a session master (TF 1.x sessions)."""
 
   def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
     """Accelerator cores per type, such as {"GPU": 2}; counts only the
     devices of task `task_id` of job `task_type` when both are given."""
     counts = collections.defaultdict(int)
-    for name, device_type in accelerator_devices(
-        self.master(task_type, task_id), config_proto):
-      if task_type is not None and task_id is not None and (
-          f"/job:{task_type}" not in name or f"/task:{task_id}" not in name):
-        continue
-      counts[device_type] += 1
+    for device in devices_of(self.master(task_type, task_id), config_proto):
+      wanted = task_type is None or task_id is None or (
+          f"/job:{task_type}" in device.name and f"/task:{task_id}" in device.name)
+      if wanted and device.device_type not in _HOST_DEVICE_TYPES:
+        counts[device.device_type] += 1
     return counts
 
   @property
   def environment(self):
-    """"google" inside Google's environment, else ""."""
-    return ""
+    """"google" inside Google's environment, else "" (or what was given)."""
+    return getattr(self, "_environment", "")
 
-  @property
-  def task_type(self):
-    """This task's job name ("worker", "chief", "ps", ...), or None."""
-    return getattr(self, "_task_type", None)
-
-  @task_type.setter
-  def task_type(self, task_type):
-    self._task_type = task_type
-
-  @property
-  def task_id(self):
-    """This task's index in its job, or None."""
-    return getattr(self, "_task_id", None)
-
-  @task_id.setter
-  def task_id(self, task_id):
-    self._task_id = task_id
-
-  @property
-  def rpc_layer(self):
-    """The protocol between the tasks, such as "grpc", or None."""
-    return getattr(self, "_rpc_layer", None)
-
-  @rpc_layer.setter
-  def rpc_layer(self, rpc_layer):
-    self._rpc_layer = rpc_layer
+  task_type = _settable("_task_type", "This task's job name, such as worker or ps, or None.")
+  task_id = _settable("_task_id", "This task's index in its job, or None.")
+  rpc_layer = _settable("_rpc_layer", "The protocol between the tasks, such as grpc, or None.")
 
 
 class NotAResolverError(ValueError, AttributeError):
@@ -184,14 +119,8 @@ class NotAResolverError(ValueError, AttributeError):
 
 def check_resolver(resolver, argument="cluster_resolver", kind=ClusterResolver,
                    kind_name="tf.distribute.cluster_resolver.ClusterResolver"):
-  """Raises `NotAResolverError` unless `resolver` is a `kind` (ours or
-  TensorFlow's ClusterResolver by default).
-
-  >>> check_resolver("localhost:2222")
-  Traceback (most recent call last):
-  ...
-  tf_distribute_lite.cluster_resolver.cluster_resolver.NotAResolverError: cluster_resolver must be an instance of tf.distribute.cluster_resolver.ClusterResolver; got the str 'localhost:2222'.
-  """
+  """Raises `NotAResolverError` unless `resolver` is a `kind` (by default
+  ours or TensorFlow's `ClusterResolver`)."""
   if not isinstance(resolver, kind):
     raise NotAResolverError(f"{argument} must be an instance of {kind_name}; "
                             f"got the {type(resolver).__name__} {resolver!r}.")
@@ -222,31 +151,15 @@ class SimpleClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_re
     self._rpc_layer = rpc_layer
 
   def cluster_spec(self):
-    """The cluster given to the constructor.
-
-    >>> SimpleClusterResolver(tf.train.ClusterSpec({"worker": ["w0:1"]})).cluster_spec()
-    ClusterSpec({'worker': ['w0:1']})
-    """
+    """The cluster given to the constructor."""
     return self._cluster_spec
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
-    """The address of task `task_id` of `task_type` when both are given,
-    else the `master` given to the constructor.
-
-    >>> resolver = SimpleClusterResolver(tf.train.ClusterSpec({"worker": ["w0:1"]}),
-    ...                                  master="m:1")
-    >>> resolver.master(), resolver.master("worker", 0, "grpc")
-    ('m:1', 'grpc://w0:1')
-    """
+    """The address of the given task when both are given, else the `master`
+    given to the constructor."""
     if task_type is not None and task_id is not None:
-      master = self._cluster_spec.task_address(task_type, task_id)
-    else:
-      master = self._master
-    return format_master_url(master, rpc_layer or self._rpc_layer)
-
-  @property
-  def environment(self):
-    return self._environment
+      return task_master(self, task_type, task_id, rpc_layer)
+    return format_master_url(self._master, rpc_layer or self._rpc_layer)
 
   def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
     """The `num_accelerators` given to the constructor, or {}."""
@@ -258,13 +171,9 @@ class UnionClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_res
   """The union of the clusters of several resolvers; everything else comes
   from the first one unless given here. Exported as `UnionResolver`.
 
-  A job every resolver lists as a list of addresses is their concatenation;
-  if any lists it by task index, the tasks are merged by index and an index
-  given twice raises `KeyError`.
-
-  `task_type` and `rpc_layer` given here win unless they are empty, as in
-  TensorFlow; `task_id` wins even when it is 0 (TensorFlow 2.21 ignores
-  `task_id=0`).
+  Jobs listed as address lists are concatenated; if any resolver lists a
+  job by task index, its tasks merge by index (an index twice: `KeyError`).
+  `task_id` given here wins even when it is 0 (TensorFlow 2.21 ignores 0).
 
   >>> workers = SimpleClusterResolver(tf.train.ClusterSpec({"worker": ["w0:1"]}))
   >>> ps = SimpleClusterResolver(tf.train.ClusterSpec({"ps": ["p0:1", "p1:1"]}))
@@ -286,13 +195,7 @@ class UnionClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_res
     self._resolvers = args
 
   def cluster_spec(self):
-    """The resolvers' clusters merged.
-
-    >>> UnionResolver(SimpleClusterResolver(tf.train.ClusterSpec({"worker": ["w0:1"]})),
-    ...               SimpleClusterResolver(tf.train.ClusterSpec({"worker": {3: "w3:1"}}))
-    ...               ).cluster_spec().as_dict()
-    {'worker': {0: 'w0:1', 3: 'w3:1'}}
-    """
+    """The resolvers' clusters merged."""
     clusters = [r.cluster_spec().as_dict() for r in self._resolvers]
     by_index = {job for cluster in clusters for job, tasks in cluster.items()
                 if isinstance(tasks, dict)}
@@ -313,15 +216,7 @@ class UnionClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_res
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
     """The address of the given task in the union, else the first
-    resolver's master.
-
-    >>> workers = SimpleClusterResolver(tf.train.ClusterSpec({"worker": ["w0:1"]}),
-    ...                                 master="w0:1")
-    >>> ps = SimpleClusterResolver(tf.train.ClusterSpec({"ps": ["p0:1"]}))
-    >>> union = UnionResolver(workers, ps, rpc_layer="grpc")
-    >>> union.master(), union.master("ps", 0)
-    ('w0:1', 'grpc://p0:1')
-    """
+    resolver's master."""
     if task_type is not None and task_id is not None:
       master = self.cluster_spec().task_address(task_type, task_id)
       return format_master_url(master, rpc_layer or self._rpc_layer)
@@ -338,9 +233,7 @@ class UnionClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_res
                        ClusterResolver.rpc_layer.fset,
                        doc="The protocol given, or the first resolver's.")
 
-  @property
-  def environment(self):
-    return self._resolvers[0].environment
+  environment = property(lambda self: self._resolvers[0].environment)
 
   def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
     """The first resolver's answer."""

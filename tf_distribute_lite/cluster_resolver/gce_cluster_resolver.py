@@ -27,24 +27,18 @@ class GCEClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
   without it the `googleapiclient` package must be installed.
   `task_type` cannot change after construction.
 
-  >>> class Request:
-  ...   def __init__(self, answer): self.answer = answer
-  ...   def execute(self): return self.answer
-  >>> class Groups:
-  ...   def listInstances(self, **kwargs):
-  ...     return Request({"items": [{"instance": "zones/z/instances/vm-1"}]})
-  ...   def listInstances_next(self, previous_request, previous_response):
-  ...     return None
-  >>> class Instances:
-  ...   def get(self, project, zone, instance):
-  ...     return Request({"networkInterfaces": [{"networkIP": "10.0.0.7"}]})
-  >>> class Compute:
-  ...   def instanceGroups(self): return Groups()
-  ...   def instances(self): return Instances()
-  >>> resolver = GCEClusterResolver("project", "zone", "group", 8470,
-  ...                               service=Compute())
+  >>> from types import SimpleNamespace as Obj
+  >>> answer = lambda value: Obj(execute=lambda: value)
+  >>> compute = Obj(
+  ...     instanceGroups=lambda: Obj(
+  ...         listInstances=lambda **kwargs: answer(
+  ...             {"items": [{"instance": f"zones/z/instances/vm-{i}"} for i in (1, 2)]}),
+  ...         listInstances_next=lambda previous_request, previous_response: None),
+  ...     instances=lambda: Obj(get=lambda project, zone, instance: answer(
+  ...         {"networkInterfaces": [{"networkIP": "10.0.0." + instance[-1]}]})))
+  >>> resolver = GCEClusterResolver("project", "zone", "group", 8470, service=compute)
   >>> resolver.cluster_spec().as_dict(), resolver.master()
-  ({'worker': ['10.0.0.7:8470']}, 'grpc://10.0.0.7:8470')
+  ({'worker': ['10.0.0.1:8470', '10.0.0.2:8470']}, 'grpc://10.0.0.1:8470')
   """
 
   def __init__(self, project, zone, instance_group, port, task_type="worker",
@@ -59,20 +53,7 @@ class GCEClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
     self._service = service if service is not None else _compute_service(credentials)
 
   def cluster_spec(self):
-    """Asks the Compute API for the group's running instances.
-
-    >>> from types import SimpleNamespace as Obj
-    >>> answer = lambda value: Obj(execute=lambda: value)
-    >>> compute = Obj(
-    ...     instanceGroups=lambda: Obj(
-    ...         listInstances=lambda **kwargs: answer(
-    ...             {"items": [{"instance": f"zones/z/instances/vm-{i}"} for i in (1, 2)]}),
-    ...         listInstances_next=lambda previous_request, previous_response: None),
-    ...     instances=lambda: Obj(get=lambda project, zone, instance: answer(
-    ...         {"networkInterfaces": [{"networkIP": "10.0.0." + instance[-1]}]})))
-    >>> GCEClusterResolver("project", "zone", "group", 8470, service=compute).cluster_spec()
-    ClusterSpec({'worker': ['10.0.0.1:8470', '10.0.0.2:8470']})
-    """
+    """Asks the Compute API for the group's running instances."""
     groups = self._service.instanceGroups()
     request = groups.listInstances(
         project=self._project, zone=self._zone, instanceGroup=self._instance_group,
@@ -89,17 +70,7 @@ class GCEClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
                                           previous_response=response)
     return tf.train.ClusterSpec({self._task_type: sorted(addresses)})
 
-  def master(self, task_type=None, task_id=None, rpc_layer=None):
-    """The address of the given (by default this) task in `cluster_spec()`.
-
-    >>> resolver = GCEClusterResolver("project", "zone", "group", 8470, task_id=1,
-    ...                               service=object())
-    >>> resolver.cluster_spec = lambda: tf.train.ClusterSpec(
-    ...     {"worker": ["10.0.0.1:8470", "10.0.0.2:8470"]})
-    >>> resolver.master(), resolver.master("worker", 0, rpc_layer="grpc+verbs")
-    ('grpc://10.0.0.2:8470', 'grpc+verbs://10.0.0.1:8470')
-    """
-    return task_master(self, task_type, task_id, rpc_layer)
+  master = task_master
 
   @property
   def task_type(self):

@@ -8,16 +8,10 @@ import tensorflow as tf
 from tf_distribute_lite.cluster_resolver.cluster_resolver import ClusterResolver
 from tf_distribute_lite.cluster_resolver.cluster_resolver import task_master
 
-_MISSING_CLIENT = (
-    "The Kubernetes Python client must be installed before using the "
-    "Kubernetes Cluster Resolver. To install the Kubernetes Python client, run "
-    "`pip install kubernetes` on your command line.")
-
 
 class ExecutableLocation(enum.Enum):
   """Where the program runs: inside the Kubernetes cluster, or outside it
-  (then `~/.kube/config` says how to reach it). Exported as
-  `KubernetesExecutableLocation`.
+  (reached through `~/.kube/config`). Exported as `KubernetesExecutableLocation`.
 
   >>> KubernetesExecutableLocation.OFF_CLUSTER
   <ExecutableLocation.OFF_CLUSTER: 1>
@@ -42,19 +36,19 @@ def _kubernetes():
   try:
     import kubernetes  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise ImportError(_MISSING_CLIENT) from None
+    raise ImportError(
+        "The Kubernetes Python client must be installed before using the Kubernetes "
+        "Cluster Resolver. To install the Kubernetes Python client, run `pip install "
+        "kubernetes` on your command line.") from None
   return kubernetes
 
 
 class KubernetesClusterResolver(ClusterResolver,
                                 stands_for=tf.distribute.cluster_resolver.KubernetesClusterResolver):
   """Each job is the pods its label selectors pick (sorted by name, each
-  `host_ip:tf_server_port`); every one must be running.
-
-  `override_client` replaces the Kubernetes API client (any object with
-  `list_pod_for_all_namespaces(label_selector=...)`); without it the
-  `kubernetes` package must be installed. `executable_location` may also be
-  TensorFlow's `KubernetesExecutableLocation`.
+  `host_ip:tf_server_port`); all must be running. `override_client` replaces
+  the Kubernetes API client (`list_pod_for_all_namespaces(label_selector=...)`);
+  without it the `kubernetes` package must be installed.
 
   >>> from types import SimpleNamespace as Obj
   >>> class FakeClient:
@@ -63,8 +57,8 @@ class KubernetesClusterResolver(ClusterResolver,
   ...               status=Obj(phase="Running", host_ip="10.1.0.4"))
   ...     return Obj(items=[pod])
   >>> resolver = KubernetesClusterResolver(override_client=FakeClient())
-  >>> resolver.cluster_spec().as_dict()
-  {'worker': ['10.1.0.4:8470']}
+  >>> resolver.cluster_spec().as_dict(), resolver.master("worker", 0)
+  ({'worker': ['10.1.0.4:8470']}, 'grpc://10.1.0.4:8470')
   """
 
   def __init__(self, job_to_label_mapping=None, tf_server_port=8470,
@@ -80,40 +74,13 @@ class KubernetesClusterResolver(ClusterResolver,
         "worker": ["job-name=tensorflow"]}
     self._tf_server_port = tf_server_port
     self._override_client = override_client
-    self.task_type = None
-    self.task_id = None
     self.rpc_layer = rpc_layer
 
-  def master(self, task_type=None, task_id=None, rpc_layer=None):
-    """The address of the given (by default this) task; "" when no task is
-    given or set.
-
-    >>> from types import SimpleNamespace as Obj
-    >>> class FakeClient:
-    ...   def list_pod_for_all_namespaces(self, label_selector):
-    ...     pods = [Obj(metadata=Obj(name=f"tf-{i}"),
-    ...                 status=Obj(phase="Running", host_ip=f"10.1.0.{i}")) for i in (1, 2)]
-    ...     return Obj(items=pods)
-    >>> resolver = KubernetesClusterResolver(override_client=FakeClient())
-    >>> resolver.master(), resolver.master("worker", 1)
-    ('', 'grpc://10.1.0.2:8470')
-    """
-    return task_master(self, task_type, task_id, rpc_layer)
+  master = task_master
 
   def cluster_spec(self):
     """Asks the Kubernetes API for the pods; a pod that is not running
-    raises `RuntimeError` naming it and its phase.
-
-    >>> from types import SimpleNamespace as Obj
-    >>> class FakeClient:
-    ...   def list_pod_for_all_namespaces(self, label_selector):
-    ...     pod = Obj(metadata=Obj(name="tf-ps"), status=Obj(phase="Pending", host_ip=""))
-    ...     return Obj(items=[pod])
-    >>> KubernetesClusterResolver(override_client=FakeClient()).cluster_spec()
-    Traceback (most recent call last):
-    ...
-    RuntimeError: Pod "tf-ps" is not running; phase: "Pending"
-    """
+    raises `RuntimeError` naming it and its phase."""
     client = self._override_client
     if not client:
       kubernetes = _kubernetes()

@@ -12,11 +12,7 @@ from tf_distribute_lite.cluster_resolver.cluster_resolver import task_master
 
 
 def expand_hostlist(hostlist):
-  """The host names of a Slurm host list.
-
-  >>> expand_hostlist("node[01-03,07],gpu1")
-  ['node01', 'node02', 'node03', 'node07', 'gpu1']
-  """
+  """The host names of a Slurm host list such as "node[01-03,07],gpu1"."""
   try:
     return [host for part in _top_level_parts(hostlist) for host in _expand_part(part)]
   except ValueError as e:
@@ -65,12 +61,8 @@ def _expand_part(part):
 
 
 def expand_tasks_per_node(tasks_per_node):
-  """Tasks on each node, from Slurm's compressed form (each part may end in
-  a newline, as in TensorFlow).
-
-  >>> expand_tasks_per_node("2(x3),1\\n")
-  [2, 2, 2, 1]
-  """
+  """Tasks on each node, from Slurm's compressed form such as "2(x3),1"
+  (each part may end in a newline, as in TensorFlow)."""
   counts = []
   for part in tasks_per_node.split(","):
     match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?\n?", part)
@@ -116,11 +108,12 @@ class SlurmClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_res
   >>> os.environ.update(SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="3",
   ...                   SLURM_STEP_NODELIST="node[1-2]",
   ...                   SLURM_STEP_TASKS_PER_NODE="2,1")
-  >>> resolver = SlurmClusterResolver(gpus_per_node=0, auto_set_gpu=False)
+  >>> resolver = SlurmClusterResolver({"ps": 1, "worker": 2}, gpus_per_node=0,
+  ...                                 auto_set_gpu=False)
   >>> resolver.cluster_spec().as_dict()
-  {'worker': ['node1:8888', 'node1:8889', 'node2:8888']}
-  >>> resolver.task_type, resolver.task_id, resolver.master()
-  ('worker', 1, 'grpc://node1:8889')
+  {'ps': ['node1:8888'], 'worker': ['node1:8889', 'node2:8888']}
+  >>> resolver.get_task_info(), resolver.master()
+  (('worker', 0), 'grpc://node1:8889')
   >>> for name in ("PROCID", "STEP_NUM_TASKS", "STEP_NODELIST", "STEP_TASKS_PER_NODE"):
   ...   del os.environ["SLURM_" + name]
   """
@@ -147,8 +140,6 @@ class SlurmClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_res
     self._gpus_per_task = (self._gpus_per_node // most_tasks
                            if gpus_per_task is None else gpus_per_task)
     self._auto_set_gpu = auto_set_gpu
-    self.task_type = None
-    self.task_id = None
     self.rpc_layer = rpc_layer
     if most_tasks * self._gpus_per_task > self._gpus_per_node:
       raise RuntimeError("Requested more GPUs per node than available.")
@@ -159,17 +150,7 @@ class SlurmClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_res
 
   def cluster_spec(self):
     """The cluster; also sets `task_type` and `task_id`, and (with
-    `auto_set_gpu`) `CUDA_VISIBLE_DEVICES` to this task's GPUs.
-
-    >>> import os
-    >>> os.environ["SLURM_PROCID"] = "0"
-    >>> resolver = SlurmClusterResolver({"ps": 1, "worker": 2}, port_base=9000,
-    ...                                 tasks_per_node={"n1": 2, "n2": 1},
-    ...                                 gpus_per_node=0, auto_set_gpu=False)
-    >>> resolver.cluster_spec().as_dict()
-    {'ps': ['n1:9000'], 'worker': ['n1:9001', 'n2:9000']}
-    >>> del os.environ["SLURM_PROCID"]
-    """
+    `auto_set_gpu`) `CUDA_VISIBLE_DEVICES` to this task's GPUs."""
     addresses, gpus = [], []
     for host, num_tasks in sorted(self._tasks_per_node.items()):
       for offset in range(num_tasks):
@@ -189,35 +170,10 @@ class SlurmClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_res
     return tf.train.ClusterSpec(cluster)
 
   def get_task_info(self):
-    """(task_type, task_id), set by `cluster_spec()`.
-
-    >>> import os
-    >>> os.environ["SLURM_PROCID"] = "2"
-    >>> resolver = SlurmClusterResolver({"ps": 1, "worker": 2},
-    ...                                 tasks_per_node={"n1": 3},
-    ...                                 gpus_per_node=0, auto_set_gpu=False)
-    >>> resolver.get_task_info()
-    (None, None)
-    >>> _ = resolver.cluster_spec()
-    >>> resolver.get_task_info()
-    ('worker', 1)
-    >>> del os.environ["SLURM_PROCID"]
-    """
+    """(task_type, task_id), set by `cluster_spec()` (None before)."""
     return self.task_type, self.task_id
 
-  def master(self, task_type=None, task_id=None, rpc_layer=None):
-    """The address of the given (by default this) task; "" before
-    `cluster_spec()` has found this task.
-
-    >>> import os
-    >>> os.environ["SLURM_PROCID"] = "0"
-    >>> resolver = SlurmClusterResolver({"worker": 3}, tasks_per_node={"n1": 3},
-    ...                                 gpus_per_node=0, auto_set_gpu=False)
-    >>> resolver.master(), resolver.master("worker", 2)
-    ('', 'grpc://n1:8890')
-    >>> del os.environ["SLURM_PROCID"]
-    """
-    return task_master(self, task_type, task_id, rpc_layer)
+  master = task_master  # "" before `cluster_spec()` has found this task
 
   def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
     """{"GPU": GPUs per task}."""

@@ -15,25 +15,10 @@ _OBJECT_FIELDS = {"cluster": '{"worker": ["host:port"]}',
 
 
 def load_tf_config():
-  """`TF_CONFIG` as a dict ({} when unset).
-
-  Malformed JSON raises `json.JSONDecodeError` (a `ValueError`) naming the
-  variable. Unlike TensorFlow, which reads a JSON list as an empty config and
-  fails with a `TypeError` on other values, JSON that is not an object, or a
-  `cluster` or `task` entry that is not one, raises `ValueError` naming what
-  is wrong.
-
-  >>> import os
-  >>> os.environ.pop("TF_CONFIG", None) and None
-  >>> load_tf_config()
-  {}
-  >>> os.environ["TF_CONFIG"] = '{"task": null}'
-  >>> load_tf_config()
-  Traceback (most recent call last):
-  ...
-  ValueError: $TF_CONFIG's `task` must be a JSON object such as {"type": "worker", "index": 0}; it is null in '{"task": null}'.
-  >>> del os.environ["TF_CONFIG"]
-  """
+  """`TF_CONFIG` as a dict ({} when unset). Malformed JSON raises
+  `json.JSONDecodeError` naming the variable; JSON that is not an object, or
+  a `cluster` or `task` that is not one, a `ValueError` saying so (where
+  TensorFlow reads a list as {} and fails later with a `TypeError`)."""
   text = os.environ.get(_VARIABLE, "{}")
   try:
     config = json.loads(text)
@@ -49,6 +34,16 @@ def load_tf_config():
       raise ValueError(f"${_VARIABLE}'s `{field}` must be a JSON object such as "
                        f"{example}; it is {json.dumps(config[field])} in {text!r}.")
   return config
+
+
+def _given_or_configured(attribute, read, convert=lambda value: value):
+  """A settable property: `attribute` if set, else `read(load_tf_config())`,
+  converted unless None."""
+  def get(self):
+    value = getattr(self, attribute)
+    value = read(load_tf_config()) if value is None else value
+    return None if value is None else convert(value)
+  return property(get, lambda self, value: setattr(self, attribute, value))
 
 
 class TFConfigClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resolver.TFConfigClusterResolver):
@@ -75,67 +70,20 @@ class TFConfigClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_
     self._rpc_layer = rpc_layer
     self._environment = environment
 
-  def _task_field(self, name):
-    return load_tf_config().get("task", {}).get(name)
-
-  @property
-  def task_type(self):
-    if self._task_type is not None:
-      return str(self._task_type)
-    given = self._task_field("type")
-    return None if given is None else str(given)
-
-  @task_type.setter
-  def task_type(self, task_type):
-    self._task_type = task_type
-
-  @property
-  def task_id(self):
-    if self._task_id is not None:
-      return int(self._task_id)
-    given = self._task_field("index")
-    return None if given is None else int(given)
-
-  @task_id.setter
-  def task_id(self, task_id):
-    self._task_id = task_id
-
-  @property
-  def rpc_layer(self):
-    if self._rpc_layer is not None:
-      return self._rpc_layer
-    return load_tf_config().get("rpc_layer")
-
-  @rpc_layer.setter
-  def rpc_layer(self, rpc_layer):
-    self._rpc_layer = rpc_layer
-
-  @property
-  def environment(self):
-    return self._environment
+  task_type = _given_or_configured(
+      "_task_type", lambda config: config.get("task", {}).get("type"), str)
+  task_id = _given_or_configured(
+      "_task_id", lambda config: config.get("task", {}).get("index"), int)
+  rpc_layer = _given_or_configured("_rpc_layer", lambda config: config.get("rpc_layer"))
 
   def cluster_spec(self):
-    """The `cluster` of `TF_CONFIG`, read now.
-
-    >>> import os
-    >>> os.environ["TF_CONFIG"] = '{"cluster": {"ps": ["p0:1"], "worker": ["w0:1"]}}'
-    >>> TFConfigClusterResolver().cluster_spec().as_dict()
-    {'ps': ['p0:1'], 'worker': ['w0:1']}
-    >>> del os.environ["TF_CONFIG"]
-    """
+    """The `cluster` of `TF_CONFIG`, read now."""
     return tf.train.ClusterSpec(load_tf_config().get("cluster", {}))
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
     """`session_master` from `TF_CONFIG`; else "" for an empty cluster or
     one job of one task slot; else the address of the given (by default
-    this) task.
-
-    >>> import os
-    >>> os.environ["TF_CONFIG"] = '{"cluster": {"worker": ["w0:1", "w1:1"]}}'
-    >>> TFConfigClusterResolver().master("worker", 1, "grpc")
-    'grpc://w1:1'
-    >>> del os.environ["TF_CONFIG"]
-    """
+    this) task."""
     config = load_tf_config()
     if config.get("session_master") is not None:
       return config["session_master"]
