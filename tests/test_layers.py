@@ -99,10 +99,19 @@ def test_the_package_has_no_import_loop():
   assert cycle is None, "import loop: " + " -> ".join(cycle)
 
 
+# What may import the compat.v1 adapter: the namespaces, the strategy TF has
+# only in compat.v1, and the contrib "tower" layer over it.
+ADAPTER_USERS = {f"{PACKAGE}.compat.v1", f"{PACKAGE}.compat.v1.experimental",
+                 f"{PACKAGE}.parameter_server_strategy_v1", f"{PACKAGE}.contrib_tower"}
+
+
+def test_only_the_legacy_layer_imports_the_compat_v1_adapter():
+  graph = import_graph()
+  users = {module for module, imported in graph.items() if f"{PACKAGE}.strategy_v1" in imported}
+  assert users <= ADAPTER_USERS, sorted(users - ADAPTER_USERS)
+
+
 @pytest.mark.parametrize("importer, imported", [
-    # Legacy code adapts the core, never the reverse.
-    (f"{PACKAGE}.distribute_lib", f"{PACKAGE}.strategy_v1"),
-    (f"{PACKAGE}.replica_context", f"{PACKAGE}.strategy_v1"),
     # The TPU system starts the TPU of a resolver it is given, never finds one.
     (f"{PACKAGE}.tpu_system", f"{PACKAGE}.cluster_resolver.tpu_cluster_resolver"),
 ])

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import tf_distribute_lite as tfd
-from tf_distribute_lite import strategy_v1
+from tf_distribute_lite import multi_step
 
 from outcomes import program_outcomes
 from oracle import compare
@@ -531,7 +531,7 @@ def test_set_last_step_output_takes_tf1_12s_aggregation(aggregation, where, grap
 
 def test_set_last_step_output_needs_one_reduction():
   strategy = _mirrored(OURS)
-  ctx = strategy_v1.MultiStepContext()
+  ctx = multi_step.MultiStepContext()
   with strategy.scope():
     with pytest.raises(ValueError, match=r"`reduce_op` or `aggregation`.*not both; "
                        r"got reduce_op='SUM' and aggregation=.*SUM"):

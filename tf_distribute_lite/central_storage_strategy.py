@@ -13,14 +13,13 @@ from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import mirrored_strategy
-from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import variable_policy
 from tf_distribute_lite.layout import Layout
 
 _LOCAL_CPU = "/device:CPU:0"
 
 
-class CentralStorageStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
+class CentralStorageStrategy(distribute_lib.Strategy,
                              stands_for=tf.distribute.experimental.CentralStorageStrategy):
   """Synchronous training on one machine with every variable on one device.
 
@@ -47,27 +46,6 @@ class CentralStorageStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
     super().__init__(ParameterServerStrategyExtended(self, compute_devices, parameter_device))
 
 
-class CentralStorageStrategyV1(
-    strategy_v1.StrategyV1, stands_for=tf.compat.v1.distribute.experimental.CentralStorageStrategy):
-  """`CentralStorageStrategy` with the TF 1.x API
-  (`tf.compat.v1.distribute.experimental.CentralStorageStrategy`).
-
-  >>> strategy = CentralStorageStrategyV1(["CPU:0", "CPU:1"])
-  >>> strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.0)))
-  <tf.Tensor: shape=(), dtype=float32, numpy=4.0>
-  """
-
-  def __init__(self, compute_devices=None, parameter_device=None):
-    super().__init__(ParameterServerStrategyExtended(self, compute_devices, parameter_device))
-
-  def _configure_cluster(self, cluster_spec, task_type, task_id):
-    # TensorFlow 2.21 fails here with an AttributeError.
-    del task_type, task_id
-    raise ValueError(
-        f"`CentralStorageStrategy` runs on one machine and takes no cluster; "
-        f"got cluster_spec={cluster_spec.as_dict()}.")
-
-
 class ParameterServerStrategyExtended(mirrored_strategy.MirroredExtended):
   """`strategy.extended` of `CentralStorageStrategy` (named as in
   TensorFlow): replicas run as in `MirroredStrategy`; variables and updates
@@ -88,6 +66,13 @@ class ParameterServerStrategyExtended(mirrored_strategy.MirroredExtended):
                      communicator_lib.Communicator(layout, on_cpu, on_cpu),
                      variable_policy.CentralStoragePolicy(container_strategy, parameter_device))
     self.experimental_enable_get_next_as_optional = False  # as in TensorFlow
+
+  def _configure_cluster(self, cluster_spec, task_type, task_id):
+    # TensorFlow 2.21 fails here with an AttributeError.
+    del task_type, task_id
+    raise ValueError(
+        f"`CentralStorageStrategy` runs on one machine and takes no cluster; "
+        f"got cluster_spec={cluster_spec.as_dict()}.")
 
   @property
   def worker_devices(self):

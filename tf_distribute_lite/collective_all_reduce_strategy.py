@@ -29,14 +29,13 @@ from tf_distribute_lite import variable_policy
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import mirrored_strategy
-from tf_distribute_lite import strategy_v1
 from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 from tf_distribute_lite.collective_util import CommunicationImplementation
 from tf_distribute_lite.collective_util import CommunicationOptions
 
 
-class CollectiveAllReduceStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
+class CollectiveAllReduceStrategy(distribute_lib.Strategy,
                                   stands_for=tf.distribute.MultiWorkerMirroredStrategy):
   """Synchronous training on the devices of several machines.
 
@@ -66,11 +65,6 @@ class CollectiveAllReduceStrategy(strategy_v1.TF1Methods, distribute_lib.Strateg
         self, cluster_resolver,
         CommunicationOptions() if communication_options is None else communication_options))
 
-  @property
-  def cluster_resolver(self):
-    """The cluster resolver given, or the `TF_CONFIG` one made by default."""
-    return self._extended._cluster_resolver  # pylint: disable=protected-access
-
 
 class ExperimentalMultiWorkerMirroredStrategy(
     CollectiveAllReduceStrategy, covers_parent=True,
@@ -97,44 +91,6 @@ class ExperimentalMultiWorkerMirroredStrategy(
 
 
 ExperimentalMultiWorkerMirroredStrategy.__name__ = "CollectiveAllReduceStrategy"
-
-
-class CollectiveAllReduceStrategyV1(
-    strategy_v1.StrategyV1, stands_for=tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy):
-  """`MultiWorkerMirroredStrategy` with the TF 1.x API
-  (`tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy`).
-
-  >>> strategy = CollectiveAllReduceStrategyV1()
-  >>> strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.0)))
-  <tf.Tensor: shape=(), dtype=float32, numpy=2.0>
-  """
-
-  def __init__(self, communication=CommunicationImplementation.AUTO,
-               cluster_resolver=None):
-    super().__init__(CollectiveAllReduceExtended(
-        self, cluster_resolver, CommunicationOptions(implementation=communication)))
-
-  @property
-  def cluster_resolver(self):
-    """The cluster resolver given, or the `TF_CONFIG` one made by default."""
-    return self._extended._cluster_resolver  # pylint: disable=protected-access
-
-  def _configure_cluster(self, cluster_spec, task_type, task_id):
-    """The strategy joined its cluster when it was made: `configure` may name
-    that cluster and task again (as TF 1.x's distribute coordinator does),
-    not another one."""
-    resolver = self.cluster_resolver
-    if (cluster_spec.as_dict() != resolver.cluster_spec().as_dict() or
-        (task_type, task_id) != (resolver.task_type, resolver.task_id)):
-      raise ValueError(
-          f"MultiWorkerMirroredStrategy joins its cluster when it is made: "
-          f"make it with cluster_resolver=tf.distribute.cluster_resolver."
-          f"SimpleClusterResolver(cluster_spec, task_type=..., task_id=...) "
-          f"rather than configuring it later. It was made for "
-          f"cluster_spec={resolver.cluster_spec().as_dict()}, "
-          f"task_type={resolver.task_type!r}, task_id={resolver.task_id!r}; "
-          f"got cluster_spec={cluster_spec.as_dict()}, "
-          f"task_type={task_type!r}, task_id={task_id!r}.")
 
 
 class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
@@ -181,6 +137,23 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
 
   def _in_multi_worker_mode(self):
     return self._layout.num_workers > 1
+
+  def _configure_cluster(self, cluster_spec, task_type, task_id):
+    """The strategy joined its cluster when it was made: `configure` may name
+    that cluster and task again (as TF 1.x's distribute coordinator does),
+    not another one."""
+    resolver = self._cluster_resolver
+    if (cluster_spec.as_dict() != resolver.cluster_spec().as_dict() or
+        (task_type, task_id) != (resolver.task_type, resolver.task_id)):
+      raise ValueError(
+          f"MultiWorkerMirroredStrategy joins its cluster when it is made: "
+          f"make it with cluster_resolver=tf.distribute.cluster_resolver."
+          f"SimpleClusterResolver(cluster_spec, task_type=..., task_id=...) "
+          f"rather than configuring it later. It was made for "
+          f"cluster_spec={resolver.cluster_spec().as_dict()}, "
+          f"task_type={resolver.task_type!r}, task_id={resolver.task_id!r}; "
+          f"got cluster_spec={cluster_spec.as_dict()}, "
+          f"task_type={task_type!r}, task_id={task_id!r}.")
 
   def _update_config_proto(self, config_proto):
     updated = copy.deepcopy(config_proto)

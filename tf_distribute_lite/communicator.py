@@ -6,8 +6,11 @@ aggregation of distributed variables, `extended.reduce_to`,
 strategy's communicator, which knows where the replicas are
 (`layout.Layout`) and the algorithms (`cross_device_ops`) to reduce with:
 `Communicator` on the devices of one process, `ClusterCommunicator` across
-workers, `TPUCommunicator` inside a TPU step.
+workers, `TPUCommunicator` inside a TPU step. `reduce_along_axis` is
+`strategy.reduce` along an axis of this process's components.
 """
+
+import numbers
 
 import numpy as np
 import tensorflow as tf
@@ -201,6 +204,79 @@ def default_cross_device_ops(devices):
     implementation = CommunicationImplementation.RING
   return cross_device_ops_lib.CollectiveAllReduce(
       devices, options=CommunicationOptions(implementation=implementation))
+
+
+def reduce_along_axis(reduce_op, components, axis, across=None):
+  """`Strategy.reduce` along `axis` of this process's `components`: on the
+  current device, joined along the first reduced axis where their shapes
+  allow, so it costs what one `reduce_sum` of the batch does. Where other
+  processes hold other replicas' components, `across` sums this process's
+  total and element count over all of them."""
+  with tf.device(device_util.current() or "/device:CPU:0"):
+    tensors = [c if isinstance(c, tf.Tensor) else tf.convert_to_tensor(c)
+               for c in components]
+    axes = _checked_axes(axis, tensors[0])
+    parts = _joined(tensors, axes)
+    if across is None and len(parts) == 1 and (
+        reduce_op == ReduceOp.SUM or parts[0].dtype.is_floating):
+      reduce = tf.reduce_sum if reduce_op == ReduceOp.SUM else tf.reduce_mean
+      return reduce(parts[0], axis=axes)
+    total = tf.math.add_n([tf.reduce_sum(p, axis=axes) for p in parts])
+    if across is not None:
+      total = across(total)
+    if reduce_op == ReduceOp.SUM:
+      return total
+    counts = [_element_count(p, axes) for p in parts]
+    if all(isinstance(c, int) for c in counts):
+      count = sum(counts)
+    else:
+      count = tf.math.add_n([tf.cast(c, tf.int64) for c in counts])
+    if across is not None:
+      count = across(tf.cast(count, tf.int64))
+    return tf.math.truediv(total, tf.cast(count, total.dtype))
+
+
+def _joined(tensors, axes):
+  """`[tf.concat(tensors)]` along the first of `axes` when the tensors agree
+  on every other dimension (statically), else `tensors` unchanged."""
+  if len(tensors) == 1:
+    return tensors
+  dims = [t.shape.as_list() if t.shape.rank is not None else None for t in tensors]
+  if dims[0] is None:
+    return tensors
+  first = (axes[0] if isinstance(axes, list) else axes) % len(dims[0])
+  rest = [None if d is None else d[:first] + d[first + 1:] for d in dims]
+  if None in rest[0] or any(r != rest[0] for r in rest[1:]):
+    return tensors
+  return [tf.concat(tensors, axis=first)]
+
+
+def _checked_axes(axis, tensor):
+  """`axis` validated against `tensor`'s rank, its ints as Python ints."""
+  axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
+  rank = tensor.shape.rank
+  for a in axes:
+    if not isinstance(a, numbers.Integral) or isinstance(a, bool):
+      raise TypeError(f"`axis` must be None, an int or a list of ints; got {axis!r}.")
+    if rank is not None and not -rank <= a < rank:
+      raise ValueError(f"`axis` = {axis!r} out of range for `value` with "
+                       f"rank {rank} (shape {tensor.shape}).")
+  axes = [int(a) for a in axes]
+  if rank is not None and len({a % rank for a in axes}) < len(axes):
+    raise ValueError(f"`axis` = {axis!r} names an axis more than once.")
+  return axes if isinstance(axis, (list, tuple)) else axes[0]
+
+
+def _element_count(tensor, axes):
+  """How many elements `reduce_sum(tensor, axes)` adds into each result."""
+  axes = axes if isinstance(axes, list) else [axes]
+  count = 1
+  for a in axes:
+    dim = tf.compat.dimension_value(tensor.shape[a]) if tensor.shape.rank is not None else None
+    if dim is None:
+      return tf.reduce_prod([tf.shape(tensor, out_type=tf.int64)[a] for a in axes])
+    count *= dim
+  return count
 
 
 class ClusterCommunicator(Communicator):

@@ -13,9 +13,7 @@ from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import default_strategy
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import input_lib
-from tf_distribute_lite import mirrored_strategy
-from tf_distribute_lite import one_device_strategy
-from tf_distribute_lite import tpu_strategy
+from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import tpu_system
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite.reduce_util import ReduceOp
@@ -205,7 +203,7 @@ class MirroredStrategy(DistributionStrategy):
       if gpus:
         devices = [f"/device:GPU:{i}" for i in range(gpus)]
     cross_device_ops_lib.check_cross_device_ops(cross_tower_ops, "cross_tower_ops")
-    super().__init__(mirrored_strategy.MirroredStrategyV1(devices, cross_tower_ops))
+    super().__init__(strategy_v1.MirroredStrategyV1(devices, cross_tower_ops))
 
 
 class OneDeviceStrategy(DistributionStrategy):
@@ -218,7 +216,7 @@ class OneDeviceStrategy(DistributionStrategy):
 
   def __init__(self, device, prefetch_on_device=None):
     del prefetch_on_device
-    super().__init__(one_device_strategy.OneDeviceStrategyV1(device))
+    super().__init__(strategy_v1.OneDeviceStrategyV1(device))
 
 
 class TPUStrategy(OneDeviceStrategy):  # pylint: disable=super-init-not-called
@@ -239,7 +237,7 @@ class TPUStrategy(OneDeviceStrategy):  # pylint: disable=super-init-not-called
                   tpu_system.initialize(tpu_cluster_resolver))
       device_assignment = tf.tpu.experimental.DeviceAssignment.build(
           topology, num_replicas=num_cores)
-    DistributionStrategy.__init__(self, tpu_strategy.TPUStrategyV1(
+    DistributionStrategy.__init__(self, strategy_v1.TPUStrategyV1(
         tpu_cluster_resolver, steps_per_run, device_assignment))
 
   steps_per_run = property(lambda self: self._strategy.steps_per_run,

@@ -13,7 +13,6 @@ from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import replica_context
-from tf_distribute_lite import strategy_v1
 
 
 class _DefaultReplicaContext(replica_context.ReplicaContext):
@@ -32,7 +31,7 @@ class _DefaultReplicaContext(replica_context.ReplicaContext):
     return (device_util.current(),)
 
 
-class _DefaultDistributionExtended(strategy_v1.StrategyExtendedV1):
+class _DefaultDistributionExtended(distribute_lib.StrategyExtendedV1):
   """The default strategy: one replica on whatever device is current."""
 
   def variable_created_in_scope(self, v):
@@ -73,8 +72,7 @@ class _DefaultDistributionExtended(strategy_v1.StrategyExtendedV1):
     return dataset_fn(input_context_lib.InputContext())
 
 
-class _DefaultDistributionStrategy(contexts.DefaultStrategy, strategy_v1.TF1Methods,
-                                  distribute_lib.Strategy):
+class _DefaultDistributionStrategy(contexts.DefaultStrategy, distribute_lib.Strategy):
   """The strategy in effect outside any `scope()`."""
 
   def __init__(self):

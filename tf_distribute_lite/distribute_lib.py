@@ -14,17 +14,20 @@ too are added by `strategy_v1`, which this module never imports.
 import collections
 import collections.abc
 import contextlib
+import copy
 import numbers
 import weakref
 
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import communicator as communicator_lib
 from tf_distribute_lite import contexts
 from tf_distribute_lite import deprecation
 from tf_distribute_lite import device_util
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
+from tf_distribute_lite import multi_step
 from tf_distribute_lite import replica_context
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite import variable_policy
@@ -148,8 +151,9 @@ class StrategyBase(StandsFor):
 
   @property
   def cluster_resolver(self):
-    """The cluster resolver of a multi-worker strategy; None here."""
-    return None
+    """The cluster resolver of a multi-worker strategy (its extended
+    object's `_cluster_resolver`), else None."""
+    return getattr(self._extended, "_cluster_resolver", None)
 
   def scope(self):
     """A context manager making this strategy current.
@@ -225,9 +229,9 @@ class StrategyBase(StandsFor):
           f"tf.SparseTensor; got one of shape {sparse[0].shape} with "
           f"axis={axis!r}. Convert it with tf.sparse.to_dense first.")
     if len(components) == self.num_replicas_in_sync == local_replicas:
-      return _reduce_along_axis(reduce_op, components, axis)
+      return communicator_lib.reduce_along_axis(reduce_op, components, axis)
     # Other processes hold the other replicas' components.
-    return _reduce_along_axis(reduce_op, components, axis, lambda total: (
+    return communicator_lib.reduce_along_axis(reduce_op, components, axis, lambda total: (
         self._extended._reduce(ReduceOp.SUM, total)))  # pylint: disable=protected-access
 
   def experimental_local_results(self, value):
@@ -307,6 +311,84 @@ class StrategyBase(StandsFor):
     2
     """
     return self.distribute_datasets_from_function(dataset_fn, options)
+
+  # --- The TF 1.x methods, which TensorFlow's TF 2.x strategies keep too.
+
+  def update_config_proto(self, config_proto):
+    """Returns a copy of `config_proto` adjusted for this strategy."""
+    return self._extended._update_config_proto(config_proto)  # pylint: disable=protected-access
+
+  def configure(self, session_config=None, cluster_spec=None, task_type=None,
+                task_id=None):
+    """Deprecated: adjusts `session_config` in place for this strategy
+    (`update_config_proto` gives an adjusted copy) and takes the cluster this
+    task belongs to, where the strategy has one."""
+    if cluster_spec:
+      self._extended._configure_cluster(  # pylint: disable=protected-access
+          tf.train.ClusterSpec(cluster_spec), task_type, task_id)
+    if session_config is not None:
+      session_config.CopyFrom(self.update_config_proto(session_config))
+
+  def make_dataset_iterator(self, dataset):
+    """An iterator giving each replica its slice of every global batch of
+    `dataset`; in a TF1 graph run its `initializer` first."""
+    with self.scope():
+      return input_lib.initializable_iterator(self.experimental_distribute_dataset(dataset))
+
+  def make_input_fn_iterator(self, input_fn,
+                             replication_mode=input_context_lib.InputReplicationMode.PER_WORKER):
+    """An iterator over the dataset `input_fn(InputContext)` returns for
+    this worker, batched per replica: each replica takes the next element.
+    Of a callable returned instead, each `get_next` calls it once per local
+    replica, as in TensorFlow (whose default strategy fails on one).
+
+    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
+    >>> iterator = strategy.make_input_fn_iterator(
+    ...     lambda ctx: tf.data.Dataset.range(4).batch(ctx.get_per_replica_batch_size(4)))
+    >>> [t.numpy().tolist() for t in iterator.get_next().values]
+    [[0, 1], [2, 3]]
+    """
+    if replication_mode != input_context_lib.InputReplicationMode.PER_WORKER:
+      raise ValueError(f"Input replication mode not supported: {replication_mode!r}")
+    callables = []
+
+    def dataset_fn(context):
+      made = input_fn(context)
+      if isinstance(made, tf.data.Dataset):
+        return made
+      if not callable(made):
+        raise ValueError(
+            f"input_fn must return a tf.data.Dataset or a callable; for "
+            f"{context} it returned {made!r} of type {type(made).__name__}.")
+      callables.append((made, context.num_replicas_in_sync // context.num_input_pipelines))
+      return tf.data.Dataset.from_tensors(0.0)  # a stand-in, dropped below
+    with self.scope():
+      # As TensorFlow's: a partial last step ends the input.
+      distributed = self._extended._distribute_datasets_from_function(  # pylint: disable=protected-access
+          dataset_fn, None, partial_steps=False)
+      if callables:
+        return input_lib.CallableIterator(*callables[0], self._extended._input_host)  # pylint: disable=protected-access
+      return input_lib.initializable_iterator(input_lib.owned_by(distributed, self))
+
+  def experimental_run(self, fn, input_iterator=None):
+    """Runs `fn` on every replica with its part of the next input from
+    `input_iterator` (or with no argument)."""
+    with self.scope():
+      args = () if input_iterator is None else (input_iterator.get_next(),)
+    return self.run(fn, args=args)
+
+  def group(self, value, name=None):
+    """One op that runs every component of `value` (a graph's fetch); the
+    component itself where there is one."""
+    components = tf.nest.flatten(self.experimental_local_results(value))
+    if len(components) == 1 and name is None:
+      (component,) = components
+      return component.op if hasattr(component, "op") and not tf.executing_eagerly() else component
+    return tf.group(components, name=name)
+
+  def colocate_vars_with(self, colocate_with_variable):
+    """`extended.colocate_vars_with`."""
+    return self._extended.colocate_vars_with(colocate_with_variable)
 
 
 class Strategy(StrategyBase, stands_for=tf.distribute.Strategy):
@@ -411,79 +493,6 @@ def _check_replica_counts(strategy, structure, argument):
 def _replica_count(value):
   """How many per-replica components `value` has, None if not distributed."""
   return len(value.values) if values_lib.is_split(value) else None
-
-
-def _reduce_along_axis(reduce_op, components, axis, across=None):
-  """`Strategy.reduce` along `axis` of this process's `components`: on the
-  current device, joined along the first reduced axis where their shapes
-  allow, so it costs what one `reduce_sum` of the batch does. Where other
-  processes hold other replicas' components, `across` sums this process's
-  total and element count over all of them."""
-  with tf.device(device_util.current() or "/device:CPU:0"):
-    tensors = [c if isinstance(c, tf.Tensor) else tf.convert_to_tensor(c)
-               for c in components]
-    axes = _checked_axes(axis, tensors[0])
-    parts = _joined(tensors, axes)
-    if across is None and len(parts) == 1 and (
-        reduce_op == ReduceOp.SUM or parts[0].dtype.is_floating):
-      reduce = tf.reduce_sum if reduce_op == ReduceOp.SUM else tf.reduce_mean
-      return reduce(parts[0], axis=axes)
-    total = tf.math.add_n([tf.reduce_sum(p, axis=axes) for p in parts])
-    if across is not None:
-      total = across(total)
-    if reduce_op == ReduceOp.SUM:
-      return total
-    counts = [_element_count(p, axes) for p in parts]
-    if all(isinstance(c, int) for c in counts):
-      count = sum(counts)
-    else:
-      count = tf.math.add_n([tf.cast(c, tf.int64) for c in counts])
-    if across is not None:
-      count = across(tf.cast(count, tf.int64))
-    return tf.math.truediv(total, tf.cast(count, total.dtype))
-
-
-def _joined(tensors, axes):
-  """`[tf.concat(tensors)]` along the first of `axes` when the tensors agree
-  on every other dimension (statically), else `tensors` unchanged."""
-  if len(tensors) == 1:
-    return tensors
-  dims = [t.shape.as_list() if t.shape.rank is not None else None for t in tensors]
-  if dims[0] is None:
-    return tensors
-  first = (axes[0] if isinstance(axes, list) else axes) % len(dims[0])
-  rest = [None if d is None else d[:first] + d[first + 1:] for d in dims]
-  if None in rest[0] or any(r != rest[0] for r in rest[1:]):
-    return tensors
-  return [tf.concat(tensors, axis=first)]
-
-
-def _checked_axes(axis, tensor):
-  """`axis` validated against `tensor`'s rank, its ints as Python ints."""
-  axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
-  rank = tensor.shape.rank
-  for a in axes:
-    if not isinstance(a, numbers.Integral) or isinstance(a, bool):
-      raise TypeError(f"`axis` must be None, an int or a list of ints; got {axis!r}.")
-    if rank is not None and not -rank <= a < rank:
-      raise ValueError(f"`axis` = {axis!r} out of range for `value` with "
-                       f"rank {rank} (shape {tensor.shape}).")
-  axes = [int(a) for a in axes]
-  if rank is not None and len({a % rank for a in axes}) < len(axes):
-    raise ValueError(f"`axis` = {axis!r} names an axis more than once.")
-  return axes if isinstance(axis, (list, tuple)) else axes[0]
-
-
-def _element_count(tensor, axes):
-  """How many elements `reduce_sum(tensor, axes)` adds into each result."""
-  axes = axes if isinstance(axes, list) else [axes]
-  count = 1
-  for a in axes:
-    dim = tf.compat.dimension_value(tensor.shape[a]) if tensor.shape.rank is not None else None
-    if dim is None:
-      return tf.reduce_prod([tf.shape(tensor, out_type=tf.int64)[a] for a in axes])
-    count *= dim
-  return count
 
 
 class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
@@ -814,6 +823,59 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
       return getattr(self, "experimental_enable_get_next_as_optional", False)
     return partial_steps
 
+class StrategyExtendedV1(StrategyExtended, stands_for=tf.compat.v1.distribute.StrategyExtended):
+  """`StrategyExtended` with its TF 1.x methods
+  (`tf.compat.v1.distribute.StrategyExtended`): the base of every
+  strategy's `extended`, as in TensorFlow.
+
+  >>> extended = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"]).extended
+  >>> isinstance(extended, tf.compat.v1.distribute.StrategyExtended)
+  True
+  """
+
+  def _configure_cluster(self, cluster_spec, task_type, task_id):
+    """Takes the cluster `strategy.configure` was given; ignored, as by
+    TensorFlow's OneDevice and TPU strategies, by a strategy of one task."""
+    del cluster_spec, task_type, task_id
+
+  def _update_config_proto(self, config_proto):
+    return copy.deepcopy(config_proto)
+
+  def experimental_make_numpy_dataset(self, numpy_input, session=None):
+    """A dataset of the slices of `numpy_input`, held on the input host.
+
+    >>> import numpy as np
+    >>> extended = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"]).extended
+    >>> int(extended.experimental_make_numpy_dataset(np.arange(3)).cardinality())
+    3
+    """
+    del session
+    return input_lib.numpy_dataset(numpy_input, self._input_host)
+
+  def experimental_run_steps_on_iterator(self, fn, iterator, iterations=1,
+                                         initial_loop_values=None):
+    """Runs `fn(ctx, inputs)` for `iterations` steps, each on the next
+    element of `iterator`, in a `tf.while_loop`; returns the
+    `MultiStepContext` `ctx` with the last step's outputs and `run_op`.
+
+    In a graph only what `fn` returns runs each step: an op, a tensor or
+    (where TensorFlow 2.21 takes only one) a nest of them and of distributed
+    values. The outputs recorded with `ctx.set_last_step_output` are the
+    loop's variables, each as its components (one if reduced), in the order
+    of their names, which `initial_loop_values` starts in the same order.
+    """
+    strategy = self._container_strategy()
+    contexts.require_cross_replica_or_default(strategy)
+    # Where TensorFlow's TF 1.x metrics make their value ops, outside the
+    # loop (docs/client_private_names.md); set only while it is built.
+    self._outer_control_flow_context = _tf_bridge.control_flow_context()
+    try:
+      with strategy.scope():
+        return multi_step.run_steps(strategy, fn, iterator, iterations, initial_loop_values)
+    finally:
+      del self._outer_control_flow_context
+
+
 
 _global_scopes = weakref.WeakKeyDictionary()
 
@@ -840,3 +902,4 @@ def experimental_set_strategy(strategy):
     new_scope = strategy.scope()
     new_scope.__enter__()
     _global_scopes[graph] = new_scope
+

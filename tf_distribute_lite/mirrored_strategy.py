@@ -11,14 +11,12 @@ from tf_distribute_lite import communicator as communicator_lib
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import executors
-from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import values as values_lib
 from tf_distribute_lite import variable_policy
 from tf_distribute_lite.layout import Layout
 
 
-class MirroredStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
-                       stands_for=tf.distribute.MirroredStrategy):
+class MirroredStrategy(distribute_lib.Strategy, stands_for=tf.distribute.MirroredStrategy):
   """Synchronous training across the devices of one machine.
 
   Args:
@@ -40,16 +38,17 @@ class MirroredStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
   """
 
   def __init__(self, devices=None, cross_device_ops=None):
-    super().__init__(_extended(self, devices, cross_device_ops))
+    super().__init__(make_extended(self, devices, cross_device_ops))
 
 
-def _extended(strategy, devices, cross_device_ops):
+def make_extended(strategy, devices, cross_device_ops):
+  """The extended object of a `MirroredStrategy` on `devices`."""
   layout = Layout(resolve_devices(devices))
   return MirroredExtended(strategy, layout,
                           communicator_lib.Communicator(layout, cross_device_ops))
 
 
-class MirroredExtended(strategy_v1.StrategyExtendedV1):
+class MirroredExtended(distribute_lib.StrategyExtendedV1):
   """`strategy.extended` of `MirroredStrategy`, made of where the replicas
   are (`layout.Layout`), what reduces their values
   (`communicator.Communicator`), how variables are made (`variable_policy`)
@@ -118,6 +117,17 @@ class MirroredExtended(strategy_v1.StrategyExtendedV1):
   def _gather_to(self, value, destinations, axis, options=None):
     return self._communicator.gather_to(value, destinations, axis, options)
 
+  def _configure_cluster(self, cluster_spec, task_type, task_id):
+    # TensorFlow 2.21 replicates in-graph onto the cluster's tasks, which
+    # needs a Session on a remote master (picking its default cross-device
+    # ops there raises this error; for one worker, an AssertionError).
+    del task_type, task_id
+    raise ValueError(
+        f"In-graph multi-worker training with `MirroredStrategy` is not "
+        f"supported; got cluster_spec={cluster_spec.as_dict()}. Run "
+        f"`MultiWorkerMirroredStrategy` on every worker instead.")
+
+
   def _update_config_proto(self, config_proto):
     updated = type(config_proto)()
     updated.CopyFrom(config_proto)
@@ -141,26 +151,3 @@ def resolve_devices(devices):
           f"and {given!r} both name {canonical}.")
     seen[canonical] = given
   return resolved
-
-
-class MirroredStrategyV1(strategy_v1.StrategyV1,
-                         stands_for=tf.compat.v1.distribute.MirroredStrategy):
-  """`MirroredStrategy` with the TF 1.x API (`tf.compat.v1.distribute`).
-
-  >>> strategy = MirroredStrategyV1(["CPU:0", "CPU:1"])
-  >>> strategy.reduce("MEAN", strategy.run(lambda: tf.constant(3.0)))
-  <tf.Tensor: shape=(), dtype=float32, numpy=3.0>
-  """
-
-  def __init__(self, devices=None, cross_device_ops=None):
-    super().__init__(_extended(self, devices, cross_device_ops))
-
-  def _configure_cluster(self, cluster_spec, task_type, task_id):
-    # TensorFlow 2.21 replicates in-graph onto the cluster's tasks, which
-    # needs a Session on a remote master (picking its default cross-device
-    # ops there raises this error; for one worker, an AssertionError).
-    del task_type, task_id
-    raise ValueError(
-        f"In-graph multi-worker training with `MirroredStrategy` is not "
-        f"supported; got cluster_spec={cluster_spec.as_dict()}. Run "
-        f"`MultiWorkerMirroredStrategy` on every worker instead.")

@@ -11,13 +11,11 @@ from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import replica_context
-from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import variable_policy
 from tf_distribute_lite.layout import Layout
 
 
-class OneDeviceStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
-                        stands_for=tf.distribute.OneDeviceStrategy):
+class OneDeviceStrategy(distribute_lib.Strategy, stands_for=tf.distribute.OneDeviceStrategy):
   """Runs on one device, with the API of the multi-replica strategies.
 
   Args:
@@ -36,7 +34,7 @@ class OneDeviceStrategy(strategy_v1.TF1Methods, distribute_lib.Strategy,
     super().__init__(OneDeviceExtended(self, device))
 
 
-class OneDeviceExtended(strategy_v1.StrategyExtendedV1):
+class OneDeviceExtended(distribute_lib.StrategyExtendedV1):
   """`strategy.extended` of `OneDeviceStrategy`."""
 
   def __init__(self, container_strategy, device):
@@ -63,15 +61,3 @@ class _OneDeviceReplicaContext(replica_context.ReplicaContext):
   def devices(self):
     self._require_current()
     return self._strategy.extended.worker_devices
-
-
-class OneDeviceStrategyV1(strategy_v1.StrategyV1,
-                          stands_for=tf.compat.v1.distribute.OneDeviceStrategy):
-  """`OneDeviceStrategy` with the TF 1.x API (`tf.compat.v1.distribute`).
-
-  >>> OneDeviceStrategyV1("/cpu:0").reduce("SUM", tf.constant(1.0))
-  <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
-  """
-
-  def __init__(self, device):
-    super().__init__(OneDeviceExtended(self, device))

@@ -23,7 +23,6 @@ from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
 from tf_distribute_lite import replica_context
-from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import variable_policy
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 
@@ -31,7 +30,7 @@ _COORDINATOR_JOB = cluster_coordinator.COORDINATOR_JOB
 COORDINATOR_CPU = cluster_coordinator.COORDINATOR_CPU
 
 
-class ParameterServerStrategyV2(strategy_v1.TF1Methods, distribute_lib.Strategy,
+class ParameterServerStrategyV2(distribute_lib.Strategy,
                                 stands_for=tf.distribute.ParameterServerStrategy):
   """Training by a coordinator that sends steps to workers, with variables on
   parameter servers.
@@ -136,7 +135,7 @@ def _connect(cluster_spec, protocol):
       cluster_device_filters=filters)
 
 
-class ParameterServerStrategyV2Extended(strategy_v1.StrategyExtendedV1):
+class ParameterServerStrategyV2Extended(distribute_lib.StrategyExtendedV1):
   """`strategy.extended` of `ParameterServerStrategy`."""
 
   def __init__(self, container_strategy, cluster_spec, variable_partitioner):

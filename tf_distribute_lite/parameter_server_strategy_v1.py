@@ -72,9 +72,6 @@ class ParameterServerStrategyV1(
     _refuse_eager_execution()
     return super().distribute_datasets_from_function(dataset_fn, options)
 
-  def _configure_cluster(self, cluster_spec, task_type, task_id):
-    self._extended._join(cluster_spec, task_type, task_id)  # pylint: disable=protected-access
-
 
 def _refuse_eager_execution():
   if tf.executing_eagerly():
@@ -102,9 +99,9 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
     self._cluster_spec = tf.train.ClusterSpec({})
     cluster_spec = cluster_resolver.cluster_spec()
     if cluster_spec.jobs:
-      self._join(cluster_spec, cluster_resolver.task_type, cluster_resolver.task_id)
+      self._configure_cluster(cluster_spec, cluster_resolver.task_type, cluster_resolver.task_id)
 
-  def _join(self, cluster_spec, task_type, task_id):
+  def _configure_cluster(self, cluster_spec, task_type, task_id):
     """Makes this the strategy of task `task_type`:`task_id` of
     `cluster_spec`."""
     if not task_type or task_id is None:

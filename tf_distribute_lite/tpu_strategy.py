@@ -28,7 +28,6 @@ from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import executors
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import mirrored_strategy
-from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import tpu_replication
 from tf_distribute_lite import tpu_system
 from tf_distribute_lite import values as values_lib
@@ -38,7 +37,7 @@ from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_reso
 from tf_distribute_lite.layout import Layout
 
 
-class _TPUStrategyMethods:
+class TPUMethods:
   """What the TPU strategies add: run options and logical devices."""
 
   @property
@@ -138,7 +137,7 @@ class _TPUStrategyMethods:
     return self.extended._annotated(tensor, "replicated", None)  # pylint: disable=protected-access
 
 
-class TPUStrategyV2(_TPUStrategyMethods, strategy_v1.TF1Methods, distribute_lib.Strategy,
+class TPUStrategyV2(TPUMethods, distribute_lib.Strategy,
                     stands_for=tf.distribute.TPUStrategy):
   """Synchronous training on TPU cores.
 
@@ -195,32 +194,14 @@ class ExperimentalTPUStrategy(TPUStrategyV2, covers_parent=True,
 ExperimentalTPUStrategy.__name__ = "TPUStrategy"
 
 
-class TPUStrategyV1(_TPUStrategyMethods, strategy_v1.StrategyV1,
-                    stands_for=tf.compat.v1.distribute.experimental.TPUStrategy):
-  """`TPUStrategy` with the TF 1.x API
-  (`tf.compat.v1.distribute.experimental.TPUStrategy`).
-
-  >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
-  >>> TPUStrategyV1(resolver, steps_per_run=5).steps_per_run
-  5
-  """
-
-  def __init__(self, tpu_cluster_resolver=None, steps_per_run=None,
-               device_assignment=None):
-    super().__init__(TPUExtended(self, tpu_cluster_resolver, steps_per_run,
-                                 device_assignment, False))
-
-  @property
-  def steps_per_run(self):
-    """Steps each host loop runs."""
-    return self._extended.steps_per_run
-
-
-
 class TPUExtended(mirrored_strategy.MirroredExtended):
   """`strategy.extended` of the TPU strategies."""
 
   experimental_between_graph = False
+
+  def _configure_cluster(self, cluster_spec, task_type, task_id):
+    """Ignored, as by TensorFlow: the TPU's cluster comes from its resolver."""
+    del cluster_spec, task_type, task_id
 
   def __init__(self, container_strategy, tpu_cluster_resolver, steps_per_run,
                device_assignment, use_spmd_for_xla_partitioning):

@@ -1,10 +1,10 @@
 """`tf.compat.v1.distribute.experimental`."""
 
-from tf_distribute_lite.central_storage_strategy import CentralStorageStrategyV1 as CentralStorageStrategy
-from tf_distribute_lite.collective_all_reduce_strategy import CollectiveAllReduceStrategyV1 as MultiWorkerMirroredStrategy
 from tf_distribute_lite.collective_util import CollectiveCommunication
 from tf_distribute_lite.collective_util import CollectiveHints
 from tf_distribute_lite.collective_util import CommunicationImplementation
 from tf_distribute_lite.collective_util import CommunicationOptions
 from tf_distribute_lite.parameter_server_strategy_v1 import ParameterServerStrategyV1 as ParameterServerStrategy
-from tf_distribute_lite.tpu_strategy import TPUStrategyV1 as TPUStrategy
+from tf_distribute_lite.strategy_v1 import CentralStorageStrategyV1 as CentralStorageStrategy
+from tf_distribute_lite.strategy_v1 import CollectiveAllReduceStrategyV1 as MultiWorkerMirroredStrategy
+from tf_distribute_lite.strategy_v1 import TPUStrategyV1 as TPUStrategy
