@@ -16,7 +16,7 @@ hosts. Hosts tile the mesh, x first.
 
 >>> tpu_slice = parse("emulated:v3-8")
 >>> tpu_slice
-EmulatedSlice(name='v3-8', mesh_shape=(2, 2, 1, 2))
+EmulatedSlice(name='v3-8', mesh_shape=(2, 2, 1, 2), host_bounds=(1, 1, 1))
 >>> tpu_slice.num_cores, tpu_slice.topology().num_tasks
 (8, 1)
 """
@@ -43,6 +43,20 @@ class EmulatedSlice:
   name: str
   mesh_shape: tuple
   host_bounds: tuple = (1, 1, 1)
+  addresses: tuple = dataclasses.field(default=(), repr=False)  # hosts' "ip:port"
+
+  def on(self, addresses):
+    """This slice, its hosts at `addresses`."""
+    return dataclasses.replace(self, addresses=tuple(addresses))
+
+  @property
+  def tpu_name(self):
+    """The TPU name that gives this slice on its hosts.
+
+    >>> PRESETS["v4-16"].on(["127.0.0.1:5000", "127.0.0.1:5001"]).tpu_name
+    'emulated:v4-16@127.0.0.1:5000,127.0.0.1:5001'
+    """
+    return PREFIX + self.name + ("@" + ",".join(self.addresses) if self.addresses else "")
 
   @property
   def num_cores(self):
@@ -126,15 +140,29 @@ PRESETS = {
 
 
 def parse(tpu):
-  """The slice an "emulated:<type>" TPU name asks for; None otherwise.
+  """The slice an "emulated:<type>" TPU name asks for; None otherwise. A
+  multi-host slice whose hosts are already running is
+  "emulated:<type>@<host 0's ip:port>,<host 1's>,..." (`tpu_pod_emulation`).
 
   >>> parse("emulated:v4-8").num_cores, parse("my-tpu")
   (4, None)
+  >>> parse("emulated:v4-16@127.0.0.1:5000,127.0.0.1:5001").addresses
+  ('127.0.0.1:5000', '127.0.0.1:5001')
   """
   if not isinstance(tpu, str) or not tpu.startswith(PREFIX):
     return None
-  name = tpu[len(PREFIX):]
+  name, at, hosts = tpu[len(PREFIX):].partition("@")
   if name not in PRESETS:
     raise ValueError(f"Unknown emulated TPU {name!r} in tpu={tpu!r}; the "
                      f"emulated slices are {', '.join(PREFIX + p for p in PRESETS)}.")
-  return PRESETS[name]
+  tpu_slice = PRESETS[name]
+  if not at:
+    return tpu_slice
+  addresses = hosts.split(",")
+  if (tpu_slice.num_hosts == 1 or len(addresses) != tpu_slice.num_hosts or
+      not all(a.rpartition(":")[2].isdigit() for a in addresses)):
+    raise ValueError(f"tpu={tpu!r} must name the {tpu_slice.num_hosts} hosts of the "
+                     f"emulated TPU {name!r} after '@', each as ip:port, separated by "
+                     f"commas" + (" (a one-host slice names none)."
+                                  if tpu_slice.num_hosts == 1 else "."))
+  return tpu_slice.on(addresses)
