@@ -1,6 +1,7 @@
 """TPUClusterResolver against a fake metadata server and Cloud TPU API on
 127.0.0.1, compared with TensorFlow's where TensorFlow has the behaviour."""
 
+import math
 import os
 import subprocess
 import sys
@@ -383,6 +384,35 @@ def test_a_multi_host_tpu_vm_slice_gives_one_worker_per_host(cloud, tmp_path):
   assert (resolver.task_type, resolver.task_id) == ("worker", 2)
   assert resolver.master() == "grpc://10.130.0.4:8470"
   assert resolver.master("worker", 0) == "grpc://10.130.0.2:8470"
+
+
+# What each host of a v4-32 (16 chips, 2x2x4, four 2x2x1 hosts) finds in its
+# `tpu-env` metadata attribute, which libtpu reads.
+V4_32_TPU_ENV = ("ACCELERATOR_TYPE: 'v4-32'\nCHIPS_PER_HOST_BOUNDS: '2,2,1'\n"
+                 "HOST_BOUNDS: '1,1,4'\nTOPOLOGY: '2x2x4'\n")
+
+
+@pytest.mark.parametrize("worker", range(4))
+def test_each_host_of_a_v4_32_finds_the_slice_the_emulated_v4_32_has(cloud, tmp_path, worker):
+  _pci_device(tmp_path / "pci", "0000:00:05.0", "0x1ae0", "0x005e")
+  _tpu_vm(cloud, hosts=4, worker=worker)
+  cloud.metadata("instance/attributes/tpu-env", V4_32_TPU_ENV + f"WORKER_ID: '{worker}'\n")
+  resolver = OURS()
+  workers = resolver.cluster_spec().job_tasks("worker")
+  assert workers == [f"10.130.0.{i + 2}:8470" for i in range(4)]
+  assert (resolver.task_type, resolver.task_id) == ("worker", worker)
+  assert resolver.master() == f"grpc://{workers[worker]}"
+  # The emulated slice of that accelerator type has the same shape.
+  env = dict(line.split(": ") for line in V4_32_TPU_ENV.splitlines())
+  emulated = tfd.tpu_emulation.parse("emulated:" + env["ACCELERATOR_TYPE"].strip("'"))
+  topology = emulated.topology()
+  chips_per_host = [int(n) for n in env["CHIPS_PER_HOST_BOUNDS"].strip("'").split(",")]
+  assert topology.num_tasks == emulated.num_hosts == len(workers)
+  assert topology.num_tpus_per_task == math.prod(chips_per_host)  # a v4 chip is one core
+  assert "x".join(map(str, topology.mesh_shape[:3])) == env["TOPOLOGY"].strip("'")
+  assert list(emulated.host_bounds) == [int(n) for n in env["HOST_BOUNDS"].strip("'").split(",")]
+  # This host's task holds its own box of chips: z = worker.
+  assert {c[2] for c in topology.device_coordinates[worker].tolist()} == {worker}
 
 
 def test_a_single_host_tpu_vm_is_local(cloud):

@@ -7,7 +7,8 @@ On a TPU these run TensorFlow's TPU system ops (`ConfigureDistributedTPU`,
 eagerly through a `tf.function`; in a TF1 graph through a session on the
 resolver's master; traced inside a `tf.function`, `initialize_tpu_system`
 adds its op and returns the serialized topology. On an emulated slice they
-give the slice's topology.
+give the slice's topology; executed eagerly on an emulated multi-host slice,
+`initialize` also connects this program to its hosts, if it is not yet.
 
 The resolver finds, this module starts: `tpu_cluster_resolver` defines the
 public `initialize_tpu_system` and `shutdown_tpu_system` (which find the
@@ -18,6 +19,8 @@ TPU when given no resolver) and `TPUClusterResolver.connect` on
 import contextlib
 
 import tensorflow as tf
+
+from tf_distribute_lite import tpu_pod_emulation
 
 _initialized = {}
 
@@ -120,10 +123,14 @@ def initialize(cluster_resolver):
   resolver = _checked(cluster_resolver)
   emulated = getattr(resolver, "emulated_slice", None)
   if emulated is not None:
-    emulated.ensure_devices()
+    if emulated.num_hosts == 1:
+      emulated.ensure_devices()
+    elif tf.executing_eagerly():
+      tpu_pod_emulation.connect(resolver)
     topology = emulated.topology()
     if tracing_a_function():
       return tf.constant(topology.serialized())
+    resolver.set_tpu_topology(topology.serialized())
   elif tracing_a_function():
     return _configure_op(_job(resolver))
   else:

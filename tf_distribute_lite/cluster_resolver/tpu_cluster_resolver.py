@@ -13,6 +13,7 @@ import tensorflow as tf
 from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite import cloud_http
 from tf_distribute_lite import tpu_discovery
+from tf_distribute_lite import tpu_pod_emulation
 from tf_distribute_lite import tpu_system
 from tf_distribute_lite.cluster_resolver.cluster_resolver import ClusterResolver
 from tf_distribute_lite.cluster_resolver.cluster_resolver import DeviceAttributes
@@ -35,7 +36,10 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
   `tpu` is "local" (this Cloud TPU VM's chips), "grpc://host:port" addresses,
   a Cloud TPU name (looked up through the Cloud TPU API in `project` and
   `zone`, by default this VM's), or "emulated:v3-8" (also v2-8, v4-8,
-  v5litepod-8: one logical CPU device per core). When `tpu` is None or "",
+  v5litepod-8: one logical CPU device per core; and the multi-host v4-16,
+  v4-32, v3-32, v5litepod-16, whose hosts are local processes this starts
+  and ends, or "emulated:v4-32@<ip:port>,..." the hosts the user started:
+  see `tpu_pod_emulation`). When `tpu` is None or "",
   `$KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS`, `$TPU_NAME` and `$TPU_CONFIG` are read
   as in TensorFlow, and then, unlike TensorFlow, this machine is searched for
   TPU chips, so that on a Cloud TPU VM no argument is needed.
@@ -72,8 +76,13 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
     if self._target.kind == "api":
       self._project = self._target.project or cloud_http.metadata("project/project-id")
       self._zone = self._target.zone or cloud_http.metadata("instance/zone").split("/")[-1]
-    if self._target.kind == "emulated":
-      self._target.emulated_slice.ensure_devices()
+    self._emulated = self._target.emulated_slice
+    self._hosts = None  # an emulated multi-host slice's `tpu_pod_emulation.Hosts`
+    if self._emulated is not None and self._emulated.num_hosts > 1:
+      self._hosts = tpu_pod_emulation.start(self._emulated)
+      self._emulated = self._hosts.tpu_slice
+    elif self._emulated is not None:
+      self._emulated.ensure_devices()
     self._ready_node = None  # (when asked, endpoints) of the node once READY
     self.task_type = job_name
     self.task_id = self._target.task_id
@@ -98,11 +107,12 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
 
   @property
   def emulated_slice(self):
-    """The `tpu_emulation.EmulatedSlice` run on, or None for a real TPU."""
-    return self._target.emulated_slice
+    """The `tpu_emulation.EmulatedSlice` run on (with its hosts' addresses
+    when it has several), or None for a real TPU."""
+    return self._emulated
 
   def _is_local(self):
-    return self._target.kind in ("local", "emulated")
+    return self._target.kind in ("local", "emulated") and self._hosts is None
 
   def __enter__(self):
     return self
@@ -113,6 +123,9 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
   def _endpoints(self):
     if self._target.kind == "grpc":
       return self._target.endpoints
+    if self._hosts is not None:
+      self._hosts.check()
+      return tpu_discovery.grpc_endpoints(",".join(self._emulated.addresses))
     lifetime, now = cloud_http.cache_seconds(), clock()
     if self._ready_node is None or now - self._ready_node[0] >= lifetime:
       node = self._node()
@@ -145,7 +158,7 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
 
   def cluster_spec(self):
     """One task per TPU host in job `task_type` (plus the coordinator's job,
-    if any); empty for a local or emulated TPU.
+    if any); empty for a local or emulated one-host TPU.
 
     >>> TPUClusterResolver("grpc://10.0.0.2,grpc://10.0.0.3").cluster_spec()
     ClusterSpec({'worker': ['10.0.0.2:8470', '10.0.0.3:8470']})
@@ -162,7 +175,7 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
     """The gRPC address of the given (by default this) TPU host; "" for a
-    local or emulated TPU.
+    local or emulated one-host TPU.
 
     >>> resolver = TPUClusterResolver("grpc://10.0.0.2,grpc://10.0.0.3")
     >>> resolver.master(), resolver.master("worker", 1)
@@ -215,8 +228,8 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
     >>> TPUClusterResolver("emulated:v4-8").num_accelerators()
     {'TPU': 4}
     """
-    if self.emulated_slice is not None:
-      return {"TPU": self.emulated_slice.num_cores}
+    if self._emulated is not None:
+      return {"TPU": self._emulated.num_cores_per_host}
     if self._target.kind == "local":
       return {"TPU": len(tf.config.list_logical_devices("TPU"))}
     cores = collections.Counter(
@@ -243,12 +256,12 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
     >>> metadata.devices[1]
     DeviceAttributes(name='/job:localhost/replica:0/task:0/device:CPU:1', device_type='CPU', memory_limit_bytes=0, incarnation=0)
     """
-    emulated = self.emulated_slice
+    emulated = self._emulated
     if emulated is not None:
       devices = tuple(DeviceAttributes(name, "CPU") for name in emulated.devices)
       return tf.tpu.experimental.TPUSystemMetadata(
-          num_cores=emulated.num_cores, num_hosts=1,
-          num_of_cores_per_host=emulated.num_cores,
+          num_cores=emulated.num_cores, num_hosts=emulated.num_hosts,
+          num_of_cores_per_host=emulated.num_cores_per_host,
           topology=emulated.topology(), devices=devices)
     cluster = self.cluster_spec()
     config = tf.compat.v1.ConfigProto()

@@ -1,0 +1,192 @@
+"""Emulated multi-host TPU slices: a process per host on 127.0.0.1, the
+program that makes the resolver as their client, and the hosts' lifetime.
+
+The slice a client connects to is its process's state, so the clients run
+in fresh processes (tests/tpu_pod_client.py); one v4-32 (4 hosts) is shared
+by the tests that read its answers. Every wait is bounded and every process
+started here is killed by its id.
+"""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import tf_distribute_lite as tfd
+from tf_distribute_lite import tpu_pod_emulation
+
+from multi_worker import free_ports
+
+HERE = pathlib.Path(__file__).resolve().parent
+OURS = tfd.cluster_resolver.TPUClusterResolver
+WORKERS = [f"/job:worker/replica:0/task:{task}/device:CPU:{core}"
+           for task in range(4) for core in range(4)]
+
+
+def _gone(pid):
+  """Whether process `pid` has ended (a zombie has)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rpartition(")")[2].split()[0] == "Z"
+  except FileNotFoundError:
+    return True
+
+
+def _wait_until_gone(pids, timeout=30):
+  deadline = time.monotonic() + timeout
+  while not all(map(_gone, pids)) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  return [pid for pid in pids if not _gone(pid)]
+
+
+def _kill(pids):
+  for pid in pids:
+    if not _gone(pid):
+      os.kill(pid, 9)
+
+
+@pytest.fixture(scope="module")
+def v4_32():
+  """What the client of an emulated v4-32 saw, and whether its hosts were
+  gone once it exited."""
+  env = dict(os.environ, TPU_NAME="emulated:v4-32")
+  result = subprocess.run([sys.executable, str(HERE / "tpu_pod_client.py")], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  answers = json.loads(result.stdout.strip().splitlines()[-1])
+  answers["left_running"] = _wait_until_gone(answers["pids"])
+  _kill(answers["left_running"])
+  return answers
+
+
+@pytest.mark.multi_worker
+def test_the_resolver_lists_the_hosts_as_workers(v4_32):
+  workers = v4_32["cluster"]["worker"]
+  assert list(v4_32["cluster"]) == ["worker"] and len(workers) == 4
+  assert all(address.startswith("127.0.0.1:") for address in workers)
+  assert v4_32["master"] == v4_32["get_master"] == f"grpc://{workers[0]}"
+  assert v4_32["task"] == ["worker", 0]
+  assert v4_32["shared"] == v4_32["cluster"]  # a second resolver, the same hosts
+
+
+@pytest.mark.multi_worker
+def test_the_resolver_answers_as_a_v4_32_slice(v4_32):
+  assert v4_32["accelerators"] == {"TPU": 4}  # cores per host, as TensorFlow counts
+  assert v4_32["metadata"] == [16, 4, 4, 4, 4]
+  assert v4_32["metadata_devices"] == WORKERS
+  tasks, per_task, mesh, coordinates = v4_32["topology"]
+  assert (tasks, per_task, mesh) == (4, 4, [2, 2, 4, 1])
+  assert coordinates[2] == [[0, 0, 2, 0], [1, 0, 2, 0], [0, 1, 2, 0], [1, 1, 2, 0]]
+  assert (v4_32["feature_before"], v4_32["feature_after"]) == ("None", "TPUHardwareFeature")
+
+
+@pytest.mark.multi_worker
+def test_the_client_sees_every_hosts_devices_and_sums_across_hosts(v4_32):
+  assert set(WORKERS) <= set(v4_32["devices"])
+  assert v4_32["sum"] == [5.0, ["/job:worker/replica:0/task:1/device:CPU:2",
+                                "/job:worker/replica:0/task:3/device:CPU:1",
+                                "/job:worker/replica:0/task:3/device:CPU:1"]]
+
+
+@pytest.mark.multi_worker
+def test_the_hosts_end_when_the_client_exits(v4_32):
+  assert len(v4_32["pids"]) == 4
+  assert v4_32["left_running"] == []
+
+
+@pytest.mark.multi_worker
+def test_the_hosts_end_when_the_client_is_killed():
+  script = ("import sys, time, tf_distribute_lite as tfd\n"
+            "resolver = tfd.cluster_resolver.TPUClusterResolver('emulated:v4-16')\n"
+            "print(*resolver._hosts.pids, flush=True)\n"
+            "time.sleep(300)\n")
+  client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+  pids = []
+  try:
+    pids = [int(pid) for pid in client.stdout.readline().split()]
+    assert len(pids) == 2
+    client.kill()
+    client.wait(30)
+    assert _wait_until_gone(pids) == []
+  finally:
+    client.kill()
+    client.wait(30)
+    _kill(pids)
+
+
+def _listener():
+  server = socket.socket()
+  server.bind(("127.0.0.1", 0))
+  server.listen()
+  return server, f"127.0.0.1:{server.getsockname()[1]}"
+
+
+def test_a_host_that_never_answers_is_named(monkeypatch):
+  """Hosts the user started: host 0 answers, host 1 never does."""
+  monkeypatch.setenv(tpu_pod_emulation.START_SECONDS_VARIABLE, "0.5")
+  server, first = _listener()
+  (port,) = free_ports(1)
+  with server, pytest.raises(RuntimeError, match=(
+      rf"^Host 1 of the emulated TPU slice v4-16 \(task 1 of job 'worker', "
+      rf"127.0.0.1:{port}\) did not accept connections within 0.5 s "
+      rf"\(\${tpu_pod_emulation.START_SECONDS_VARIABLE}\)$")):
+    OURS(f"emulated:v4-16@{first},127.0.0.1:{port}")
+
+
+def test_named_hosts_that_answer_are_the_cluster():
+  first, second = _listener(), _listener()
+  with first[0], second[0]:
+    resolver = OURS(f"emulated:v4-16@{first[1]},{second[1]}")
+    assert resolver.cluster_spec().as_dict() == {"worker": [first[1], second[1]]}
+    assert resolver.master() == f"grpc://{first[1]}"
+    assert resolver.num_accelerators() == {"TPU": 4}
+    assert resolver.emulated_slice.tpu_name == f"emulated:v4-16@{first[1]},{second[1]}"
+
+
+def test_a_host_that_exits_is_named_and_the_others_are_ended(monkeypatch):
+  started = []
+
+  class Recorded(subprocess.Popen):
+
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      started.append(self)
+
+  def command(tpu, task, parent=None):
+    del tpu, parent
+    if task == 2:
+      return [sys.executable, "-c", "import sys; sys.exit('host 2 failed to start')"]
+    return [sys.executable, "-c", "import time; time.sleep(60)"]
+  monkeypatch.setattr(tpu_pod_emulation.subprocess, "Popen", Recorded)
+  monkeypatch.setattr(tpu_pod_emulation, "host_command", command)
+  try:
+    with pytest.raises(RuntimeError, match=(
+        r"(?s)^Host 2 of the emulated TPU slice v4-32 \(task 2 of job 'worker', "
+        r"127.0.0.1:\d+\) exited with status 1; its log ends:\nhost 2 failed to start")):
+      OURS("emulated:v4-32")
+    assert len(started) == 4 and all(p.poll() is not None for p in started)
+  finally:
+    for process in started:
+      process.kill()
+      process.wait(30)
+
+
+@pytest.mark.parametrize("tpu, message", [
+    ("emulated:v4-8@127.0.0.1:5000", "a one-host slice names none"),
+    ("emulated:v4-32@127.0.0.1:5000,127.0.0.1:5001", "must name the 4 hosts"),
+    ("emulated:v4-16@127.0.0.1,127.0.0.1:5001", "each as ip:port")])
+def test_badly_named_hosts_say_what_is_expected(tpu, message):
+  with pytest.raises(ValueError, match=message):
+    OURS(tpu)
+
+
+def test_a_host_refuses_a_slice_without_its_hosts(capsys):
+  with pytest.raises(SystemExit):
+    tpu_pod_emulation.main(["--tpu", "emulated:v4-32", "--task", "0"])
+  assert "--tpu must name an emulated multi-host slice and its hosts" in capsys.readouterr().err

@@ -1,0 +1,204 @@
+"""The hosts of an emulated multi-host TPU slice: one local process each.
+
+`TPUClusterResolver("emulated:v4-32")` starts every host of the slice with
+`start`: host i serves its cores as logical CPU devices of task i of job
+"worker" (TensorFlow's gRPC server on 127.0.0.1, a free port), and the
+program that made the resolver is the client, as it is of a real slice's
+hosts: after `tf.config.experimental_connect_to_cluster(resolver)` its
+functions run ops on `/job:worker/replica:0/task:i/device:CPU:j`.
+
+Each host is this module run as a program, the command `host_command` gives:
+
+    python -m tf_distribute_lite.tpu_pod_emulation \\
+        --tpu emulated:v4-32@127.0.0.1:5000,127.0.0.1:5001,127.0.0.1:5002,127.0.0.1:5003 \\
+        --task 2
+
+Started that way by hand (one command per task), the hosts serve until
+killed, and `TPUClusterResolver("emulated:v4-32@<the same addresses>")`
+uses them instead of starting its own: a test can then kill one.
+
+Lifetime: the client waits for every host to accept connections for at
+most `$TF_DISTRIBUTE_LITE_POD_START_SECONDS` (120 s by default: a host
+imports TensorFlow, which on a loaded 2-core machine takes tens of
+seconds). A host that exits or is still silent by then makes the client
+end the others and raise `RuntimeError` naming the host (task and address)
+and ending with its log. The hosts it started are ended by process id when
+the client exits (`atexit`), and each watches its parent's process id and
+exits within half a second of the client's death, even by SIGKILL.
+"""
+
+import argparse
+import atexit
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import tensorflow as tf
+
+from tf_distribute_lite import tpu_emulation
+
+START_SECONDS_VARIABLE = "TF_DISTRIBUTE_LITE_POD_START_SECONDS"
+_START_SECONDS = 120.0
+_POLL_SECONDS = 0.5
+_KILL_WAIT_SECONDS = 10.0
+_started = {}  # slice type -> the `Hosts` this program started
+
+
+def host_command(tpu, task, parent=None):
+  """The command that runs host `task` of the slice named `tpu`
+  ("emulated:<type>@<address>,..."); with `parent`, the host exits when that
+  process is no longer its parent.
+
+  >>> host_command("emulated:v4-16@127.0.0.1:5000,127.0.0.1:5001", 1)[1:]
+  ['-m', 'tf_distribute_lite.tpu_pod_emulation', '--tpu', 'emulated:v4-16@127.0.0.1:5000,127.0.0.1:5001', '--task', '1']
+  """
+  command = [sys.executable, "-m", __name__, "--tpu", tpu, "--task", str(task)]
+  return command + ["--parent", str(parent)] if parent is not None else command
+
+
+class Hosts:
+  """The running hosts of an emulated slice (`tpu_slice.addresses`), and the
+  processes of those this program started (none when the user did)."""
+
+  def __init__(self, tpu_slice, processes=(), logs=()):
+    self.tpu_slice = tpu_slice
+    self._processes = list(processes)
+    self._logs = list(logs)
+
+  @property
+  def pids(self):
+    """The process ids of the hosts this program started, by task."""
+    return [process.pid for process in self._processes]
+
+  def check(self):
+    """Raises `RuntimeError` naming a started host that has exited."""
+    for task, process in enumerate(self._processes):
+      if process.poll() is not None:
+        self._fail(task, f"exited with status {process.returncode}")
+
+  def wait(self, timeout):
+    """Returns once every host accepts connections; after `timeout` seconds,
+    or as soon as a started host exits, ends the hosts and raises."""
+    deadline = time.monotonic() + timeout
+    waiting = list(enumerate(self.tpu_slice.addresses))
+    while waiting:
+      self.check()
+      waiting = [(task, address) for task, address in waiting if not _accepts(address)]
+      if waiting and time.monotonic() >= deadline:
+        task, _ = waiting[0]
+        self._fail(task, f"did not accept connections within {timeout:g} s "
+                         f"(${START_SECONDS_VARIABLE})")
+      if waiting:
+        time.sleep(_POLL_SECONDS)
+
+  def stop(self):
+    """Ends the hosts this program started, by process id."""
+    for process in self._processes:
+      if process.poll() is None:
+        process.kill()
+    for process in self._processes:
+      process.wait(_KILL_WAIT_SECONDS)
+    for log in self._logs:
+      log.close()
+    self._processes, self._logs = [], []
+    if _started.get(self.tpu_slice.name) is self:
+      del _started[self.tpu_slice.name]
+
+  def _fail(self, task, what):
+    log = ""
+    if self._logs:
+      self._logs[task].seek(0)
+      log = "; its log ends:\n" + self._logs[task].read()[-2000:]
+    self.stop()
+    raise RuntimeError(
+        f"Host {task} of the emulated TPU slice {self.tpu_slice.name} (task {task} of job "
+        f"'worker', {self.tpu_slice.addresses[task]}) {what}{log}")
+
+
+def start(tpu_slice):
+  """The slice's hosts, started here unless `tpu_slice.addresses` names
+  hosts the user started, and waited for (see the module's docstring). A
+  program is the client of one slice of each type: the resolvers of that
+  type share the hosts it started first."""
+  timeout = float(os.environ.get(START_SECONDS_VARIABLE) or _START_SECONDS)
+  if tpu_slice.addresses:
+    hosts = Hosts(tpu_slice)
+  elif tpu_slice.name in _started:
+    hosts = _started[tpu_slice.name]
+    hosts.check()
+    return hosts
+  else:
+    tpu_slice = tpu_slice.on(_free_addresses(tpu_slice.num_hosts))
+    logs = [tempfile.TemporaryFile("w+") for _ in range(tpu_slice.num_hosts)]
+    processes = [
+        subprocess.Popen(host_command(tpu_slice.tpu_name, task, os.getpid()),
+                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        for task, log in enumerate(logs)]
+    hosts = _started[tpu_slice.name] = Hosts(tpu_slice, processes, logs)
+    atexit.register(hosts.stop)
+  hosts.wait(timeout)
+  return hosts
+
+
+def connect(cluster_resolver):
+  """Connects this program to the hosts of the resolver's emulated slice,
+  unless their devices are already visible."""
+  tpu_slice = cluster_resolver.emulated_slice
+  visible = {device.name for device in tf.config.list_logical_devices()}
+  if not set(tpu_slice.devices) <= visible:
+    tf.config.experimental_connect_to_cluster(cluster_resolver)
+
+
+def _free_addresses(count):
+  """`count` 127.0.0.1 addresses whose ports nothing listens on now."""
+  sockets = [socket.socket() for _ in range(count)]
+  try:
+    for s in sockets:
+      s.bind(("127.0.0.1", 0))
+    return tuple(f"127.0.0.1:{s.getsockname()[1]}" for s in sockets)
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def _accepts(address):
+  host, _, port = address.rpartition(":")
+  try:
+    with socket.create_connection((host, int(port)), timeout=_POLL_SECONDS):
+      return True
+  except OSError:
+    return False
+
+
+def serve(tpu_slice, task, parent=None):
+  """Serves host `task` of the slice, until `parent` (if given) is no
+  longer this process's parent."""
+  config = tf.compat.v1.ConfigProto(device_count={"CPU": tpu_slice.num_cores_per_host})
+  server = tf.distribute.Server({"worker": list(tpu_slice.addresses)}, job_name="worker",
+                                task_index=task, protocol="grpc", config=config, start=True)
+  del server  # serves until this process ends
+  while parent is None or os.getppid() == parent:
+    time.sleep(_POLL_SECONDS)
+  os._exit(0)  # Leaves without shutting the server down, which can block.
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description="Runs one host of an emulated TPU slice.")
+  parser.add_argument("--tpu", required=True,
+                      help="emulated:<type>@<address of host 0>,<address of host 1>,...")
+  parser.add_argument("--task", type=int, required=True, help="this host's index")
+  parser.add_argument("--parent", type=int, help="exit when this process is gone")
+  args = parser.parse_args(argv)
+  tpu_slice = tpu_emulation.parse(args.tpu)
+  if tpu_slice is None or not tpu_slice.addresses:
+    parser.error(f"--tpu must name an emulated multi-host slice and its hosts; got {args.tpu!r}")
+  if not 0 <= args.task < tpu_slice.num_hosts:
+    parser.error(f"--task must be in [0, {tpu_slice.num_hosts}); got {args.task}")
+  serve(tpu_slice, args.task, args.parent)
+
+
+if __name__ == "__main__":
+  main()
