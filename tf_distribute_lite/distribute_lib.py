@@ -314,6 +314,12 @@ class StrategyBase(StandsFor):
 
   # --- The TF 1.x methods, which TensorFlow's TF 2.x strategies keep too.
 
+  def experimental_make_numpy_dataset(self, numpy_input):
+    """A `tf.data.Dataset` of the slices of `numpy_input` (a nest of arrays),
+    held on the input host rather than as constants of a graph. (TensorFlow
+    2.21's TF 2.x strategies have it on `extended` only.)"""
+    return self._extended.experimental_make_numpy_dataset(numpy_input)
+
   def update_config_proto(self, config_proto):
     """Returns a copy of `config_proto` adjusted for this strategy."""
     return self._extended._update_config_proto(config_proto)  # pylint: disable=protected-access
