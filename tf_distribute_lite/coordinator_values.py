@@ -1,6 +1,5 @@
-"""The values a `ClusterCoordinator` hands out: `RemoteValue` (a scheduled
-function's result), `PerWorkerValues` (one value per worker, such as
-per-worker iterators) and `experimental_get_current_worker_index()`."""
+"""What a `ClusterCoordinator` hands out: `RemoteValue`s, `PerWorkerValues`
+and `experimental_get_current_worker_index()`."""
 
 import contextlib
 import threading
@@ -33,7 +32,7 @@ def running_on(worker_index):
 
 def experimental_get_current_worker_index():
   """The index of the worker running the current scheduled function (or
-  per-worker `dataset_fn`): an int64 scalar tensor, read at each call.
+  per-worker `dataset_fn`), an int64 scalar tensor.
 
   >>> experimental_get_current_worker_index()
   Traceback (most recent call last):
@@ -53,8 +52,7 @@ def experimental_get_current_worker_index():
 
 
 class RemoteValue(tf.distribute.experimental.coordinator.RemoteValue):
-  """The value of a function scheduled on a remote worker; a TensorFlow
-  `RemoteValue` too, so that tf_keras recognises scheduled steps' results."""
+  """The value of a function scheduled on a worker (TensorFlow's to tf_keras)."""
 
   def fetch(self):
     """Waits for the value; NumPy arrays in the function's output structure."""
@@ -153,8 +151,7 @@ class PerWorkerValuesSpec(tf.TypeSpec):
 
 
 class _WorkerResource:
-  """A worker's resource (dataset, iterator), made by `create` again when
-  the worker comes back."""
+  """A worker's resource (dataset, iterator), remade by `create` on its return."""
 
   def __init__(self, create):
     self._create = create
@@ -172,9 +169,8 @@ class _WorkerResource:
 
 
 class PerWorkerDataset:
-  """A dataset on every worker (`create_per_worker_dataset`); `iter()`
-  gives a `PerWorkerIterator`. A `dataset_fn` returning no dataset raises
-  `ValueError` (TensorFlow 2.21 fails later, at `iter()`)."""
+  """A dataset on every worker; `iter()` gives a `PerWorkerIterator`. A
+  `dataset_fn` returning no dataset raises `ValueError` (TF 2.21: at `iter()`)."""
 
   def __init__(self, coordinator, dataset_fn):
     self._coordinator = coordinator
@@ -185,7 +181,6 @@ class PerWorkerDataset:
           f"what `strategy.distribute_datasets_from_function` returns; got "
           f"the {type(dataset_fn).__name__} {dataset_fn!r}.")
     if build is None:
-      # A tf.function is traced again, its result made a dataset.
       python_function = getattr(dataset_fn, "python_function", dataset_fn)
       build = lambda: _as_dataset(python_function())  # pylint: disable=unnecessary-lambda-assignment
     self._dataset_fn = tf.function(build)
@@ -194,8 +189,7 @@ class PerWorkerDataset:
         for i in range(coordinator._num_workers))  # pylint: disable=protected-access
 
   def build(self):
-    """Each worker's dataset, as `PerWorkerValues` (tf_keras's exact
-    evaluation schedules functions taking them)."""
+    """Each worker's dataset, as `PerWorkerValues`."""
     return self._datasets
 
   def __iter__(self):
