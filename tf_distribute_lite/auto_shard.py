@@ -1,14 +1,5 @@
-"""Sharding one dataset across input workers, by files or by elements.
-
-`worker_share` is what one worker of several reads of a dataset batched by
-the global batch size: each global batch is cut into one piece per replica
-of the cluster (tf.data's `rebatch`), then the pieces are sharded by
-tf.data's own `AutoShardDataset` op, as the dataset's
-`options().experimental_distribute.auto_shard_policy` says: `FILE` (each
-worker's share of the reader datasets' files), `DATA` (every
-`num_workers`-th element), `AUTO` (`FILE`, else `DATA` with a warning),
-`HINT` (only where `shard(SHARD_HINT, SHARD_HINT)` asks) or `OFF`.
-"""
+"""Sharding one dataset across input workers with tf.data's
+`AutoShardDataset`, as the dataset's `auto_shard_policy` says."""
 
 import tensorflow as tf
 
@@ -38,11 +29,9 @@ def auto_shard(dataset, num_workers, worker_index, num_replicas_in_sync):
 
 
 def worker_share(dataset, num_workers, worker_index, num_replicas_in_sync):
-  """The pieces of `dataset` (batched by the global batch size) that worker
-  `worker_index` of `num_workers` feeds to its replicas, one per replica and
-  step, as TensorFlow's multi-worker strategies cut them: each global batch
-  in `num_replicas_in_sync` pieces whose sizes differ by at most one, so that
-  each step of the cluster consumes one global batch, then auto-sharded.
+  """The pieces of `dataset` (batched globally) worker `worker_index` feeds
+  its replicas, as TensorFlow cuts them: each global batch in one piece per
+  replica of the cluster, sizes differing by at most one, then auto-sharded.
 
   >>> dataset = tf.data.Dataset.range(16).batch(8)
   >>> [x.numpy().tolist() for x in worker_share(dataset, 2, 1, 2)]
@@ -61,8 +50,7 @@ def worker_share(dataset, num_workers, worker_index, num_replicas_in_sync):
                                        worker_index))
 
   def rebatched_at_run_time():
-    """Each batch cut into `num_replicas_in_sync` pieces, for a dataset whose
-    batch size tf.data cannot tell before it runs."""
+    """Each batch cut into `num_replicas_in_sync` pieces at run time."""
     return _dataset_op(tf.raw_ops.RebatchDataset, dataset,
                        _with_unknown_batch(dataset.element_spec),
                        num_replicas=num_replicas_in_sync, use_fallback=True)
@@ -80,9 +68,8 @@ def worker_share(dataset, num_workers, worker_index, num_replicas_in_sync):
 
 
 def piece_sizes(global_batch_size, num_workers, replicas_per_worker, worker_index):
-  """The sizes worker `worker_index` cuts each global batch into: sizes
-  differing by at most one, the larger first, rotated so that the workers'
-  pieces of one step add up to the global batch.
+  """The sizes worker `worker_index` cuts each global batch into, the larger
+  first, rotated so that the workers' pieces add up to the global batch.
 
   >>> piece_sizes(7, num_workers=2, replicas_per_worker=2, worker_index=1)
   [2, 1, 2, 2]
@@ -109,9 +96,8 @@ def _dataset_op(op, dataset, element_spec, **attrs):
 
 
 def _static_batch_size(dataset):
-  """The batch size of `dataset` without its partial last batch: an int (-1
-  where the components disagree or it cannot be told), or a tensor inside a
-  `tf.function` when only running the pipeline's graph can tell."""
+  """The batch size of `dataset` (-1 if unknown), or a tensor inside a
+  `tf.function` when only running the pipeline can tell."""
   specs = tf.nest.flatten(dataset.element_spec)
   dims = [spec.shape[0] if spec.shape.rank else None
           for spec in specs if isinstance(spec, tf.TensorSpec)]
