@@ -1,9 +1,6 @@
-"""The TF 1.x contrib "tower" API (`tf.contrib.distribute`), a facade over
-the `compat.v1` strategies: towers are replicas, `call_for_each_tower` is
-`extended.call_for_each_replica`, `reduce` takes a `tf.VariableAggregation`
-(`ONLY_FIRST_TOWER`, in TensorFlow 2 only `tf.compat.v1`'s, is
-`ONLY_FIRST_REPLICA`), and the tower context has a Python-int `tower_id`
-and a positional `merge_call`. It works eagerly and in a TF1 graph.
+"""The TF 1.x contrib "tower" API (`tf.contrib.distribute`): a facade over
+the `compat.v1` strategies, towers being replicas; `reduce` takes a
+`tf.VariableAggregation`. It works eagerly and in a TF1 graph.
 """
 
 import tensorflow as tf
@@ -56,8 +53,7 @@ class DistributionStrategy:
 
   @property
   def worker_device_index(self):
-    """Per tower, its index in `worker_devices` (0 with a single tower),
-    to pass to `call_for_each_tower`."""
+    """Per tower, its index in `worker_devices` (0 with a single tower)."""
     if self.is_single_tower:
       return 0
     return self._strategy.extended._distribute_values_from_function(  # pylint: disable=protected-access
@@ -72,15 +68,13 @@ class DistributionStrategy:
     return self._strategy.scope()
 
   def call_for_each_tower(self, fn, *args, **kwargs):
-    """Runs `fn(*args, **kwargs)` once per tower; `run_concurrently` is
-    accepted (towers always run as the core runs replicas)."""
+    """Runs `fn(*args, **kwargs)` once per tower (`run_concurrently` ignored)."""
     kwargs.pop("run_concurrently", None)
     return self._strategy.extended.call_for_each_replica(fn, args, kwargs)
 
   def reduce(self, aggregation, value, destinations=None):
-    """Combines the towers' `value` by `aggregation` (a
-    `tf.VariableAggregation` or `tf.compat.v1.VariableAggregation`: SUM,
-    MEAN, ONLY_FIRST_TOWER) onto `destinations`."""
+    """Combines the towers' `value` by `aggregation` (SUM, MEAN or
+    ONLY_FIRST_TOWER) onto `destinations`."""
     return self.batch_reduce(aggregation, [(value, destinations)])[0]
 
   def batch_reduce(self, aggregation, value_destination_pairs):
@@ -99,8 +93,7 @@ class DistributionStrategy:
         tf.VariableAggregation(aggregation.value)), pairs)
 
   def broadcast(self, tensor, destinations=None):
-    """`tensor` mirrored onto `destinations` (by default every tower; the
-    default strategy gives `tensor` back)."""
+    """`tensor` mirrored onto `destinations` (by default every tower)."""
     if destinations is None and self._strategy is not default_strategy.default_strategy():
       destinations = self.worker_devices
     return self._strategy.extended.broadcast_to(tensor, destinations)
@@ -115,9 +108,8 @@ class DistributionStrategy:
     self._strategy.configure(session_config, cluster_spec, task_type, task_id)
 
   def distribute_dataset(self, dataset_fn):
-    """The dataset `dataset_fn()` returns, tower `i` taking element `i` of
-    each group of `num_towers` consecutive elements; a last, partial group
-    ends the input, as in contrib."""
+    """`dataset_fn()`'s dataset, tower `i` taking element `i` of each group
+    of `num_towers` (a last, partial group ends the input, as in contrib)."""
     return PerDeviceDataset(self._strategy.extended._distribute_datasets_from_function(  # pylint: disable=protected-access
         lambda input_context: dataset_fn(), None, partial_steps=False))
 
@@ -137,8 +129,8 @@ class DistributionStrategy:
     return self._strategy.group(value, name)
 
   def map(self, map_over, fn, *args, **kwargs):
-    """`fn(element, *args, **kwargs)` for each element of `map_over`, element
-    `i` on tower `i % num_towers`; per tower, the list of its results."""
+    """Per tower, `fn(element, *args, **kwargs)` of the elements `i` of
+    `map_over` it runs (`i % num_towers`)."""
     results = [[] for _ in self.worker_devices]
     for i, element in enumerate(map_over):
       tower = i % len(results)
@@ -156,8 +148,7 @@ class DistributionStrategy:
 
   def run_steps_on_dataset(self, fn, iterator, iterations=1, initial_loop_values=None):
     """Runs `fn(context, *inputs)` `iterations` times on `iterator`'s
-    elements; returns the `MultiStepContext` with `run_op`,
-    `last_step_outputs` and `non_tensor_outputs`."""
+    elements; returns the `MultiStepContext`."""
     def step(context, inputs):
       return fn(context, *inputs) if isinstance(inputs, tuple) else fn(context, inputs)
     return self._strategy.extended.experimental_run_steps_on_iterator(
@@ -222,8 +213,7 @@ class OneDeviceStrategy(DistributionStrategy):
 
 
 class TPUStrategy(OneDeviceStrategy):  # pylint: disable=super-init-not-called
-  """Towers on the cores of a TPU or an emulated slice (TF 1.x contrib);
-  `run_steps_on_dataset` runs `steps_per_run` steps per host loop.
+  """Towers on the cores of a TPU or an emulated slice (TF 1.x contrib).
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> strategy = tf_distribute_lite.contrib.TPUStrategy(resolver, steps_per_run=5)
@@ -246,8 +236,7 @@ class TPUStrategy(OneDeviceStrategy):  # pylint: disable=super-init-not-called
                            doc="Steps each host loop runs.")
 
   def run_steps_on_dataset(self, fn, iterator, iterations=None, initial_loop_values=None):
-    """As `DistributionStrategy.run_steps_on_dataset`, `steps_per_run` steps
-    by default."""
+    """As `DistributionStrategy`'s, `steps_per_run` steps by default."""
     return super().run_steps_on_dataset(
         fn, iterator, self.steps_per_run if iterations is None else iterations,
         initial_loop_values)
@@ -270,9 +259,7 @@ class PerDeviceDataset:
 
 
 class TowerContext:
-  """What `get_tower_context()` gives inside `call_for_each_tower`: the
-  tower's `tower_id` (a Python int), `device`, `num_towers`,
-  `is_single_tower` and `merge_call`.
+  """What `get_tower_context()` gives inside `call_for_each_tower`.
 
   >>> strategy = tf_distribute_lite.contrib.MirroredStrategy(["/cpu:0", "/cpu:1"])
   >>> with strategy.scope():
@@ -287,8 +274,7 @@ class TowerContext:
     self.tower_id = tower_id
 
   def merge_call(self, merge_fn, *args, **kwargs):
-    """Pauses every tower, runs `merge_fn(distribution, *args, **kwargs)`
-    once with their arguments grouped, and gives each tower its part."""
+    """Runs `merge_fn(distribution, *args, **kwargs)` once for all towers."""
     def core_merge_fn(strategy, *merged_args, **merged_kwargs):
       return merge_fn(_facade(strategy), *merged_args, **merged_kwargs)
     return self._replica_context.merge_call(core_merge_fn, args=args, kwargs=kwargs)
@@ -302,14 +288,13 @@ class TowerContext:
 
   @property
   def device(self):
-    """The device this tower runs on, as a string (for the default tower,
-    the current device)."""
+    """The device this tower runs on, as a string."""
     return tf.nest.flatten(self._replica_context.devices)[0]
 
 
 def get_tower_context():
-  """The current tower's context, or None in a cross-tower context; outside
-  any strategy, the default tower context (`tower_id` 0).
+  """The current tower's context (outside any strategy, the default one), or
+  None in a cross-tower context.
 
   >>> get_tower_context().tower_id
   0
