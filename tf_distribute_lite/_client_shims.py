@@ -119,8 +119,7 @@ def _concat_in_input_order(value, strategy):
   """The replicas' batches in input order (replica r of worker w: w + r * workers)."""
   sizes = strategy.gather(strategy.run(
       lambda v: tf.shape(v, out_type=tf.int64)[:1], args=(value,)), axis=0)
-  parts = tf.split(strategy.gather(value, axis=0), sizes,
-                   num=strategy.num_replicas_in_sync)
+  parts = tf.split(strategy.gather(value, axis=0), sizes, num=strategy.num_replicas_in_sync)
   per_worker = len(strategy.extended.worker_devices)
   ordered = [part for r in range(per_worker) for part in parts[r::per_worker]]
   return tf.concat(ordered, axis=0)

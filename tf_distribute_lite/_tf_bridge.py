@@ -120,10 +120,9 @@ def _check_tensorflow():
   missing = missing_names(_REQUIRED)
   if missing or not tf.__version__.startswith("2."):
     raise ImportError(
-        f"tf_distribute_lite does not recognise the internals of TensorFlow "
-        f"{tf.__version__} (missing: {', '.join(missing) or 'TF 2.x'}); "
-        f"it needs a TensorFlow 2.x release that keeps the distribution "
-        f"strategy stack on tf.Graph.")
+        f"tf_distribute_lite does not recognise the internals of TensorFlow {tf.__version__} "
+        f"(missing: {', '.join(missing) or 'TF 2.x'}); it needs a TensorFlow 2.x release that "
+        "keeps the distribution strategy stack on tf.Graph.")
   missing = {feature: missing_names(names) for feature, (_, names) in _OPTIONAL.items()}
   return {feature: names for feature, names in missing.items() if names}
 
@@ -470,8 +469,7 @@ def tf1_saveable(variable, name, device, read, restore):
       del restored_shapes
       return restore(restored_tensors[0])
 
-  spec = saveable_object.SaveSpec(read, "", name, dtype=variable.dtype,
-                                  device=device)
+  spec = saveable_object.SaveSpec(read, "", name, dtype=variable.dtype, device=device)
   return VariableSaveable(variable, [spec], name)
 
 
@@ -597,8 +595,7 @@ def task_answers(task, timeout_seconds):
   within `timeout_seconds`."""
   _require("cluster runtime")
   try:
-    _context.context().check_collective_ops_peer_health(
-        task, max(int(timeout_seconds * 1000), 1))
+    _context.context().check_collective_ops_peer_health(task, max(int(timeout_seconds * 1000), 1))
   except (tf.errors.UnavailableError, tf.errors.FailedPreconditionError,
           tf.errors.AbortedError, tf.errors.NotFoundError):
     return False

@@ -18,8 +18,7 @@ def auto_shard(dataset, num_workers, worker_index, num_replicas_in_sync):
   [1, 4]
   """
   if not 0 <= worker_index < num_workers:
-    raise ValueError(f"`worker_index` must be in [0, {num_workers}); got "
-                     f"{worker_index}.")
+    raise ValueError(f"`worker_index` must be in [0, {num_workers}); got {worker_index}.")
   policy = dataset.options().experimental_distribute.auto_shard_policy
   if num_workers == 1 or policy == AutoShardPolicy.OFF:
     return dataset
@@ -39,15 +38,13 @@ def worker_share(dataset, num_workers, worker_index, num_replicas_in_sync):
   """
   if num_replicas_in_sync % num_workers:
     raise ValueError(
-        f"Every worker must have the same number of replicas, but "
-        f"`num_replicas_in_sync` ({num_replicas_in_sync}) is not a multiple "
-        f"of the number of workers ({num_workers}).")
+        "Every worker must have the same number of replicas, but `num_replicas_in_sync` "
+        f"({num_replicas_in_sync}) is not a multiple of the number of workers ({num_workers}).")
   replicas_per_worker = num_replicas_in_sync // num_workers
   batch_size = _static_batch_size(dataset)
 
   def rebatched():
-    return dataset.rebatch(piece_sizes(batch_size, num_workers, replicas_per_worker,
-                                       worker_index))
+    return dataset.rebatch(piece_sizes(batch_size, num_workers, replicas_per_worker, worker_index))
 
   def rebatched_at_run_time():
     """Each batch cut into `num_replicas_in_sync` pieces at run time."""
@@ -61,8 +58,7 @@ def worker_share(dataset, num_workers, worker_index, num_replicas_in_sync):
     to_variant = tf.data.experimental.to_variant
     variant = tf.cond(batch_size >= 0, lambda: to_variant(rebatched()),
                       lambda: to_variant(rebatched_at_run_time()))
-    pieces = tf.data.experimental.from_variant(
-        variant, _with_unknown_batch(dataset.element_spec))
+    pieces = tf.data.experimental.from_variant(variant, _with_unknown_batch(dataset.element_spec))
   return auto_shard(pieces.prefetch(replicas_per_worker), num_workers,
                     worker_index, num_replicas_in_sync)
 
@@ -103,8 +99,7 @@ def _static_batch_size(dataset):
           for spec in specs if isinstance(spec, tf.TensorSpec)]
   if dims and len(dims) == len(specs) and None not in dims:
     return dims[0] if all(d == dims[0] for d in dims) else -1
-  size = tf.raw_ops.ComputeBatchSize(
-      input_dataset=tf.data.experimental.to_variant(dataset))
+  size = tf.raw_ops.ComputeBatchSize(input_dataset=tf.data.experimental.to_variant(dataset))
   return int(size) if tf.executing_eagerly() else size
 
 
@@ -112,6 +107,5 @@ def _with_unknown_batch(element_spec):
   def unknown(spec):
     if not isinstance(spec, tf.TensorSpec) or not spec.shape.rank:
       return spec
-    return tf.TensorSpec(tf.TensorShape([None]).concatenate(spec.shape[1:]),
-                         spec.dtype)
+    return tf.TensorSpec(tf.TensorShape([None]).concatenate(spec.shape[1:]), spec.dtype)
   return tf.nest.map_structure(unknown, element_spec)

@@ -92,8 +92,7 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
           f"`kwargs` of ClusterCoordinator.schedule must be a dict of keyword "
           f"arguments for `fn`; got the {type(kwargs).__name__} {kwargs!r}.")
     args, kwargs = tuple(args or ()), dict(kwargs or {})
-    if any(isinstance(x, coordinator_values.RemoteValue)
-           for x in tf.nest.flatten((args, kwargs))):
+    if any(isinstance(x, coordinator_values.RemoteValue) for x in tf.nest.flatten((args, kwargs))):
       raise ValueError(
           "`tf.distribute.experimental.coordinator.RemoteValue` used as an "
           "input to scheduled function is not yet supported.")
@@ -225,8 +224,7 @@ class _Closure:
 
   def cancel(self):
     self.set_error(tf.errors.CancelledError(
-        None, None, "The corresponding function is cancelled. Please reschedule "
-        "the function."))
+        None, None, "The corresponding function is cancelled. Please reschedule the function."))
 
 
 class _Worker:

@@ -41,8 +41,7 @@ class Options(StandsFor, stands_for=tf.distribute.experimental.CommunicationOpti
           f"Argument `bytes_per_pack` must be a non-negative number, "
           f"Received {bytes_per_pack!r} of type {type(bytes_per_pack).__name__}.")
     if bytes_per_pack < 0:
-      raise ValueError(
-          f"Argument `bytes_per_pack` must be >=0, Received {bytes_per_pack}.")
+      raise ValueError(f"Argument `bytes_per_pack` must be >=0, Received {bytes_per_pack}.")
     if isinstance(implementation, str):
       try:
         implementation = CommunicationImplementation(implementation.upper())
@@ -67,8 +66,7 @@ class Options(StandsFor, stands_for=tf.distribute.experimental.CommunicationOpti
         for f in fields})
 
   def __str__(self):
-    return (f"Options(bytes_per_pack={self.bytes_per_pack},"
-            f"timeout_seconds={self.timeout_seconds}, "
+    return (f"Options(bytes_per_pack={self.bytes_per_pack},timeout_seconds={self.timeout_seconds}, "
             f"implementation={self.implementation})")
 
 
@@ -86,5 +84,4 @@ class CollectiveHints(StandsFor, stands_for=tf.distribute.experimental.Collectiv
     deprecation.warn_once(
         "CollectiveHints",
         "use `tf_distribute_lite.experimental.CommunicationOptions` instead.")
-    return CommunicationOptions(bytes_per_pack=bytes_per_pack,
-                                timeout_seconds=timeout_seconds)
+    return CommunicationOptions(bytes_per_pack=bytes_per_pack, timeout_seconds=timeout_seconds)

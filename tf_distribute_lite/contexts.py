@@ -110,8 +110,7 @@ def require_cross_replica_or_default(strategy):
 
 def raise_wrong_strategy(strategy):
   if not has_strategy():
-    raise RuntimeError(
-        f'Need to be inside "with strategy.scope()" for {strategy}')
+    raise RuntimeError(f'Need to be inside "with strategy.scope()" for {strategy}')
   raise RuntimeError(f"Mixing different tf.distribute.Strategy objects: "
                      f"{top().strategy} is not {strategy}")
 

@@ -40,8 +40,7 @@ class DistributionStrategy:
     setattr(strategy, _FACADE, self)
 
   between_graph = _extended("experimental_between_graph", "Whether each worker builds its graph.")
-  is_single_tower = property(lambda self: self.num_towers == 1,
-                             doc="Whether there is one tower.")
+  is_single_tower = property(lambda self: self.num_towers == 1, doc="Whether there is one tower.")
   num_towers = property(lambda self: self._strategy.num_replicas_in_sync,
                         doc="How many towers (replicas) run each step.")
   num_hosts = property(lambda self: getattr(self._strategy.extended, "num_hosts", 1),
@@ -84,8 +83,7 @@ class DistributionStrategy:
           f"`aggregation` must be tf.VariableAggregation.SUM, MEAN or "
           f"ONLY_FIRST_REPLICA (ONLY_FIRST_TOWER); got {aggregation!r}.")
     extended = self._strategy.extended
-    pairs = [(v, self.worker_devices if d is None else d)
-             for v, d in value_destination_pairs]
+    pairs = [(v, self.worker_devices if d is None else d) for v, d in value_destination_pairs]
     if aggregation.value == tf.VariableAggregation.ONLY_FIRST_REPLICA.value:
       return [extended.broadcast_to(self._strategy.experimental_local_results(v)[0], d)
               for v, d in pairs]
@@ -102,8 +100,7 @@ class DistributionStrategy:
     """A scope placing new variables like `colocate_with_variable`."""
     return self._strategy.extended.colocate_vars_with(colocate_with_variable)
 
-  def configure(self, session_config=None, cluster_spec=None, task_type=None,
-                task_id=None):
+  def configure(self, session_config=None, cluster_spec=None, task_type=None, task_id=None):
     """Adjusts `session_config` for this strategy."""
     self._strategy.configure(session_config, cluster_spec, task_type, task_id)
 

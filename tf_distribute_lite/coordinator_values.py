@@ -10,11 +10,10 @@ from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite.tf_classes import StandsFor
 
 _WORKER_INDEX_ERROR = (
-    "Cannot retrieve the worker index. `get_worker_idx_and_num_workers` should "
-    "be called from within a tf.function being executed on a worker. This "
-    "method should only be called from either a dataset_fn that is passed into "
-    "`ClusterCoordinator.create_per_worker_dataset`, or a tf.function that is "
-    "passed into `ClusterCoordinator.schedule`.")
+    "Cannot retrieve the worker index. `get_worker_idx_and_num_workers` should be called from "
+    "within a tf.function being executed on a worker. This method should only be called from "
+    "either a dataset_fn that is passed into `ClusterCoordinator.create_per_worker_dataset`, or a "
+    "tf.function that is passed into `ClusterCoordinator.schedule`.")
 
 _dispatch = threading.local()  # .worker_index: the worker this thread runs on
 
@@ -98,8 +97,7 @@ class RemoteValueImpl(RemoteValue):
 
   def fetch(self):
     self._wait()
-    return tf.nest.map_structure(
-        lambda v: v.numpy() if hasattr(v, "numpy") else v, self._values)
+    return tf.nest.map_structure(lambda v: v.numpy() if hasattr(v, "numpy") else v, self._values)
 
 
 class PerWorkerValues(_tf_bridge.CompositeTensor, StandsFor,

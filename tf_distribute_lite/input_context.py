@@ -30,8 +30,7 @@ class InputContext(StandsFor, stands_for=tf.distribute.InputContext):
   tf.distribute.InputContext(input pipeline id 1, total: 2)
   """
 
-  def __init__(self, num_input_pipelines=1, input_pipeline_id=0,
-               num_replicas_in_sync=1):
+  def __init__(self, num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1):
     self._num_input_pipelines = num_input_pipelines
     self._input_pipeline_id = input_pipeline_id
     self._num_replicas_in_sync = num_replicas_in_sync
@@ -101,11 +100,9 @@ def check_function_options(options):
     return
   if not is_per_replica(options):
     raise ValueError(
-        "When `experimental_place_dataset_on_device` is set for dataset "
-        "placement, you must also specify `PER_REPLICA` for the replication "
-        "mode")
+        "When `experimental_place_dataset_on_device` is set for dataset placement, you must also "
+        "specify `PER_REPLICA` for the replication mode")
   if options.experimental_fetch_to_device:
     raise ValueError(
         "`experimental_place_dataset_on_device` can not be set to True when "
-        "experimental_fetch_to_device is True and replication mode is set to "
-        "`PER_REPLICA`")
+        "experimental_fetch_to_device is True and replication mode is set to `PER_REPLICA`")

@@ -122,8 +122,7 @@ def _checked_shape(shape, axis, whole_shape_known):
   if shape[axis] is None or (whole_shape_known and not shape.is_fully_defined()):
     needed = "fully defined" if whole_shape_known else f"known along axis {axis}"
     raise ValueError(
-        f"Cannot partition a variable whose shape is not {needed}. "
-        f"Received: shape={shape}")
+        f"Cannot partition a variable whose shape is not {needed}. Received: shape={shape}")
   return shape, axis
 
 
@@ -145,8 +144,7 @@ def _positive_number(name, value):
         f"Argument `{name}` must be a positive number. "
         f"Received: {name}={value!r} of type {type(value).__name__}")
   if value < 1:
-    raise ValueError(
-        f"Argument `{name}` must be positive. Received: {name}={value!r}")
+    raise ValueError(f"Argument `{name}` must be positive. Received: {name}={value!r}")
   return value
 
 

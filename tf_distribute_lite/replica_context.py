@@ -124,8 +124,7 @@ class ReplicaContextBase(StandsFor):
             else v for v in flat]
 
     def batch_all_reduce(strategy, *per_replica):
-      return strategy.extended.batch_reduce_to(
-          reduce_op, [(v, v) for v in per_replica], options)
+      return strategy.extended.batch_reduce_to(reduce_op, [(v, v) for v in per_replica], options)
     reduced = self.merge_call(batch_all_reduce, args=flat)
     if not any(isinstance(v, tf.IndexedSlices) for v in flat):
       reduced = _collective_results(
@@ -169,11 +168,9 @@ class ReplicaContext(ReplicaContextBase, stands_for=tf.distribute.ReplicaContext
     """Per `x` in `xs`, its slice of the summed gradients `dys` (shared: `dy`)."""
     gathered = [i for i, is_shared in enumerate(shared) if not is_shared]
     summed = self.all_reduce(ReduceOp.SUM, [dys[i] for i in gathered], options)
-    sizes = self.all_gather([tf.shape(xs[i])[axis:][:1] for i in gathered],
-                            axis=0, options=options)
+    sizes = self.all_gather([tf.shape(xs[i])[axis:][:1] for i in gathered], axis=0, options=options)
     gradients = list(dys)
     for i, dy, size in zip(gathered, summed, sizes):
       begin = tf.reduce_sum(size[:self._replica_id])
-      gradients[i] = tf.gather(dy, tf.range(begin, begin + size[self._replica_id]),
-                               axis=axis)
+      gradients[i] = tf.gather(dy, tf.range(begin, begin + size[self._replica_id]), axis=axis)
     return gradients

@@ -224,8 +224,7 @@ class ReplicaRunner:
       # Noted once (a thread's error passes through replica 0 too).
       if not any(error is e for e in self._named_errors):
         self._named_errors.append(error)
-        _tf_bridge.add_error_note(
-            error, f"(raised by replica {replica_id} of {self.num_replicas})")
+        _tf_bridge.add_error_note(error, f"(raised by replica {replica_id} of {self.num_replicas})")
       raise
     finally:
       self._running.replica_id = None
@@ -249,10 +248,9 @@ class ReplicaRunner:
     taken = self._taken_variables[replica_id][name]
     if taken >= len(self._created_variables[name]):
       raise self._error(
-          f"Tried to create variable {kwargs.get('name')} with mismatching "
-          f"name on device {replica_id}: replica {replica_id} created a "
-          f"variable that replica 0 did not; every replica must create the "
-          f"same variables, with the same names.")
+          f"Tried to create variable {kwargs.get('name')} with mismatching name on device "
+          f"{replica_id}: replica {replica_id} created a variable that replica 0 did not; every "
+          "replica must create the same variables, with the same names.")
     self._taken_variables[replica_id][name] = taken + 1
     return self._created_variables[name][taken]
 
@@ -270,8 +268,7 @@ class ReplicaRunner:
       if not self._state.eager:
         # Each thread gets its own device and control stacks, from this one's.
         self._state.graph.switch_to_thread_local()
-      self._threads = [_ReplicaThread(self, i, self._state)
-                       for i in range(1, self.num_replicas)]
+      self._threads = [_ReplicaThread(self, i, self._state) for i in range(1, self.num_replicas)]
       for thread in self._threads:
         thread.start()
     requests = [(args, kwargs, graph)]
@@ -323,10 +320,9 @@ class ReplicaRunner:
         graph = graph.outer_graph
         continue
       raise self._error(
-          f"{_NEW_GRAPH}replica {replica_id} reaches a synchronization point (such as "
-          f"all_reduce or optimizer.apply_gradients) inside {inside}, which each replica "
-          f"traces on its own, so the replicas cannot meet there. Move the "
-          f"synchronization out of it, or {fix}.")
+          f"{_NEW_GRAPH}replica {replica_id} reaches a synchronization point (such as all_reduce "
+          f"or optimizer.apply_gradients) inside {inside}, which each replica traces on its own, "
+          f"so the replicas cannot meet there. Move the synchronization out of it, or {fix}.")
 
   def _check_readable(self, requests, graph):
     """Raises TensorFlow's RuntimeError where a replica hands `merge_call` a
@@ -342,10 +338,9 @@ class ReplicaRunner:
           self._abort()
           raise self._error(
               f"{_NEW_GRAPH}replica {replica_id} passes it {tensor.name} of graph "
-              f"{tensor.graph.name}, a tf.cond branch of its own, which other replicas "
-              f"cannot read. Move the synchronization (all_reduce, "
-              f"optimizer.apply_gradients) out of the branch, or the control flow out "
-              f"of the function passed to strategy.run.")
+              f"{tensor.graph.name}, a tf.cond branch of its own, which other replicas cannot "
+              "read. Move the synchronization (all_reduce, optimizer.apply_gradients) out of the "
+              "branch, or the control flow out of the function passed to strategy.run.")
 
   def _check_branch_conditions(self, complete=True, cause=None):
     """Raises TensorFlow's RuntimeError where replicas called `merge_call` in

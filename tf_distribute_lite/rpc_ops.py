@@ -105,8 +105,7 @@ class GrpcServer(Server):
 
   def register(self, method_name, func):
     concrete = _concrete_function(func)
-    output_specs = tf.nest.map_structure(tf.type_spec_from_value,
-                                         concrete.structured_outputs)
+    output_specs = tf.nest.map_structure(tf.type_spec_from_value, concrete.structured_outputs)
     _tf_bridge.rpc_kernels().rpc_server_register(
         self._resource.handle, method_name=_checked_string("method_name", method_name),
         captured_inputs=concrete.captured_inputs, f=concrete,
@@ -136,8 +135,7 @@ class GrpcClient(Client):
       method = _tf_bridge.parse_registered_method(serialized)
       output_specs = _tf_bridge.decode_specs(method.output_specs)
       self._output_specs[method.method] = output_specs
-      self._add_method(method.method, output_specs,
-                       _tf_bridge.decode_specs(method.input_specs))
+      self._add_method(method.method, output_specs, _tf_bridge.decode_specs(method.input_specs))
 
   def _add_method(self, method_name, output_specs, input_specs):
     """Adds `NAME` and `NAME_blocking`, which hold the resource, not `self`."""
@@ -255,8 +253,7 @@ def _concrete_function(func):
           f"with arguments is registered with an input_signature; received: "
           f"{func.python_function.__name__}{inspect.signature(func.python_function)}.")
     return func.get_concrete_function()
-  raise ValueError(f"func must be a tf.function or a concrete function; "
-                   f"received: {func!r}")
+  raise ValueError(f"func must be a tf.function or a concrete function; received: {func!r}")
 
 
 def _check_rpc_layer(rpc_layer):

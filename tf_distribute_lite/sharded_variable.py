@@ -37,10 +37,9 @@ def shard_arguments(kwargs, partitioner):
   initial_value, shape, dtype = (kwargs.get(key) for key in ("initial_value", "shape", "dtype"))
   if initial_value is None:
     raise ValueError(
-        "It looks like you are using `ParameterServerStrategy` with a "
-        "`variable_partitioner`, and trying to create a variable without "
-        "specifying `initial_value`. This is not allowed. Please specify the "
-        "`initial_value`.")
+        "It looks like you are using `ParameterServerStrategy` with a `variable_partitioner`, and "
+        "trying to create a variable without specifying `initial_value`. This is not allowed. "
+        "Please specify the `initial_value`.")
   if callable(initial_value) and (shape is None or dtype is None):
     initial_value = initial_value()
   if callable(initial_value):
@@ -51,8 +50,7 @@ def shard_arguments(kwargs, partitioner):
   if shape.rank == 0:
     return None
   partitions = partitioner(shape=shape, dtype=dtype)
-  if (not partitions or partitions[0] == 0 or
-      any(p != 1 for p in list(partitions)[1:])):
+  if not partitions or partitions[0] == 0 or any(p != 1 for p in list(partitions)[1:]):
     raise ValueError(
         f"variable_partitioner must return a list/tuple whose elements are 1 "
         f"besides the first element (non-zero), got: {partitions!r}")
@@ -286,8 +284,7 @@ def _as_tensor(var, dtype=None, name=None, as_ref=False):
     raise ValueError(f"Incompatible type conversion requested to type "
                      f"{dtype.name!r} for variable of type {var.dtype.name!r}")
   if as_ref:
-    raise NotImplementedError(
-        "ShardedVariable doesn't support being used as a reference.")
+    raise NotImplementedError("ShardedVariable doesn't support being used as a reference.")
   return var.read_value()
 
 

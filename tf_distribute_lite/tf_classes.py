@@ -67,8 +67,7 @@ def reported_class(cls):
   >>> issubclass(reported, tfd.MirroredStrategy), issubclass(reported, tf.distribute.Strategy)
   (True, True)
   """
-  missing = tuple(c for c in getattr(cls, "_tensorflow_classes", ())
-                  if not issubclass(cls, c))
+  missing = tuple(c for c in getattr(cls, "_tensorflow_classes", ()) if not issubclass(cls, c))
   if not missing:
     return cls
   covering = tuple(c for c in missing if issubclass(c, cls))

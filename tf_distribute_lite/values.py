@@ -58,8 +58,7 @@ class DistributedValues(tf.distribute.DistributedValues):
     return self._primary
 
   def _debug_string(self, format_value):
-    lines = ",\n".join(f"  {i}: {format_value(v)}"
-                       for i, v in enumerate(self._values))
+    lines = ",\n".join(f"  {i}: {format_value(v)}" for i, v in enumerate(self._values))
     return f"{type(self).__name__}:{{\n{lines}\n}}"
 
   def __str__(self):
@@ -77,9 +76,8 @@ def _component_specs(value):
     except TypeError:
       raise TypeError(
           f"{type(value).__name__} component {i} is {component!r} of type "
-          f"{type(component).__name__}, not a tensor: a value passed into or "
-          f"returned from a tf.function (e.g. the result of strategy.run) "
-          f"must be a nest of tensors.") from None
+          f"{type(component).__name__}, not a tensor: a value passed into or returned from a "
+          "tf.function (e.g. the result of strategy.run) must be a nest of tensors.") from None
   return specs
 
 
