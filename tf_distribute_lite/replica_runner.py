@@ -1,9 +1,6 @@
-"""Runs a function once per replica, pausing every replica at `merge_call`.
-
-Replicas run in turn on the calling thread until replica 0 first calls
-`merge_call`; then the others start on threads of their own and all advance
-in lockstep, in replica order, so the ops they build come out in order.
-"""
+"""Runs a function once per replica: in turn on the calling thread until
+replica 0 first calls `merge_call`, then the others on threads of their own,
+all advancing in lockstep, in replica order (so ops come out in order)."""
 
 import collections
 import contextlib
@@ -118,9 +115,8 @@ def conversion_guard():
 
 
 def _input_barrier(replica_inputs):
-  """In a `tf.function`, `[op]` waiting for every replica's input tensors:
-  the step's ops wait for it, so an input failing (end of data) updates no
-  variable half-way. A TF 1.x graph has none (a fetch must not pull input)."""
+  """In a `tf.function`, `[op]` waiting for every replica's input, so that an
+  input failing (end of data) updates no variable half-way; none in TF 1.x."""
   if not _tf_bridge.is_function_graph(tf.compat.v1.get_default_graph()):
     return []
   tensors = _tensors(replica_inputs)
@@ -133,7 +129,6 @@ def _tensors(value):
 
 
 def _symbolic_tensors(value):
-  """The graph tensors in the nest `value`, composites' components too."""
   return [t for t in _tensors(value) if tf.is_symbolic_tensor(t)]
 
 
@@ -304,8 +299,7 @@ class ReplicaRunner:
 
   def _check_where_replicas_meet(self, replica_id, graph):
     """Raises TensorFlow's RuntimeError for a `merge_call` in a graph each
-    replica traces alone (a nested `tf.function`, a `tf.while_loop` body);
-    `tf.cond` branches are left to `_check_branch_conditions`."""
+    replica traces alone (a nested `tf.function`, a `tf.while_loop` body)."""
     while graph is not self._state.graph and _tf_bridge.is_function_graph(graph):
       kind = _tf_bridge.control_flow_kind(graph)
       if kind == "while":
@@ -343,9 +337,8 @@ class ReplicaRunner:
               "branch, or the control flow out of the function passed to strategy.run.")
 
   def _check_branch_conditions(self, complete=True, cause=None):
-    """Raises TensorFlow's RuntimeError where replicas called `merge_call` in
-    a `tf.cond` branch whose condition depends on the replica. Unless
-    `complete`, branches whose `tf.cond` is not built yet are passed over."""
+    """Raises TensorFlow's RuntimeError for a `merge_call` in a `tf.cond` branch
+    whose condition depends on the replica (unless `complete`: if built)."""
     for call, graphs in self._merges_in_branches:
       for replica_id, graph in enumerate(graphs):
         while graph is not self._state.graph:
@@ -363,9 +356,8 @@ class ReplicaRunner:
           graph = graph.outer_graph
 
   def _depends_on_the_replica(self, tensor, replica_id):
-    """Whether `tensor` may differ between replicas: computed, not through a
-    merge, from the replica id, the replica's own input or a sync-on-read
-    variable's component."""
+    """Whether `tensor` may differ between replicas: computed, not through a merge,
+    from the replica id, its own input or a sync-on-read variable."""
     others = {t.ref() for i, inputs in enumerate(self._inputs) if i != replica_id
               for t in _tensors(inputs)}
     own = {t.ref() for t in _tensors(self._inputs[replica_id])} - others

@@ -32,7 +32,6 @@ class DistributedValues(tf.distribute.DistributedValues):
     return contexts.current_replica_id()
 
   def _get(self):
-    """The current replica's component, or the cross-replica value."""
     replica_id = self._current_replica_id()
     return self._get_cross_replica() if replica_id is None else self._values[replica_id]
 
@@ -200,8 +199,7 @@ def is_distributed_variable(value):
 
 def select_replica(replica_id, structure):
   """`structure` as replica `replica_id` sees it, in fresh containers (as in
-  TensorFlow): split values replaced by their component. Plain containers
-  are walked here, ten times faster than `tf.nest`.
+  TensorFlow); plain containers walked here, ten times faster than `tf.nest`.
 
   >>> select_replica(1, {"x": PerReplica([1, 2]), "y": 3})
   {'x': 2, 'y': 3}
@@ -216,8 +214,7 @@ def select_replica(replica_id, structure):
   if isinstance(structure, _LEAVES) or not tf.nest.is_nested(structure):
     return structure
   return tf.nest.map_structure(
-      lambda leaf: leaf.values[replica_id] if is_split(leaf) else leaf,
-      structure)
+      lambda leaf: leaf.values[replica_id] if is_split(leaf) else leaf, structure)
 
 
 _LEAVES = (tf.Tensor, tf.Variable, int, float, str, bool, type(None))
@@ -240,14 +237,7 @@ def is_split(value):
 
 def regroup(per_replica_results, wrap_class=PerReplica, always_wrap=False):
   """One nest of distributed values from a list of per-replica nests; an
-  object every replica returned stays one, a variable's components become it.
-
-  >>> regroup([(1, "a"), (2, "a")])
-  (PerReplica:{
-    0: 1,
-    1: 2
-  }, 'a')
-  """
+  object every replica returned stays one, a variable's components become it."""
   return _regroup(per_replica_results, wrap_class, always_wrap, "")
 
 
@@ -274,8 +264,7 @@ def _regroup(per_replica_results, wrap_class, always_wrap, path):
 
 
 def _check_same_structure(results, path):
-  """Raises `ValueError` where the replicas' nests differ at this level
-  (TensorFlow 2.21 raises an `AssertionError` or an unrelated error)."""
+  """Raises `ValueError` where the replicas' nests differ (TF 2.21: unclear errors)."""
   shape = _level(results[0])
   for i, r in enumerate(results[1:], 1):
     if _level(r) != shape:
@@ -287,7 +276,6 @@ def _check_same_structure(results, path):
 
 
 def _level(value):
-  """What must match between replicas at one level of a nest."""
   if isinstance(value, dict):
     return frozenset(value)
   return len(value) if isinstance(value, (list, tuple)) else None
@@ -317,8 +305,7 @@ def distributed_container(value):
 
 
 def local_results(value, num_replicas):
-  """The per-replica components of `value` as a tuple: a distributed value's
-  components, a nest as each replica sees it, or else `(value,)`."""
+  """The per-replica components of `value` as a tuple (else `(value,)`)."""
   if isinstance(value, tf.distribute.DistributedValues):
     return value.values
   if tf.nest.is_nested(value):
