@@ -65,8 +65,7 @@ def _has_client_names(feature, names):
 
 
 def install():
-  """Hooks the scope entries; gives tfd's distributed datasets the base
-  Keras 3's `is_tf_dataset` looks for."""
+  """Hooks scope entries; gives distributed datasets the base Keras 3 looks for."""
   distribute_lib.set_scope_entry_hook(_on_scope_entry)
   if (_keras_major_version() or 0) >= 3:
     input_lib.DistributedDataset.__bases__ += (type("DistributedDataset", (), {

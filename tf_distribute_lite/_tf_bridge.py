@@ -81,8 +81,7 @@ _OPTIONAL = {
 
 
 def _names_in_code(member, name):
-  """Whether function (or property) `member`'s code names `name` (or has it
-  as a string constant)."""
+  """Whether function (or property) `member`'s code names or quotes `name`."""
   function = getattr(member, "fget", member)
   code = getattr(getattr(function, "__wrapped__", function), "__code__", None)
   return code is not None and (name in code.co_names or name in code.co_consts)
@@ -115,8 +114,7 @@ def missing_names(names):
 
 
 def _check_tensorflow():
-  """Raises ImportError unless every required name is there; returns
-  {optional feature: its missing names}."""
+  """Checks `_REQUIRED` (or raises ImportError); {optional feature: missing names}."""
   missing = missing_names(_REQUIRED)
   if missing or not tf.__version__.startswith("2."):
     raise ImportError(
@@ -189,8 +187,7 @@ def mark_function_unsaveable(reason):
 
 
 def register_type_spec(name):
-  """A class decorator registering a `tf.TypeSpec` subclass under `name`
-  for SavedModels."""
+  """A class decorator registering a `tf.TypeSpec` under `name` for SavedModels."""
   from tensorflow.python.framework import type_spec_registry  # pylint: disable=g-import-not-at-top
   return type_spec_registry.register(name)
 
@@ -458,8 +455,7 @@ def variable_of_handle(handle, like):
 
 
 def tf1_saveable(variable, name, device, read, restore):
-  """What `tf.compat.v1.train.Saver` saves for `variable`: `read()` under
-  `name`, restored by `restore(tensor)`."""
+  """What a TF 1.x `Saver` saves for `variable`: `read()`, restored by `restore`."""
   _require("saveable objects")
   from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-import-not-at-top
 
@@ -572,8 +568,7 @@ def worker_executor():
 # --- The coordination service of a cluster's runtime.
 
 def coordination_set(key, value):
-  """Stores string `value` under `key` in the coordination service (a
-  second set: `AlreadyExistsError`)."""
+  """Stores `value` under `key` in the coordination service (once per key)."""
   _require("cluster runtime")
   _context.context().set_config_key_value(key, value)
 
@@ -591,8 +586,7 @@ def report_error_to_cluster(error):
 
 
 def task_answers(task, timeout_seconds):
-  """Whether `task` ("/job:worker/replica:0/task:1") answers the runtime
-  within `timeout_seconds`."""
+  """Whether `task` ("/job:worker/replica:0/task:1") answers within the timeout."""
   _require("cluster runtime")
   try:
     _context.context().check_collective_ops_peer_health(task, max(int(timeout_seconds * 1000), 1))

@@ -186,8 +186,7 @@ def _spec_for_tracing(value):
 
 
 class _Closure:
-  """A scheduled call and its `RemoteValue`, held weakly (unheld outputs are
-  not copied to the coordinator)."""
+  """A scheduled call and its `RemoteValue`, held weakly (unheld: not copied)."""
 
   def __init__(self, function, args, kwargs, remote_value):
     self.function, self.args, self.kwargs = function, args, kwargs
@@ -346,8 +345,7 @@ class _ClosureQueue:
     with self._condition:
       self._running -= 1
       closure.set_error(error)
-      if self._error is None:
-        self._error = error
+      self._error = self._error or error
       while self._pending:
         self._pending.popleft().cancel()
       self._condition.notify_all()

@@ -56,8 +56,7 @@ def top():
 
 
 class DefaultStrategy:
-  """Base of the default strategy's class: where it is current,
-  `has_strategy()` is False."""
+  """Base of the default strategy's class (`has_strategy()` is False for it)."""
 
 
 def is_current(strategy):
@@ -89,8 +88,7 @@ def in_cross_replica_context():
 
 
 def enclosing_replica_context():
-  """The innermost replica context on the stack (inside its `merge_call`
-  too), or None."""
+  """The innermost replica context on the stack (also in `merge_call`), or None."""
   for entry in reversed(_tf_bridge.strategy_stack()):
     if entry.replica_context is not None:
       return entry.replica_context

@@ -72,8 +72,7 @@ class DistributionStrategy:
     return self._strategy.extended.call_for_each_replica(fn, args, kwargs)
 
   def reduce(self, aggregation, value, destinations=None):
-    """Combines the towers' `value` by `aggregation` (SUM, MEAN or
-    ONLY_FIRST_TOWER) onto `destinations`."""
+    """Combines the towers' `value` by `aggregation` onto `destinations`."""
     return self.batch_reduce(aggregation, [(value, destinations)])[0]
 
   def batch_reduce(self, aggregation, value_destination_pairs):
@@ -126,8 +125,7 @@ class DistributionStrategy:
     return self._strategy.group(value, name)
 
   def map(self, map_over, fn, *args, **kwargs):
-    """Per tower, `fn(element, *args, **kwargs)` of the elements `i` of
-    `map_over` it runs (`i % num_towers`)."""
+    """Per tower, `fn(element, *args, **kwargs)` of its elements of `map_over`."""
     results = [[] for _ in self.worker_devices]
     for i, element in enumerate(map_over):
       tower = i % len(results)
@@ -144,8 +142,7 @@ class DistributionStrategy:
     return self._strategy.extended.read_var(tower_local_var)
 
   def run_steps_on_dataset(self, fn, iterator, iterations=1, initial_loop_values=None):
-    """Runs `fn(context, *inputs)` `iterations` times on `iterator`'s
-    elements; returns the `MultiStepContext`."""
+    """Runs `fn(context, *inputs)` `iterations` times; the `MultiStepContext`."""
     def step(context, inputs):
       return fn(context, *inputs) if isinstance(inputs, tuple) else fn(context, inputs)
     return self._strategy.extended.experimental_run_steps_on_iterator(

@@ -23,11 +23,8 @@ import functools
 
 
 class StandsFor:
-  """Base of the tfd classes that stand for public TensorFlow classes.
-
-  `class X(..., stands_for=tf.X)` (a class or a tuple of classes) declares
-  them; `covers_parent=True`, that the parent's instances are X's too.
-  """
+  """Base of the tfd classes that stand for public TensorFlow classes:
+  `stands_for` (a class or tuple); `covers_parent`: the parent's instances too."""
 
   _tensorflow_classes = ()
 
