@@ -102,11 +102,7 @@ class RemoteValueImpl(RemoteValue):
 
 class PerWorkerValues(_tf_bridge.CompositeTensor, StandsFor,
                       stands_for=tf.distribute.coordinator.PerWorkerValue):
-  """One value per worker: a scheduled function gets its worker's value.
-
-  >>> PerWorkerValues((1, 2))._values
-  (1, 2)
-  """
+  """One value per worker: a scheduled function gets its worker's value."""
 
   def __init__(self, values):
     self._values = tuple(values)

@@ -72,10 +72,7 @@ class Client(StandsFor, stands_for=tf.distribute.experimental.rpc.Client):
   >>> server.register("stats", stats)
   >>> server.start()
   >>> client = Client.create("grpc", address, timeout_in_ms=10000)
-  >>> result = client.stats(tf.constant([1.0, 4.0]))
-  >>> bool(result.is_ok())
-  True
-  >>> result.get_value()["max"]
+  >>> client.stats(tf.constant([1.0, 4.0])).get_value()["max"]
   <tf.Tensor: shape=(), dtype=float32, numpy=4.0>
   """
 

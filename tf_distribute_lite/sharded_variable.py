@@ -100,9 +100,6 @@ class ShardedVariable(distributed_variables.SavedAsOneVariable, _tf_bridge.Track
   [1.0, 2.0, 3.0]
   >>> tf.nn.embedding_lookup(v, [2, 0]).numpy().ravel().tolist()
   [3.0, 1.0]
-  >>> _ = v.assign_add(tf.ones([3, 1]))
-  >>> (v * 2.0).numpy().ravel().tolist()
-  [4.0, 6.0, 8.0]
   """
 
   def __init__(self, variables, name="ShardedVariable"):

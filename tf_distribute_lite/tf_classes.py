@@ -56,14 +56,7 @@ def _new(cls, *args):
 @functools.lru_cache(maxsize=None)
 def reported_class(cls):
   """What instances of `cls` give as `__class__`: `cls`, or a subclass of it
-  (or its covering subclasses) and of the TensorFlow classes it stands for.
-
-  >>> import tensorflow as tf
-  >>> import tf_distribute_lite as tfd
-  >>> reported = reported_class(tfd.MirroredStrategy)
-  >>> issubclass(reported, tfd.MirroredStrategy), issubclass(reported, tf.distribute.Strategy)
-  (True, True)
-  """
+  (or its covering subclasses) and of the TensorFlow classes it stands for."""
   missing = tuple(c for c in getattr(cls, "_tensorflow_classes", ()) if not issubclass(cls, c))
   if not missing:
     return cls
