@@ -206,8 +206,7 @@ class ReplicaRunner:
           tf.control_dependencies(self._input_barrier):
         if replica_id == 0:
           return self._fn(*args, **kwargs)
-        # `get_variable` reuses replica 0's; in a graph, one name scope per
-        # replica shared by every `run`, as in TensorFlow.
+        # As in TensorFlow: replica 0's `get_variable`s, a name scope per replica.
         name_scope = contextlib.nullcontext()
         if not tf.executing_eagerly():
           outer = tf.compat.v1.get_default_graph().get_name_scope()
@@ -282,8 +281,7 @@ class ReplicaRunner:
     all_args, all_kwargs, graphs = zip(*requests)
     merged_args = values_lib.regroup(list(all_args))
     merged_kwargs = values_lib.regroup(list(all_kwargs))
-    # After what every replica's `tf.control_dependencies` wait for, as in
-    # TensorFlow (a tf_keras metric's result after each replica's update).
+    # After what every replica's `tf.control_dependencies` wait for, as in TF.
     with self._aborting_on_error(named=True), \
         contexts.Entered(contexts.ContextEntry.cross_replica(self._strategy)), \
         tf.device(None), tf.control_dependencies(_in_graph(control_inputs, graph)):

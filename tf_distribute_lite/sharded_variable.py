@@ -125,8 +125,6 @@ class ShardedVariable(distributed_variables.SavedAsOneVariable, _tf_bridge.Track
       _tf_bridge.set_sharded_container(v, self)
     self._saving_variable = None  # the whole variable a SavedModel stores
 
-  # --- What it is.
-
   @property
   def variables(self):
     """The shards in order (while a SavedModel is written: the whole one)."""
@@ -161,8 +159,6 @@ class ShardedVariable(distributed_variables.SavedAsOneVariable, _tf_bridge.Track
   def __repr__(self):
     return (f"<{type(self).__name__} '{self._name}' shape={self._shape} "
             f"dtype={self._dtype.name} shards={[v.shape[0] for v in self._variables]}>")
-
-  # --- Reads.
 
   def read_value(self):
     """The whole value: the shards concatenated."""
