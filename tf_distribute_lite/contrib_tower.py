@@ -41,12 +41,10 @@ class DistributionStrategy:
 
   between_graph = _extended("experimental_between_graph", "Whether each worker builds its graph.")
   is_single_tower = property(lambda self: self.num_towers == 1, doc="Whether there is one tower.")
-  num_towers = property(lambda self: self._strategy.num_replicas_in_sync,
-                        doc="How many towers (replicas) run each step.")
+  num_towers = property(lambda self: self._strategy.num_replicas_in_sync, doc="Towers per step.")
   num_hosts = property(lambda self: getattr(self._strategy.extended, "num_hosts", 1),
                        doc="Hosts the towers run on.")
-  num_towers_per_host = property(lambda self: self.num_towers // self.num_hosts,
-                                 doc="Towers on each host.")
+  num_towers_per_host = property(lambda self: self.num_towers // self.num_hosts, doc="Per host.")
   parameter_devices = _extended("parameter_devices", "The devices variables are placed on.")
   worker_devices = _extended("worker_devices", "The devices towers run on.")
 
@@ -226,8 +224,7 @@ class TPUStrategy(OneDeviceStrategy):  # pylint: disable=super-init-not-called
     DistributionStrategy.__init__(self, tpu_strategy.TPUStrategyV1(
         tpu_cluster_resolver, steps_per_run, device_assignment))
 
-  steps_per_run = property(lambda self: self._strategy.steps_per_run,
-                           doc="Steps each host loop runs.")
+  steps_per_run = property(lambda self: self._strategy.steps_per_run, doc="Steps per loop.")
 
   def run_steps_on_dataset(self, fn, iterator, iterations=None, initial_loop_values=None):
     """As `DistributionStrategy`'s, `steps_per_run` steps by default."""
@@ -275,10 +272,8 @@ class TowerContext:
 
   distribution_strategy = property(lambda self: _facade(self._replica_context.strategy),
                                    doc="The contrib strategy the tower belongs to.")
-  num_towers = property(lambda self: self._replica_context.num_replicas_in_sync,
-                        doc="How many towers run each step.")
-  is_single_tower = property(lambda self: self.num_towers == 1,
-                             doc="Whether this is the only tower.")
+  num_towers = property(lambda self: self._replica_context.num_replicas_in_sync, doc="Towers.")
+  is_single_tower = property(lambda self: self.num_towers == 1, doc="Whether it is the only one.")
 
   @property
   def device(self):

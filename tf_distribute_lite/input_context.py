@@ -35,12 +35,9 @@ class InputContext(StandsFor, stands_for=tf.distribute.InputContext):
     self._input_pipeline_id = input_pipeline_id
     self._num_replicas_in_sync = num_replicas_in_sync
 
-  num_input_pipelines = property(lambda self: self._num_input_pipelines,
-                                 doc="How many input pipelines there are.")
-  input_pipeline_id = property(lambda self: self._input_pipeline_id,
-                               doc="This pipeline's index, from 0.")
-  num_replicas_in_sync = property(lambda self: self._num_replicas_in_sync,
-                                  doc="How many replicas are in sync.")
+  num_input_pipelines = property(lambda self: self._num_input_pipelines, doc="Pipelines.")
+  input_pipeline_id = property(lambda self: self._input_pipeline_id, doc="This one's, from 0.")
+  num_replicas_in_sync = property(lambda self: self._num_replicas_in_sync, doc="Replicas.")
 
   def get_per_replica_batch_size(self, global_batch_size):
     """`global_batch_size` divided (evenly, else `ValueError`) by the replicas."""
