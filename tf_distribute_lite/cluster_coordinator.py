@@ -70,10 +70,7 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
       worker.start()
     return self
 
-  @property
-  def strategy(self):
-    """The strategy whose cluster runs the functions."""
-    return self._strategy
+  strategy = property(lambda self: self._strategy, doc="The strategy whose cluster runs them.")
 
   def schedule(self, fn, args=None, kwargs=None):
     """Queues `fn(*args, **kwargs)` for the next idle worker; its `RemoteValue`."""

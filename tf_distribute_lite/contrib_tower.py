@@ -275,10 +275,8 @@ class TowerContext:
   num_towers = property(lambda self: self._replica_context.num_replicas_in_sync, doc="Towers.")
   is_single_tower = property(lambda self: self.num_towers == 1, doc="Whether it is the only one.")
 
-  @property
-  def device(self):
-    """The device this tower runs on, as a string."""
-    return tf.nest.flatten(self._replica_context.devices)[0]
+  device = property(lambda self: tf.nest.flatten(self._replica_context.devices)[0],
+                    doc="The device this tower runs on, as a string.")
 
 
 def get_tower_context():

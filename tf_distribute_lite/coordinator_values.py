@@ -107,9 +107,7 @@ class PerWorkerValues(_tf_bridge.CompositeTensor, StandsFor,
   def __init__(self, values):
     self._values = tuple(values)
 
-  @property
-  def _type_spec(self):
-    return PerWorkerValuesSpec(self._values, type(self))
+  _type_spec = property(lambda self: PerWorkerValuesSpec(self._values, type(self)))
 
   def _value_on(self, worker_index):
     value = self._values[worker_index]

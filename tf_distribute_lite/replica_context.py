@@ -58,15 +58,9 @@ class ReplicaContextBase(StandsFor):
     """Whether `tf.summary` records here: in replica 0 only, as in TF."""
     return tf.equal(self.replica_id_in_sync_group, 0)
 
-  @property
-  def strategy(self):
-    """The strategy this replica belongs to."""
-    return self._strategy
-
-  @property
-  def num_replicas_in_sync(self):
-    """How many replicas take part in each synchronous step."""
-    return self._strategy.num_replicas_in_sync
+  strategy = property(lambda self: self._strategy, doc="The strategy of this replica.")
+  num_replicas_in_sync = property(lambda self: self._strategy.num_replicas_in_sync,
+                                  doc="How many replicas take part in each step.")
 
   @property
   def replica_id_in_sync_group(self):

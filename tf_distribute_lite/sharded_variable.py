@@ -149,9 +149,7 @@ class ShardedVariable(distributed_variables.SavedAsOneVariable, _tf_bridge.Track
   def _unique_id(self):
     return _tf_bridge.variable_key(self._variables[0], "_unique_id").replace("part_0", "sharded")
 
-  @property
-  def _distribute_strategy(self):
-    return _tf_bridge.variable_strategy(self._variables[0])
+  _distribute_strategy = property(lambda self: _tf_bridge.variable_strategy(self._variables[0]))
 
   def _should_act_as_resource_variable(self):
     return True

@@ -91,9 +91,7 @@ class PerReplica(DistributedValues, tf.types.experimental.distributed.PerReplica
   }
   """
 
-  @property
-  def _type_spec(self):
-    return PerReplicaSpec(*_component_specs(self))
+  _type_spec = property(lambda self: PerReplicaSpec(*_component_specs(self)))
 
   def __tf_tensor__(self, dtype=None, name=None):
     if contexts.in_cross_replica_context() or not contexts.has_strategy():
