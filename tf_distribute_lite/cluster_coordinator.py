@@ -52,9 +52,6 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
       strategy._coordinator = coordinator._start(strategy)  # pylint: disable=protected-access
     return strategy._coordinator  # pylint: disable=protected-access
 
-  def __init__(self, strategy):  # pylint: disable=super-init-not-called
-    del strategy  # set up once, in __new__
-
   def _start(self, strategy):
     self._strategy = strategy
     cluster_spec = strategy.extended._cluster_spec  # pylint: disable=protected-access

@@ -51,15 +51,8 @@ def experimental_get_current_worker_index():
 
 
 class RemoteValue(tf.distribute.experimental.coordinator.RemoteValue):
-  """The value of a function scheduled on a worker (TensorFlow's to tf_keras)."""
-
-  def fetch(self):
-    """Waits for the value; NumPy arrays in the function's output structure."""
-    raise NotImplementedError("Must be implemented in subclasses.")
-
-  def get(self):
-    """Waits for the value; tensors in the function's output structure."""
-    raise NotImplementedError("Must be implemented in subclasses.")
+  """The value of a function scheduled on a worker (TensorFlow's to tf_keras);
+  `fetch` and `get` are abstract."""
 
 
 class RemoteValueImpl(RemoteValue):
