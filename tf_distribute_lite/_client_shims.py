@@ -150,8 +150,7 @@ def route_keras_reduce_per_replica():
 
 
 def route_keras_checkpoint_writes():
-  """Makes Keras 3's `BackupAndRestore` and `ModelCheckpoint` on non-chief
-  workers save into a temporary directory, as TensorFlow's tutorial does."""
+  """Makes Keras 3's checkpointing callbacks on non-chief workers save aside."""
   if _keras_major_version() != 3 or not _has_client_names(*_KERAS_CHECKPOINTS):
     return
   callbacks = importlib.import_module("keras.callbacks")
@@ -221,8 +220,7 @@ def _route_backup(callback_class):
 
 
 def _route_training_state(module):
-  """Gives tf_keras's backup state tfd's handler (on Google Cloud), over the
-  manager that reads the chief's backup."""
+  """Gives tf_keras's backup state tfd's preemption handler (on Google Cloud)."""
   state_class = module.WorkerTrainingState
   init = state_class.__init__
 

@@ -180,8 +180,7 @@ def tensorflow_default_strategy():
 
 
 def mark_function_unsaveable(reason):
-  """Makes `tf.saved_model.save` refuse the `tf.function` being traced,
-  giving `reason` (nothing eagerly or while saving traces)."""
+  """Makes `tf.saved_model.save` refuse the function being traced, for `reason`."""
   if tf.inside_function() and not _save_context.in_save_context():
     tf.compat.v1.get_default_graph().mark_as_unsaveable(reason)
 
@@ -256,8 +255,7 @@ def is_function_graph(graph):
 
 
 def control_flow_kind(graph):
-  """"cond" for a `tf.cond`/`tf.switch_case` branch, "while" for a
-  `tf.while_loop` body or condition, else None."""
+  """"cond" for a `tf.cond` branch, "while" for a `tf.while_loop` graph, else None."""
   if isinstance(graph, _control_flow_graphs.CondBranchFuncGraph):
     return "cond"
   if isinstance(graph, (_control_flow_graphs.WhileBodyFuncGraph,
@@ -437,8 +435,7 @@ def xla_sharding_annotation(tensor, kind, detail):
 
 
 def hlo_text(concrete_function, arg_specs, captured_inputs, device):
-  """The HLO of `concrete_function` on `device`, for `arg_specs` and eager
-  `captured_inputs`; `ValueError` where XLA cannot compile it."""
+  """The HLO of `concrete_function` on `device` (`ValueError` if XLA refuses it)."""
   _require("compiler IR export")
   return _context.context().get_compiler_ir(
       device_name=device, platform_name=None, function_name=concrete_function.name,

@@ -92,8 +92,7 @@ def _dataset_op(op, dataset, element_spec, **attrs):
 
 
 def _static_batch_size(dataset):
-  """The batch size of `dataset` (-1 if unknown), or a tensor inside a
-  `tf.function` when only running the pipeline can tell."""
+  """The batch size of `dataset` (-1 if unknown), in a `tf.function` maybe a tensor."""
   specs = tf.nest.flatten(dataset.element_spec)
   dims = [spec.shape[0] if spec.shape.rank else None
           for spec in specs if isinstance(spec, tf.TensorSpec)]

@@ -119,8 +119,7 @@ update_replica_id = _tf_bridge.update_replica_id
 
 
 def current_replica_id():
-  """The replica this code runs for as a Python int, or None if cross-replica
-  (0 in the default strategy's replica context)."""
+  """The replica this code runs for as a Python int, or None if cross-replica."""
   entry = top()
   if entry is None:
     return 0

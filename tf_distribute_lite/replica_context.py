@@ -13,8 +13,7 @@ from tf_distribute_lite.tf_classes import StandsFor
 
 def _collective_results(xs, merged, gradient):
   """`merged`, a collective's results over `xs`, with gradient `gradient(dys)`
-  (not through the merge, which reads other replicas' values); a result that
-  is its own input comes back as a copy, as in TensorFlow."""
+  (not through the merge); a result that is its input comes back as a copy."""
   ys = [tf.identity(y) if y is x else y for x, y in zip(xs, merged)]
   if tf.executing_eagerly() and not _tf_bridge.gradient_tape_active():
     return ys

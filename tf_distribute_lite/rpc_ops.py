@@ -42,14 +42,12 @@ class Server(StandsFor, stands_for=tf.distribute.experimental.rpc.Server):
 
   @staticmethod
   def create(rpc_layer, address):
-    """A server (made eagerly) to listen at `address` ("host:port") once
-    started; `rpc_layer` must be "grpc". It stops with its last reference."""
+    """A server (made eagerly) for `address` ("host:port"); `rpc_layer`: "grpc"."""
     _check_rpc_layer(rpc_layer)
     return GrpcServer(address)
 
   def register(self, method_name, func):
-    """Serves `func` (a concrete function, or a `tf.function` with an
-    `input_signature` or no arguments) as `method_name`, before `start()`."""
+    """Serves `func` (with an `input_signature`) as `method_name`, before `start()`."""
     raise NotImplementedError(_ABSTRACT.format("Server"))
 
   def start(self):
@@ -79,8 +77,7 @@ class Client(StandsFor, stands_for=tf.distribute.experimental.rpc.Client):
   @staticmethod
   def create(rpc_layer, address, name="", timeout_in_ms=0):
     """A client (made eagerly) of the server at `address`, its methods as
-    attributes; `timeout_in_ms` bounds the wait for the server and is each
-    call's default deadline (0: no limit)."""
+    attributes; `timeout_in_ms` (0: none) is also each call's deadline."""
     _check_rpc_layer(rpc_layer)
     return GrpcClient(address, name=name, timeout_in_ms=timeout_in_ms)
 

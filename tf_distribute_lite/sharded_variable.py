@@ -29,9 +29,8 @@ def shard_sizes(length, num_shards):
 
 
 def shard_arguments(kwargs, partitioner):
-  """Each shard's creation arguments (with its rows of the initial value)
-  for the variable `kwargs` describe, as `partitioner` splits it; None
-  where it stays whole."""
+  """Each shard's creation arguments for the variable `kwargs` describe, as
+  `partitioner` splits it; None where it stays whole."""
   if partitioner is None:
     return None
   initial_value, shape, dtype = (kwargs.get(key) for key in ("initial_value", "shape", "dtype"))
@@ -69,8 +68,7 @@ def shard_arguments(kwargs, partitioner):
 
 
 def _shard_initial_value(initial_value, shape, offset, size):
-  """A callable giving rows `offset` to `offset + size` of the initial value
-  (made alone where the initializer takes `partition_shape`/`_offset`)."""
+  """A callable giving rows `offset` to `offset + size` of the initial value."""
   def shard_value():
     if not callable(initial_value):
       return initial_value[offset:offset + size]
