@@ -211,7 +211,6 @@ def saving_without_distribution():
 
 
 def _creator_stack(graph):
-  """The variable creators active on `graph` in this thread."""
   return getattr(graph, _CREATOR_ATTRIBUTE)
 
 

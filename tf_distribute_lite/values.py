@@ -219,7 +219,6 @@ _LEAVES = (tf.Tensor, tf.Variable, int, float, str, bool, type(None))
 
 
 def _sequence_like(sequence, items):
-  """A list, tuple or namedtuple of `sequence`'s type holding `items`."""
   return type(sequence)(*items) if hasattr(sequence, "_fields") else type(sequence)(items)
 
 
