@@ -1,11 +1,7 @@
-"""Adaptations of Keras 3 and tf_keras to tfd's strategies, where they treat
-TensorFlow's classes specially beyond `isinstance`, through their private
-names: Keras 3's dataset check (`install`), its cross-worker reduction and
-checkpoint writes (routed at the first scope entry of a multi-worker
-strategy), and tf_keras's backups before preemption (`route_tf_keras`, at
-every scope entry). Only the package's `__init__` imports this module. Each
-adaptation checks the client names it relies on first; where one is missing
-it warns once and leaves that feature as the client has it.
+"""Adaptations of Keras 3 and tf_keras to tfd's strategies, through their
+private names; only the package's `__init__` imports it. Each checks the
+client names it relies on first, and if one is missing warns once and
+leaves that feature as the client has it.
 """
 
 import functools
@@ -55,8 +51,7 @@ _CHECKED = {}  # {feature: whether the client has its names}, checked once
 
 
 def _has_client_names(feature, names):
-  """Whether the client has every name `feature` relies on; warns once if
-  not."""
+  """Whether the client has every name `feature` relies on; warns once if not."""
   if feature not in _CHECKED:
     missing = _tf_bridge.missing_names(names)
     _CHECKED[feature] = not missing
@@ -70,9 +65,7 @@ def _has_client_names(feature, names):
 
 
 def install():
-  """Hooks the scope entries, and gives tfd's distributed datasets the base
-  Keras 3's `is_tf_dataset` looks for (a `DistributedDataset` in the MRO
-  from a `tensorflow.python.` module)."""
+  """Hooks scope entries; gives distributed datasets the base Keras 3 looks for."""
   distribute_lib.set_scope_entry_hook(_on_scope_entry)
   if (_keras_major_version() or 0) >= 3:
     input_lib.DistributedDataset.__bases__ += (type("DistributedDataset", (), {
@@ -92,8 +85,7 @@ def _on_scope_entry(strategy):
 
 
 def _saves_before_preemption(strategy):
-  """Whether tf_keras's backups save at a notice through tfd's handler:
-  for tfd's MultiWorkerMirroredStrategy."""
+  """Whether tf_keras's backups save through tfd's handler (tfd's MWMS)."""
   return isinstance(strategy, distribute_lib.StrategyBase) and isinstance(
       strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
@@ -105,14 +97,12 @@ def _is_multi_worker(strategy):
 
 
 def _saves_elsewhere(strategy):
-  """Whether this worker's Keras callbacks save into temporary directories
-  (a non-chief worker)."""
+  """Whether Keras callbacks save into temporary directories (non-chief)."""
   return _is_multi_worker(strategy) and not strategy.extended.should_checkpoint
 
 
 def _keras_reduce(values, strategy, reduction):
-  """Keras' `reduce_per_replica` for a multi-worker strategy: over every
-  replica of the cluster (Keras reduces each worker's alone)."""
+  """Keras' `reduce_per_replica` over every replica of the cluster."""
   def reduce(value):
     if reduction == "first":
       return strategy.experimental_local_results(value)[0]
@@ -125,12 +115,10 @@ def _keras_reduce(values, strategy, reduction):
 
 
 def _concat_in_input_order(value, strategy):
-  """The replicas' batches in input order: worker w's replica r held piece
-  w + r * workers."""
+  """The replicas' batches in input order (replica r of worker w: w + r * workers)."""
   sizes = strategy.gather(strategy.run(
       lambda v: tf.shape(v, out_type=tf.int64)[:1], args=(value,)), axis=0)
-  parts = tf.split(strategy.gather(value, axis=0), sizes,
-                   num=strategy.num_replicas_in_sync)
+  parts = tf.split(strategy.gather(value, axis=0), sizes, num=strategy.num_replicas_in_sync)
   per_worker = len(strategy.extended.worker_devices)
   ordered = [part for r in range(per_worker) for part in parts[r::per_worker]]
   return tf.concat(ordered, axis=0)
@@ -138,8 +126,7 @@ def _concat_in_input_order(value, strategy):
 
 @functools.lru_cache(maxsize=None)
 def _keras_major_version():
-  """The installed Keras' major version or None, from its metadata
-  (importing Keras would cost seconds)."""
+  """The installed Keras' major version or None, without importing it."""
   try:
     return int(importlib.metadata.version("keras").split(".")[0])
   except (importlib.metadata.PackageNotFoundError, ValueError):
@@ -147,8 +134,7 @@ def _keras_major_version():
 
 
 def route_keras_reduce_per_replica():
-  """Wraps Keras 3's `reduce_per_replica` to use `_keras_reduce` for tfd's
-  multi-worker strategies."""
+  """Routes Keras 3's `reduce_per_replica` to `_keras_reduce` across workers."""
   if _keras_major_version() != 3 or not _has_client_names(*_KERAS_REDUCE):
     return
   trainer = importlib.import_module(_KERAS_TRAINER)
@@ -164,10 +150,7 @@ def route_keras_reduce_per_replica():
 
 
 def route_keras_checkpoint_writes():
-  """Makes Keras 3's `BackupAndRestore` and `ModelCheckpoint` on non-chief
-  workers save into a temporary directory, removed at once (and keep the
-  backup at the end): every worker must save, but not into the same files,
-  as in TensorFlow's multi-worker tutorial."""
+  """Makes Keras 3's checkpointing callbacks on non-chief workers save aside."""
   if _keras_major_version() != 3 or not _has_client_names(*_KERAS_CHECKPOINTS):
     return
   callbacks = importlib.import_module("keras.callbacks")
@@ -209,10 +192,8 @@ def _skipped_elsewhere(method):
 
 
 def route_tf_keras():
-  """Makes tf_keras's `BackupAndRestore(..., save_before_preemption=True)`
-  save through tfd's `PreemptionCheckpointHandler` (TensorFlow 2.21 turns
-  its own off on Google Cloud VMs without GPUs, and tf_keras then fails).
-  Nothing until tf_keras is imported."""
+  """Makes tf_keras's `BackupAndRestore(save_before_preemption=True)` save
+  through tfd's `PreemptionCheckpointHandler` (once tf_keras is imported)."""
   callbacks = sys.modules.get(_TF_KERAS_CALLBACKS)
   state = sys.modules.get(_TF_KERAS_TRAINING_STATE)
   if (callbacks is None and state is None) or not _has_client_names(*_TF_KERAS_BACKUPS):
@@ -224,8 +205,7 @@ def route_tf_keras():
 
 
 def _route_backup(callback_class):
-  """With `save_before_preemption`, `BackupAndRestore` asks for the batch
-  hooks, where tf_keras checks for a notice."""
+  """With `save_before_preemption`, `BackupAndRestore` takes batch hooks."""
   implements_batch_hooks = callback_class._implements_train_batch_hooks  # pylint: disable=protected-access
 
   @functools.wraps(implements_batch_hooks)
@@ -240,9 +220,7 @@ def _route_backup(callback_class):
 
 
 def _route_training_state(module):
-  """Where `_saves_before_preemption`, tf_keras's backup state gets tfd's
-  handler (on Google Cloud) over the manager that reads the backup, so every
-  worker restores the chief's."""
+  """Gives tf_keras's backup state tfd's preemption handler (on Google Cloud)."""
   state_class = module.WorkerTrainingState
   init = state_class.__init__
 

@@ -1,17 +1,9 @@
-"""The project's only contact with TensorFlow's private names.
+"""The package's only contact with TensorFlow's private names.
 
-Every name under `tf.__internal__` or `tensorflow.python`, and every private
-attribute of a TensorFlow object, that the package uses is reached here: as
-an operation, or as a re-exported class that tfd's classes subclass or check
-against. `_REQUIRED` and `_OPTIONAL` list them all, and the package's import
-checks them: a missing required name refuses the TensorFlow release; a
-missing optional one makes its one feature's operations raise ImportError
-naming it. `tests/test_tf_bridge.py` holds a contract test for each.
-
-Above all, tfd's contexts go onto TensorFlow's own per-graph, per-thread
-strategy stack, which `tf.distribute.get_strategy()`, Keras and tracing
-read. Like TensorFlow's `tf.distribute`, the package is exempt from
-AutoGraph. Client libraries' private names are in `_client_shims.py`.
+`_REQUIRED` and `_OPTIONAL` list every one; importing the package checks
+them: a missing required name refuses the release, a missing optional one
+makes its feature's operations raise ImportError. Each has a contract test
+in `tests/test_tf_bridge.py`. The package is exempt from AutoGraph.
 """
 
 import functools
@@ -89,18 +81,15 @@ _OPTIONAL = {
 
 
 def _names_in_code(member, name):
-  """Whether function (or property) `member` uses `name` in its code: an
-  attribute it sets or reads, or a string such as an environment variable."""
+  """Whether function (or property) `member`'s code names or quotes `name`."""
   function = getattr(member, "fget", member)
   code = getattr(getattr(function, "__wrapped__", function), "__code__", None)
   return code is not None and (name in code.co_names or name in code.co_consts)
 
 
 def has_name(module, path):
-  """Whether `module` (imported if need be) has `path`: attributes "A.b";
-  "A()._b", an attribute that the methods of class `A` give its instances;
-  "f(NAME)", a function whose code uses `NAME`. The client shims check
-  client libraries' names with it too."""
+  """Whether `module` has `path`: attributes "A.b"; "A()._b", an attribute
+  class `A`'s methods set; "f(NAME)", a function whose code uses `NAME`."""
   try:
     found = importlib.import_module(module)
   except ImportError:
@@ -119,22 +108,19 @@ def has_name(module, path):
 
 
 def missing_names(names):
-  """The "module.path" of each name of `names` ({module: "path path ..."})
-  that `has_name` does not find."""
+  """The "module.path"s of `names` ({module: "path path ..."}) not found."""
   return [f"{module}.{path}" for module, paths in names.items()
           for path in paths.split() if not has_name(module, path)]
 
 
 def _check_tensorflow():
-  """Raises ImportError unless TensorFlow has every required name; returns
-  {feature: its missing names} for the optional ones."""
+  """Checks `_REQUIRED` (or raises ImportError); {optional feature: missing names}."""
   missing = missing_names(_REQUIRED)
   if missing or not tf.__version__.startswith("2."):
     raise ImportError(
-        f"tf_distribute_lite does not recognise the internals of TensorFlow "
-        f"{tf.__version__} (missing: {', '.join(missing) or 'TF 2.x'}); "
-        f"it needs a TensorFlow 2.x release that keeps the distribution "
-        f"strategy stack on tf.Graph.")
+        f"tf_distribute_lite does not recognise the internals of TensorFlow {tf.__version__} "
+        f"(missing: {', '.join(missing) or 'TF 2.x'}); it needs a TensorFlow 2.x release that "
+        "keeps the distribution strategy stack on tf.Graph.")
   missing = {feature: missing_names(names) for feature, (_, names) in _OPTIONAL.items()}
   return {feature: names for feature, names in missing.items() if names}
 
@@ -183,8 +169,7 @@ def strategy_stack():
 
 @functools.lru_cache(maxsize=None)
 def tensorflow_default_strategy():
-  """TensorFlow's own default strategy (one per process): what
-  `tf.distribute.get_strategy()` returns with the shared stack emptied."""
+  """TensorFlow's own default strategy (one per process)."""
   stack = strategy_stack()
   entries = stack[:]
   del stack[:]
@@ -195,32 +180,25 @@ def tensorflow_default_strategy():
 
 
 def mark_function_unsaveable(reason):
-  """Makes `tf.saved_model.save` refuse the `tf.function` being traced (and
-  its callers) with a ValueError giving `reason`; nothing eagerly or while
-  saving traces."""
+  """Makes `tf.saved_model.save` refuse the function being traced, for `reason`."""
   if tf.inside_function() and not _save_context.in_save_context():
     tf.compat.v1.get_default_graph().mark_as_unsaveable(reason)
 
 
 def register_type_spec(name):
-  """A class decorator: `tf.saved_model.save` encodes the decorated
-  `tf.TypeSpec` subclass (in a function's signature or outputs) under
-  `name`, and `tf.saved_model.load` decodes it back to that class."""
+  """A class decorator registering a `tf.TypeSpec` under `name` for SavedModels."""
   from tensorflow.python.framework import type_spec_registry  # pylint: disable=g-import-not-at-top
   return type_spec_registry.register(name)
 
 
 def update_context(replica_id):
-  """A context manager: code inside it updates replica `replica_id`'s
-  components of distributed variables. The state is TensorFlow's, which its
-  `assign_moving_average` (under `tf.train.ExponentialMovingAverage` and
-  tf_keras's `moving_average_update`) reads."""
+  """A context manager: inside it, updates go to replica `replica_id`'s
+  components (TensorFlow's state, which `assign_moving_average` reads)."""
   return _tf_distribute_lib.UpdateContext(replica_id)
 
 
 def update_replica_id():
-  """The replica an enclosing `update_context` updates, or None (read on
-  every access to a distributed variable)."""
+  """The replica an enclosing `update_context` updates, or None."""
   return _tf_distribute_lib.get_update_replica_id()
 
 
@@ -233,7 +211,6 @@ def saving_without_distribution():
 
 
 def _creator_stack(graph):
-  """The variable creators active on `graph` in this thread."""
   return getattr(graph, _CREATOR_ATTRIBUTE)
 
 
@@ -242,9 +219,8 @@ def _set_creator_stack(graph, stack):
 
 
 class VariableCreatorScope:
-  """`tf.variable_creator_scope(creator)` for the default graph (same
-  priority and nesting rules) without its two generator context managers,
-  which cost an eager `strategy.run` as much as the rest of its scope."""
+  """`tf.variable_creator_scope(creator)` on the default graph, without its
+  generator context managers (as costly as the rest of an eager `run`)."""
 
   _PRIORITY = 100
 
@@ -268,8 +244,7 @@ class VariableCreatorScope:
 
 
 def control_flow_context():
-  """The TF 1.x control-flow context ops made now go into, or None: an
-  object with `Enter()` and `Exit()`, which TF 1.x metrics call."""
+  """The TF 1.x control-flow context new ops go into, or None."""
   return tf.compat.v1.get_default_graph()._get_control_flow_context()  # pylint: disable=protected-access
 
 
@@ -279,8 +254,7 @@ def is_function_graph(graph):
 
 
 def control_flow_kind(graph):
-  """"cond" for a branch of a `tf.cond` or `tf.switch_case`, "while" for
-  the body or condition of a `tf.while_loop`, else None."""
+  """"cond" for a `tf.cond` branch, "while" for a `tf.while_loop` graph, else None."""
   if isinstance(graph, _control_flow_graphs.CondBranchFuncGraph):
     return "cond"
   if isinstance(graph, (_control_flow_graphs.WhileBodyFuncGraph,
@@ -294,8 +268,7 @@ _summary_state = _summary_ops._summary_state  # pylint: disable=protected-access
 
 
 class RecordSummariesIf:
-  """A context manager: inside it `tf.summary` records only where
-  `condition()` holds, as a replica context does for replica 0."""
+  """A context manager: `tf.summary` records only where `condition()` holds."""
 
   def __init__(self, condition):
     self._condition = condition
@@ -310,10 +283,8 @@ class RecordSummariesIf:
 
 
 class ThreadState:
-  """A context manager: inside it the current thread has the variable
-  creators (on its default graph) and the `tf.summary` writer, step and
-  recording condition of the thread that made this object, as replica
-  threads must. Threads may be inside it at once."""
+  """A context manager giving the current thread the variable creators and
+  `tf.summary` state of the thread that made it (several threads at once)."""
 
   def __init__(self):
     self._state = self._read()
@@ -344,8 +315,7 @@ def eager_device_name():
 
 
 def plain_variable(initial_value, device, name):
-  """A plain variable on `device`, created past any variable creator (a
-  collective's ordering token or key counter, inside a strategy's scope)."""
+  """A plain variable on `device`, created past any variable creator."""
   graph = tf.compat.v1.get_default_graph()
   creators = _creator_stack(graph)
   _set_creator_stack(graph, [])
@@ -367,8 +337,7 @@ def is_jit_compiled(function):
 
 
 def autograph_convert(fn):
-  """`fn` (a user's replica or merge function) converted by AutoGraph where
-  its caller is, as TensorFlow's strategies call it; eagerly `fn`."""
+  """`fn` converted by AutoGraph if its caller is (eagerly `fn`)."""
   if tf.executing_eagerly():
     return fn
   return tf.__internal__.autograph.tf_convert(
@@ -376,10 +345,8 @@ def autograph_convert(fn):
 
 
 class TraceMapperGuard:
-  """Restores this thread's stack-trace mappers if a replica function fails:
-  AutoGraph leaves an entry there where it cannot map a function's source
-  (a doctest's), which breaks every later conversion on the thread. Replica
-  0 runs on the caller's thread, not a throwaway one as in TensorFlow."""
+  """Restores this thread's stack-trace mappers if replica code fails:
+  AutoGraph may leave an entry there that breaks later conversions."""
 
   def __init__(self):
     key = threading.get_ident()
@@ -398,9 +365,7 @@ class TraceMapperGuard:
 
 
 def add_error_note(error, note):
-  """Adds `note` to `error`, and to the message of the error AutoGraph
-  raises in its place when it ends a trace: AutoGraph rebuilds that error
-  from the message it recorded (`ag_error_metadata`), without notes."""
+  """Adds `note` to `error`, and to the message AutoGraph rebuilds it from."""
   error.add_note(note)
   metadata = getattr(error, "ag_error_metadata", None)
   if metadata is not None:
@@ -419,15 +384,12 @@ def flat_tensor_specs(element_spec):
 
 
 def copy_to_device(eager_tensor, device):
-  """`eager_tensor` copied onto `device`: one C call, where `tf.identity`
-  under `tf.device` costs ten times as much per step of an input loop."""
+  """`eager_tensor` copied onto `device` (ten times cheaper than `tf.identity`)."""
   return eager_tensor._copy_to_device(device)  # pylint: disable=protected-access
 
 
 def eager_context_config():
-  """A copy of the `tf.compat.v1.ConfigProto` of this process's eager context
-  (logical devices, threads), read without starting it: a process joining a
-  cluster hands it to its server, which would otherwise use defaults."""
+  """A copy of the eager context's `ConfigProto`, read without starting it."""
   _require("cluster runtime")
   config = tf.compat.v1.ConfigProto()
   config.CopyFrom(_context.context().config)
@@ -435,26 +397,21 @@ def eager_context_config():
 
 
 def enable_collective_ops(server_def):
-  """Starts this process's gRPC server as the task `server_def` names, for
-  eager collective ops (`tf.distribute.Server`'s is not theirs). Call it
-  before any op runs."""
+  """Starts this process's gRPC server for eager collective ops, before any op."""
   _require("cluster runtime")
   _context.context().enable_collective_ops(server_def)
 
 
 def remote_ops_run_synchronously():
-  """Makes the remote ops of a process connecting to a cluster go one
-  request at a time, synchronously, so an error reaches the call that
-  caused it: two undocumented environment variables TensorFlow's runtime
-  reads (its ParameterServerStrategy sets them too)."""
+  """Makes remote ops run one request at a time, so an error reaches the
+  call that caused it (environment variables TensorFlow's runtime reads)."""
   _require("cluster runtime")
   os.environ["TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"] = "False"
   os.environ["TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY"] = "True"
 
 
 def parse_topology_proto(serialized):
-  """The `TopologyProto` a TPU system's initialization returns, serialized
-  (`tf.tpu.experimental.Topology` keeps only its mesh)."""
+  """The `TopologyProto` parsed from `serialized`."""
   _require("TPU topology proto")
   from tensorflow.core.protobuf.tpu import topology_pb2  # pylint: disable=g-import-not-at-top
   proto = topology_pb2.TopologyProto()
@@ -463,8 +420,8 @@ def parse_topology_proto(serialized):
 
 
 def xla_sharding_annotation(tensor, kind, detail):
-  """`tensor` behind an XLA sharding op: "maximal" on logical device
-  `detail`, "tiled" by `detail` pieces per dimension, or "replicated"."""
+  """`tensor` behind an XLA sharding op: "maximal" (on device `detail`),
+  "tiled" (`detail` pieces per dimension) or "replicated"."""
   _require("XLA sharding ops")
   from tensorflow.python.compiler.xla.experimental import xla_sharding  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -477,10 +434,7 @@ def xla_sharding_annotation(tensor, kind, detail):
 
 
 def hlo_text(concrete_function, arg_specs, captured_inputs, device):
-  """The HLO of `concrete_function` (`jit_compile=True`) on `device`, for
-  arguments of `arg_specs` (static shapes), with eager `captured_inputs` in
-  place of its captures (which inside another trace are symbolic). Raises
-  `ValueError` with XLA's message where XLA cannot compile it."""
+  """The HLO of `concrete_function` on `device` (`ValueError` if XLA refuses it)."""
   _require("compiler IR export")
   return _context.context().get_compiler_ir(
       device_name=device, platform_name=None, function_name=concrete_function.name,
@@ -489,9 +443,7 @@ def hlo_text(concrete_function, arg_specs, captured_inputs, device):
 
 
 def variable_of_handle(handle, like):
-  """A `tf.Variable` over an existing resource `handle` (reads and updates
-  are variable ops on it), with the dtype, shape, name and trainability of
-  variable `like`."""
+  """A `tf.Variable` over resource `handle`, otherwise like variable `like`."""
   return _resource_variable_ops.BaseResourceVariable(
       trainable=like.trainable, shape=like.shape, dtype=like.dtype, handle=handle,
       name=like.name.split(":")[0], unique_id=f"{like.name}_replicated",
@@ -499,9 +451,7 @@ def variable_of_handle(handle, like):
 
 
 def tf1_saveable(variable, name, device, read, restore):
-  """What `tf.compat.v1.train.Saver` saves for `variable` (not a resource
-  variable): `read()` (a tensor on `device`) under `name`, restored by
-  `restore(tensor)` (an op)."""
+  """What a TF 1.x `Saver` saves for `variable`: `read()`, restored by `restore`."""
   _require("saveable objects")
   from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-import-not-at-top
 
@@ -511,8 +461,7 @@ def tf1_saveable(variable, name, device, read, restore):
       del restored_shapes
       return restore(restored_tensors[0])
 
-  spec = saveable_object.SaveSpec(read, "", name, dtype=variable.dtype,
-                                  device=device)
+  spec = saveable_object.SaveSpec(read, "", name, dtype=variable.dtype, device=device)
   return VariableSaveable(variable, [spec], name)
 
 
@@ -522,8 +471,7 @@ _VARIABLE_KEYS = ("_shared_name", "_unique_id", "_graph_key")
 
 
 def variable_key(variable, name):
-  """`variable`'s `name`, one of `_VARIABLE_KEYS`: the keys TensorFlow and
-  Keras tell variables apart by (slots, TF 1.x collections)."""
+  """`variable`'s `name`, one of the keys `_VARIABLE_KEYS`."""
   if name not in _VARIABLE_KEYS:
     raise ValueError(f"`name` must be one of {_VARIABLE_KEYS}; got {name!r}.")
   return getattr(variable, name)
@@ -535,15 +483,13 @@ def variable_strategy(variable):
 
 
 def graph_element(value):
-  """What `tf.group` and a TF 1.x `Session.run` take `value` for: a
-  variable's graph element (its value), else `value` itself."""
+  """A variable's graph element (for `tf.group`, `Session.run`), else `value`."""
   as_element = getattr(value, "_as_graph_element", None)
   return as_element() if callable(as_element) else value
 
 
 def export_to_saved_model(variable, object_map, tensor_map, options, **kwargs):
-  """Adds `variable` to the SavedModel being written (mapping it and its
-  handle onto their copies); its resources."""
+  """Adds `variable` to the SavedModel being written; its resources."""
   return variable._export_to_saved_model_graph(  # pylint: disable=protected-access
       object_map=object_map, tensor_map=tensor_map, options=options, **kwargs)
 
@@ -559,19 +505,16 @@ def replace_capture(concrete_function, value, placeholder):
 
 
 def _container_holder(component):
-  # A composite variable (made inside a `tf.function`) keeps it on its handle.
-  return component.handle if isinstance(component, CompositeTensor) else component
+    return component.handle if isinstance(component, CompositeTensor) else component
 
 
 def set_distributed_container(component, container):
-  """Records on `component` its distributed variable, where TensorFlow and
-  Keras look (`_distributed_container`, a weak reference)."""
+  """Records `container` on `component`, where TensorFlow and Keras look."""
   _container_holder(component)._distributed_container = weakref.ref(container)  # pylint: disable=protected-access
 
 
 def distributed_container_of(component):
-  """What `set_distributed_container` recorded on `component`, or None
-  (read from `__dict__`: faster on every read of a variable)."""
+  """What `set_distributed_container` recorded on `component`, or None."""
   reference = getattr(_container_holder(component), "__dict__", {}).get("_distributed_container")
   return reference() if reference is not None else None
 
@@ -583,20 +526,17 @@ def set_sharded_container(shard, container):
 
 # --- Parameter-server training.
 
-# TensorFlow's sharded variable class, which tfd's stands for: tf_keras's
-# legacy optimizers shard the slots of its instances only.
+# TensorFlow's sharded variable class, which tfd's stands for.
 TENSORFLOW_SHARDED_VARIABLE = tf.__internal__.distribute.ShardedVariable
 
 
 def in_save_context():
-  """Whether a `tf.saved_model.save` is in progress (a sharded variable is
-  then one whole variable)."""
+  """Whether a `tf.saved_model.save` is in progress."""
   return _save_context.in_save_context()
 
 
 def uninitialized_variable(shape, dtype, name, trainable):
-  """A variable with no value, outside every creator: what a SavedModel
-  stores for a sharded variable (its checkpoint has the value)."""
+  """A variable with no value, made outside every creator."""
   with tf.init_scope(), tf.device(None):
     return _resource_variable_ops.UninitializedVariable(
         shape=shape, dtype=dtype, name=name, trainable=trainable,
@@ -611,14 +551,12 @@ def write_variable_proto(variable, proto, options):
 
 
 def call_time_value(closure, spec):
-  """A placeholder in the `tf.function` being traced whose value `closure`
-  gives at each call: the coordinator's worker index of the call."""
+  """A placeholder in the function being traced that `closure()` fills per call."""
   return tf.compat.v1.get_default_graph().capture_call_time_value(closure, spec)
 
 
 def worker_executor():
-  """A context manager factory: the eager ops run inside it go through one
-  synchronous executor of their own, whose errors stay its own."""
+  """A factory of scopes whose eager ops share one synchronous executor."""
   own = _executor.new_executor(enable_async=False)
   return lambda: _context.executor_scope(own)
 
@@ -626,35 +564,28 @@ def worker_executor():
 # --- The coordination service of a cluster's runtime.
 
 def coordination_set(key, value):
-  """Stores string `value` under `key` in the coordination service, which
-  every task reads. A second set raises `AlreadyExistsError`; without a
-  service, `FailedPreconditionError`."""
+  """Stores `value` under `key` in the coordination service (once per key)."""
   _require("cluster runtime")
   _context.context().set_config_key_value(key, value)
 
 
 def coordination_get(key, timeout_seconds):
-  """The value stored under `key`, waiting at most `timeout_seconds` (> 0)
-  for a task to set it: `tf.errors.DeadlineExceededError` after that."""
+  """The value under `key`, waiting at most `timeout_seconds` for it."""
   _require("cluster runtime")
   return _context.context().get_config_key_value(key, max(int(timeout_seconds * 1000), 1))
 
 
 def report_error_to_cluster(error):
-  """Makes the coordination service fail every task of the cluster with
-  `error` (a `tf.errors.OpError`), so that the others' waits end at once."""
+  """Makes the coordination service fail every task with `error` (an OpError)."""
   _require("cluster runtime")
   _context.context().report_error_to_cluster(error.error_code, error.message)
 
 
 def task_answers(task, timeout_seconds):
-  """Whether `task` ("/job:worker/replica:0/task:1") is alive, as the
-  cluster's runtime sees it (a restarted task is another one), asking for
-  at most `timeout_seconds`."""
+  """Whether `task` ("/job:worker/replica:0/task:1") answers within the timeout."""
   _require("cluster runtime")
   try:
-    _context.context().check_collective_ops_peer_health(
-        task, max(int(timeout_seconds * 1000), 1))
+    _context.context().check_collective_ops_peer_health(task, max(int(timeout_seconds * 1000), 1))
   except (tf.errors.UnavailableError, tf.errors.FailedPreconditionError,
           tf.errors.AbortedError, tf.errors.NotFoundError):
     return False
@@ -667,15 +598,13 @@ _RPC_PACKAGE = "tensorflow.distribute.experimental.rpc"
 
 
 def rpc_kernels():
-  """TensorFlow's wrappers of its RPC ops (`rpc_server`, `rpc_call`, ...),
-  which `tf.raw_ops` does not list."""
+  """TensorFlow's wrappers of its RPC ops (not in `tf.raw_ops`)."""
   _require("RPC ops")
   return importlib.import_module(f"{_RPC_PACKAGE}.kernels.gen_rpc_ops")
 
 
 def parse_registered_method(serialized):
-  """A `RegisteredMethod` proto (`method`, `input_specs`, `output_specs`)
-  as the `RpcClient` op lists it, serialized."""
+  """The `RegisteredMethod` proto parsed from `serialized`."""
   _require("RPC ops")
   proto = importlib.import_module(f"{_RPC_PACKAGE}.proto.tf_rpc_service_pb2").RegisteredMethod()
   proto.ParseFromString(serialized)

@@ -1,14 +1,5 @@
-"""Sharding one dataset across input workers, by files or by elements.
-
-`worker_share` is what one worker of several reads of a dataset batched by
-the global batch size: each global batch is cut into one piece per replica
-of the cluster (tf.data's `rebatch`), then the pieces are sharded by
-tf.data's own `AutoShardDataset` op, as the dataset's
-`options().experimental_distribute.auto_shard_policy` says: `FILE` (each
-worker's share of the reader datasets' files), `DATA` (every
-`num_workers`-th element), `AUTO` (`FILE`, else `DATA` with a warning),
-`HINT` (only where `shard(SHARD_HINT, SHARD_HINT)` asks) or `OFF`.
-"""
+"""Sharding one dataset across input workers with tf.data's
+`AutoShardDataset`, as the dataset's `auto_shard_policy` says."""
 
 import tensorflow as tf
 
@@ -27,8 +18,7 @@ def auto_shard(dataset, num_workers, worker_index, num_replicas_in_sync):
   [1, 4]
   """
   if not 0 <= worker_index < num_workers:
-    raise ValueError(f"`worker_index` must be in [0, {num_workers}); got "
-                     f"{worker_index}.")
+    raise ValueError(f"`worker_index` must be in [0, {num_workers}); got {worker_index}.")
   policy = dataset.options().experimental_distribute.auto_shard_policy
   if num_workers == 1 or policy == AutoShardPolicy.OFF:
     return dataset
@@ -38,11 +28,9 @@ def auto_shard(dataset, num_workers, worker_index, num_replicas_in_sync):
 
 
 def worker_share(dataset, num_workers, worker_index, num_replicas_in_sync):
-  """The pieces of `dataset` (batched by the global batch size) that worker
-  `worker_index` of `num_workers` feeds to its replicas, one per replica and
-  step, as TensorFlow's multi-worker strategies cut them: each global batch
-  in `num_replicas_in_sync` pieces whose sizes differ by at most one, so that
-  each step of the cluster consumes one global batch, then auto-sharded.
+  """The pieces of `dataset` (batched globally) worker `worker_index` feeds
+  its replicas, as TensorFlow cuts them: each global batch in one piece per
+  replica of the cluster, sizes differing by at most one, then auto-sharded.
 
   >>> dataset = tf.data.Dataset.range(16).batch(8)
   >>> [x.numpy().tolist() for x in worker_share(dataset, 2, 1, 2)]
@@ -50,19 +38,16 @@ def worker_share(dataset, num_workers, worker_index, num_replicas_in_sync):
   """
   if num_replicas_in_sync % num_workers:
     raise ValueError(
-        f"Every worker must have the same number of replicas, but "
-        f"`num_replicas_in_sync` ({num_replicas_in_sync}) is not a multiple "
-        f"of the number of workers ({num_workers}).")
+        "Every worker must have the same number of replicas, but `num_replicas_in_sync` "
+        f"({num_replicas_in_sync}) is not a multiple of the number of workers ({num_workers}).")
   replicas_per_worker = num_replicas_in_sync // num_workers
   batch_size = _static_batch_size(dataset)
 
   def rebatched():
-    return dataset.rebatch(piece_sizes(batch_size, num_workers, replicas_per_worker,
-                                       worker_index))
+    return dataset.rebatch(piece_sizes(batch_size, num_workers, replicas_per_worker, worker_index))
 
   def rebatched_at_run_time():
-    """Each batch cut into `num_replicas_in_sync` pieces, for a dataset whose
-    batch size tf.data cannot tell before it runs."""
+    """Each batch cut into `num_replicas_in_sync` pieces at run time."""
     return _dataset_op(tf.raw_ops.RebatchDataset, dataset,
                        _with_unknown_batch(dataset.element_spec),
                        num_replicas=num_replicas_in_sync, use_fallback=True)
@@ -73,16 +58,14 @@ def worker_share(dataset, num_workers, worker_index, num_replicas_in_sync):
     to_variant = tf.data.experimental.to_variant
     variant = tf.cond(batch_size >= 0, lambda: to_variant(rebatched()),
                       lambda: to_variant(rebatched_at_run_time()))
-    pieces = tf.data.experimental.from_variant(
-        variant, _with_unknown_batch(dataset.element_spec))
+    pieces = tf.data.experimental.from_variant(variant, _with_unknown_batch(dataset.element_spec))
   return auto_shard(pieces.prefetch(replicas_per_worker), num_workers,
                     worker_index, num_replicas_in_sync)
 
 
 def piece_sizes(global_batch_size, num_workers, replicas_per_worker, worker_index):
-  """The sizes worker `worker_index` cuts each global batch into: sizes
-  differing by at most one, the larger first, rotated so that the workers'
-  pieces of one step add up to the global batch.
+  """The sizes worker `worker_index` cuts each global batch into, the larger
+  first, rotated so that the workers' pieces add up to the global batch.
 
   >>> piece_sizes(7, num_workers=2, replicas_per_worker=2, worker_index=1)
   [2, 1, 2, 2]
@@ -109,16 +92,13 @@ def _dataset_op(op, dataset, element_spec, **attrs):
 
 
 def _static_batch_size(dataset):
-  """The batch size of `dataset` without its partial last batch: an int (-1
-  where the components disagree or it cannot be told), or a tensor inside a
-  `tf.function` when only running the pipeline's graph can tell."""
+  """The batch size of `dataset` (-1 if unknown), in a `tf.function` maybe a tensor."""
   specs = tf.nest.flatten(dataset.element_spec)
   dims = [spec.shape[0] if spec.shape.rank else None
           for spec in specs if isinstance(spec, tf.TensorSpec)]
   if dims and len(dims) == len(specs) and None not in dims:
     return dims[0] if all(d == dims[0] for d in dims) else -1
-  size = tf.raw_ops.ComputeBatchSize(
-      input_dataset=tf.data.experimental.to_variant(dataset))
+  size = tf.raw_ops.ComputeBatchSize(input_dataset=tf.data.experimental.to_variant(dataset))
   return int(size) if tf.executing_eagerly() else size
 
 
@@ -126,6 +106,5 @@ def _with_unknown_batch(element_spec):
   def unknown(spec):
     if not isinstance(spec, tf.TensorSpec) or not spec.shape.rank:
       return spec
-    return tf.TensorSpec(tf.TensorShape([None]).concatenate(spec.shape[1:]),
-                         spec.dtype)
+    return tf.TensorSpec(tf.TensorShape([None]).concatenate(spec.shape[1:]), spec.dtype)
   return tf.nest.map_structure(unknown, element_spec)

@@ -1,13 +1,7 @@
-"""`ClusterCoordinator`: runs scheduled functions on the workers of a
-`ParameterServerStrategy` cluster.
-
-`schedule` traces the function and queues it; one dispatch thread per worker
-runs the next queued function and fills in its `RemoteValue`. As in
-TensorFlow, a lost worker puts its function back on the queue and waits (at
-most `WORKER_RECOVERY_SECONDS`) for a server at its address, then reconnects
-and rebuilds its per-worker resources; any other error is the function's,
-raised once by `join()`, `done()` or the next `schedule()`, and cancels the
-functions not yet started.
+"""`ClusterCoordinator`: one dispatch thread per worker runs the queued
+functions. A lost worker requeues its function and, once back (within
+`WORKER_RECOVERY_SECONDS`), rebuilds its resources; any other error is the
+function's, raised once by `join()`, `done()` or `schedule()`.
 """
 
 import collections.abc
@@ -24,14 +18,10 @@ from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import coordinator_values
 from tf_distribute_lite.tf_classes import StandsFor
 
-# The job of the process that makes the strategy and schedules functions.
 COORDINATOR_JOB = "chief"
 COORDINATOR_CPU = f"/job:{COORDINATOR_JOB}/replica:0/task:0/device:CPU:0"
-# `DatasetToGraphV2`'s policy for stateful ops (random seeds, ...) in a
-# dataset copied to workers: copy them with a warning, as TensorFlow does.
+# Stateful ops in a dataset copied to workers: copied with a warning, as in TF.
 _WARN_ON_EXTERNAL_STATE = 0
-# How long a lost worker may take to come back; once every worker is given
-# up, queued functions fail with `tf.errors.UnavailableError`.
 WORKER_RECOVERY_SECONDS = 600.0
 _POLL_SECONDS = 0.25
 _WORKER_ERROR_TYPES = (tf.errors.UnavailableError, tf.errors.AbortedError,
@@ -51,7 +41,6 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
   """
 
   def __new__(cls, strategy):
-    # tfd's ParameterServerStrategy: a tfd object that is TensorFlow's to `isinstance`.
     if not (isinstance(strategy, StandsFor) and
             isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)):
       raise ValueError(
@@ -62,9 +51,6 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
       coordinator = super().__new__(cls)
       strategy._coordinator = coordinator._start(strategy)  # pylint: disable=protected-access
     return strategy._coordinator  # pylint: disable=protected-access
-
-  def __init__(self, strategy):  # pylint: disable=super-init-not-called
-    del strategy  # set up once, in __new__
 
   def _start(self, strategy):
     self._strategy = strategy
@@ -81,15 +67,10 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
       worker.start()
     return self
 
-  @property
-  def strategy(self):
-    """The strategy whose cluster runs the functions."""
-    return self._strategy
+  strategy = property(lambda self: self._strategy, doc="The strategy whose cluster runs them.")
 
   def schedule(self, fn, args=None, kwargs=None):
-    """Queues `fn(*args, **kwargs)` for the next idle worker and returns its
-    `RemoteValue`; `PerWorkerValues` arguments become the running worker's
-    value. Raises an earlier function's error not yet raised."""
+    """Queues `fn(*args, **kwargs)` for the next idle worker; its `RemoteValue`."""
     if not isinstance(fn, (tf.types.experimental.PolymorphicFunction,
                            tf.types.experimental.ConcreteFunction)):
       raise TypeError(
@@ -105,8 +86,7 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
           f"`kwargs` of ClusterCoordinator.schedule must be a dict of keyword "
           f"arguments for `fn`; got the {type(kwargs).__name__} {kwargs!r}.")
     args, kwargs = tuple(args or ()), dict(kwargs or {})
-    if any(isinstance(x, coordinator_values.RemoteValue)
-           for x in tf.nest.flatten((args, kwargs))):
+    if any(isinstance(x, coordinator_values.RemoteValue) for x in tf.nest.flatten((args, kwargs))):
       raise ValueError(
           "`tf.distribute.experimental.coordinator.RemoteValue` used as an "
           "input to scheduled function is not yet supported.")
@@ -125,8 +105,7 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
     return remote_value
 
   def join(self):
-    """Waits until every scheduled function has run; raises (once) the error
-    of one that failed."""
+    """Waits for every scheduled function; raises (once) a failed one's error."""
     self._queue.wait()
 
   def done(self):
@@ -144,16 +123,13 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
     return tf.nest.map_structure(fetch_one, val)
 
   def create_per_worker_dataset(self, dataset_fn):
-    """A dataset on each worker, from `dataset_fn()`, a distributed dataset
-    or a copy of a `tf.data.Dataset`; `iter()` of it gives per-worker
-    iterators for scheduled functions."""
+    """A dataset on each worker, from `dataset_fn()` or a `tf.data.Dataset`."""
     if isinstance(dataset_fn, tf.data.Dataset):
       dataset_fn = dataset_remaker(dataset_fn)
     return coordinator_values.PerWorkerDataset(self, dataset_fn)
 
   def _per_worker_resource(self, index, create):
-    """A resource `create()` makes on worker `index` now (if up) and again
-    whenever that worker comes back."""
+    """A resource `create()` makes on worker `index` now and on each return."""
     worker = self._workers[index]
 
     def create_there():
@@ -182,9 +158,8 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
 
 
 def dataset_remaker(dataset):
-  """A function that makes `dataset` again wherever it is called, from the
-  graph that defines it: a dataset made on the coordinator cannot be read
-  on a worker, its copy made there can.
+  """A function remaking `dataset` (from its graph) wherever it is called:
+  a worker cannot read the coordinator's dataset, but its own copy.
 
   >>> remake = dataset_remaker(tf.data.Dataset.range(3).map(lambda x: 2 * x))
   >>> [int(x) for x in remake()]
@@ -205,8 +180,7 @@ def _spec_for_tracing(value):
 
 
 class _Closure:
-  """A scheduled call and its `RemoteValue`, held weakly: outputs nobody
-  holds are not copied to the coordinator (as in TensorFlow)."""
+  """A scheduled call and its `RemoteValue`, held weakly (unheld: not copied)."""
 
   def __init__(self, function, args, kwargs, remote_value):
     self.function, self.args, self.kwargs = function, args, kwargs
@@ -222,8 +196,7 @@ class _Closure:
       return self.function(*args, **kwargs)
 
   def copy_outputs(self, outputs):
-    """`outputs` copied to the coordinator (to outlive their worker); None
-    if the `RemoteValue` is no longer held."""
+    """`outputs` copied to the coordinator; None if the value is not held."""
     if self._remote_value() is None:
       return None
     with tf.device(COORDINATOR_CPU):
@@ -231,8 +204,8 @@ class _Closure:
           lambda x: tf.identity(x) if isinstance(x, tf.Tensor) else x, outputs)
 
   def set_value(self, copies, outputs):
-    """Sets the `RemoteValue`, if still held; the worker's `outputs` go with
-    it (releasing them now would cost an RPC on the dispatch loop)."""
+    """Sets the `RemoteValue`, if held, keeping the worker's `outputs` alive
+    (releasing them here would cost an RPC)."""
     remote_value = self._remote_value()
     if remote_value is not None:
       remote_value._set(copies, keep_alive=outputs)  # pylint: disable=protected-access
@@ -244,8 +217,7 @@ class _Closure:
 
   def cancel(self):
     self.set_error(tf.errors.CancelledError(
-        None, None, "The corresponding function is cancelled. Please reschedule "
-        "the function."))
+        None, None, "The corresponding function is cancelled. Please reschedule the function."))
 
 
 class _Worker:
@@ -292,8 +264,7 @@ class _Worker:
     if "/job:ps" in message or any(
         address in message for address in self.coordinator._ps_addresses):  # pylint: disable=protected-access
       return False  # a ps is lost: the error is the function's
-    names_me = (self.device in message or
-                self.address in message)
+    names_me = self.device in message or self.address in message
     lost = not cluster_runtime._listening(self.address, 1.0)  # pylint: disable=protected-access
     if lost or (names_me and isinstance(error, (
         tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError))):
@@ -305,8 +276,7 @@ class _Worker:
     return False
 
   def _recover(self):
-    """Reconnects once a server answers at this worker's address; False
-    after `WORKER_RECOVERY_SECONDS`."""
+    """Reconnects once this worker's address answers; False on timeout."""
     deadline = time.monotonic() + WORKER_RECOVERY_SECONDS
     while time.monotonic() < deadline:
       if cluster_runtime._listening(self.address, 1.0):  # pylint: disable=protected-access
@@ -360,8 +330,6 @@ class _ClosureQueue:
       self._condition.notify_all()
 
   def finish(self, closure, copies, outputs):
-    # No longer running when the value is set: `done()` after the last
-    # `fetch()` is True.
     with self._condition:
       self._running -= 1
       closure.set_value(copies, outputs)
@@ -371,15 +339,13 @@ class _ClosureQueue:
     with self._condition:
       self._running -= 1
       closure.set_error(error)
-      if self._error is None:
-        self._error = error
+      self._error = self._error or error
       while self._pending:
         self._pending.popleft().cancel()
       self._condition.notify_all()
 
   def worker_lost(self, index, address):
-    """Gives worker `index` up; with all given up, every queued and later
-    function fails."""
+    """Gives worker `index` up; with all gone, every function fails."""
     with self._condition:
       self._workers_lost.add(index)
       if len(self._workers_lost) == self._num_workers:

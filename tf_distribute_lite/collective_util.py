@@ -10,8 +10,7 @@ from tf_distribute_lite.tf_classes import StandsFor
 
 
 class CommunicationImplementation(enum.Enum):
-  """Which algorithm collective communication prefers: `AUTO` (TensorFlow
-  chooses), `RING` (CPUs and GPUs) or `NCCL` (all-reduce between GPUs).
+  """Which algorithm collectives prefer: `AUTO`, `RING` or `NCCL` (GPUs).
 
   >>> CommunicationImplementation("RING")
   <CommunicationImplementation.RING: 'RING'>
@@ -25,16 +24,8 @@ CollectiveCommunication = CommunicationImplementation
 
 
 class Options(StandsFor, stands_for=tf.distribute.experimental.CommunicationOptions):
-  """Hints for cross-device communication such as all-reduce
-  (`tf.distribute.experimental.CommunicationOptions`, a class named
-  `Options`, as TensorFlow's).
-
-  Args:
-    bytes_per_pack: pack collectives on many tensors into about this many
-      bytes; 0 lets the implementation choose.
-    timeout_seconds: past it a collective raises
-      `tf.errors.DeadlineExceededError`; None or 0 for none.
-    implementation: a `CommunicationImplementation` or its name.
+  """`CommunicationOptions` (named `Options`, as TensorFlow's): pack size
+  (0: any), timeout (None or 0: none) and `CommunicationImplementation`.
 
   >>> options = CommunicationOptions(bytes_per_pack=1024, implementation="ring")
   >>> print(options)
@@ -50,8 +41,7 @@ class Options(StandsFor, stands_for=tf.distribute.experimental.CommunicationOpti
           f"Argument `bytes_per_pack` must be a non-negative number, "
           f"Received {bytes_per_pack!r} of type {type(bytes_per_pack).__name__}.")
     if bytes_per_pack < 0:
-      raise ValueError(
-          f"Argument `bytes_per_pack` must be >=0, Received {bytes_per_pack}.")
+      raise ValueError(f"Argument `bytes_per_pack` must be >=0, Received {bytes_per_pack}.")
     if isinstance(implementation, str):
       try:
         implementation = CommunicationImplementation(implementation.upper())
@@ -69,16 +59,14 @@ class Options(StandsFor, stands_for=tf.distribute.experimental.CommunicationOpti
   def merge(self, options):
     """These options, where the fields `options` sets (not default) win."""
     fields = ("bytes_per_pack", "timeout_seconds", "implementation")
-    if options is None:
-      return Options(**{f: getattr(self, f) for f in fields})
     unset = Options()
+    options = unset if options is None else options
     return Options(**{
         f: getattr(self if getattr(options, f) == getattr(unset, f) else options, f)
         for f in fields})
 
   def __str__(self):
-    return (f"Options(bytes_per_pack={self.bytes_per_pack},"
-            f"timeout_seconds={self.timeout_seconds}, "
+    return (f"Options(bytes_per_pack={self.bytes_per_pack},timeout_seconds={self.timeout_seconds}, "
             f"implementation={self.implementation})")
 
 
@@ -96,5 +84,4 @@ class CollectiveHints(StandsFor, stands_for=tf.distribute.experimental.Collectiv
     deprecation.warn_once(
         "CollectiveHints",
         "use `tf_distribute_lite.experimental.CommunicationOptions` instead.")
-    return CommunicationOptions(bytes_per_pack=bytes_per_pack,
-                                timeout_seconds=timeout_seconds)
+    return CommunicationOptions(bytes_per_pack=bytes_per_pack, timeout_seconds=timeout_seconds)

@@ -1,13 +1,6 @@
-"""The strategy stack: which strategy is current, and whether code runs per
-replica or across them.
-
-Each entry on TensorFlow's per-thread strategy stack (see `_tf_bridge`) says
-which strategy is current and whether the thread is in its cross-replica
-context (inside `strategy.scope()`) or in a replica context (inside
-`strategy.run`). With the stack empty, the default strategy is current in its
-default replica context: `top()` is None. The answers here come from the
-stack alone; `default_strategy`, which defines the default strategy, answers
-`get_strategy()` and `get_replica_context()`, which may return it.
+"""Reads TensorFlow's per-thread strategy stack: which strategy is current,
+in its cross-replica context (`scope()`) or a replica context (`run`). An
+empty stack (`top()` is None) is the default strategy's replica context.
 """
 
 from tf_distribute_lite import _tf_bridge
@@ -57,15 +50,13 @@ def pop():
 
 
 def top():
-  """The innermost entry (TensorFlow's have the same fields), or None: the
-  default strategy in its replica context."""
+  """The innermost entry (TensorFlow's have the same fields), or None."""
   stack = _tf_bridge.strategy_stack()
   return stack[-1] if stack else None
 
 
 class DefaultStrategy:
-  """Base of the default strategy's class: where it is current,
-  `has_strategy()` is False."""
+  """Base of the default strategy's class (`has_strategy()` is False for it)."""
 
 
 def is_current(strategy):
@@ -75,10 +66,7 @@ def is_current(strategy):
 
 
 def has_strategy():
-  """Whether a non-default strategy is current.
-
-  TensorFlow's own default strategy, whose replica context TensorFlow pushes
-  when Keras runs outside every scope, is a default strategy too.
+  """Whether a non-default strategy (nor TensorFlow's default) is current.
 
   >>> has_strategy()
   False
@@ -100,8 +88,7 @@ def in_cross_replica_context():
 
 
 def enclosing_replica_context():
-  """The innermost replica context on the stack, also inside its
-  `merge_call` (a cross-replica entry above it); None outside every one."""
+  """The innermost replica context on the stack (also in `merge_call`), or None."""
   for entry in reversed(_tf_bridge.strategy_stack()):
     if entry.replica_context is not None:
       return entry.replica_context
@@ -121,22 +108,18 @@ def require_cross_replica_or_default(strategy):
 
 def raise_wrong_strategy(strategy):
   if not has_strategy():
-    raise RuntimeError(
-        f'Need to be inside "with strategy.scope()" for {strategy}')
+    raise RuntimeError(f'Need to be inside "with strategy.scope()" for {strategy}')
   raise RuntimeError(f"Mixing different tf.distribute.Strategy objects: "
                      f"{top().strategy} is not {strategy}")
 
 
-# `strategy.extended.update` applies a function to one component at a time;
-# while it does, reads and writes of distributed variables go to that replica.
-# The state is TensorFlow's own, which its moving-average helper reads too.
+# While `extended.update` updates one replica's components, variables use it.
 UpdateContext = _tf_bridge.update_context
 update_replica_id = _tf_bridge.update_replica_id
 
 
 def current_replica_id():
-  """The replica this code runs for as a Python int, or None if cross-replica
-  (0 in the default strategy's replica context)."""
+  """The replica this code runs for as a Python int, or None if cross-replica."""
   entry = top()
   if entry is None:
     return 0

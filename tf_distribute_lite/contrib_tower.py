@@ -1,9 +1,6 @@
-"""The TF 1.x contrib "tower" API (`tf.contrib.distribute`), a facade over
-the `compat.v1` strategies: towers are replicas, `call_for_each_tower` is
-`extended.call_for_each_replica`, `reduce` takes a `tf.VariableAggregation`
-(`ONLY_FIRST_TOWER`, in TensorFlow 2 only `tf.compat.v1`'s, is
-`ONLY_FIRST_REPLICA`), and the tower context has a Python-int `tower_id`
-and a positional `merge_call`. It works eagerly and in a TF1 graph.
+"""The TF 1.x contrib "tower" API (`tf.contrib.distribute`): a facade over
+the `compat.v1` strategies, towers being replicas; `reduce` takes a
+`tf.VariableAggregation`. It works eagerly and in a TF1 graph.
 """
 
 import tensorflow as tf
@@ -41,21 +38,17 @@ class DistributionStrategy:
     setattr(strategy, _FACADE, self)
 
   between_graph = _extended("experimental_between_graph", "Whether each worker builds its graph.")
-  is_single_tower = property(lambda self: self.num_towers == 1,
-                             doc="Whether there is one tower.")
-  num_towers = property(lambda self: self._strategy.num_replicas_in_sync,
-                        doc="How many towers (replicas) run each step.")
+  is_single_tower = property(lambda self: self.num_towers == 1, doc="Whether there is one tower.")
+  num_towers = property(lambda self: self._strategy.num_replicas_in_sync, doc="Towers per step.")
   num_hosts = property(lambda self: getattr(self._strategy.extended, "num_hosts", 1),
                        doc="Hosts the towers run on.")
-  num_towers_per_host = property(lambda self: self.num_towers // self.num_hosts,
-                                 doc="Towers on each host.")
+  num_towers_per_host = property(lambda self: self.num_towers // self.num_hosts, doc="Per host.")
   parameter_devices = _extended("parameter_devices", "The devices variables are placed on.")
   worker_devices = _extended("worker_devices", "The devices towers run on.")
 
   @property
   def worker_device_index(self):
-    """Per tower, its index in `worker_devices` (0 with a single tower),
-    to pass to `call_for_each_tower`."""
+    """Per tower, its index in `worker_devices` (0 with a single tower)."""
     if self.is_single_tower:
       return 0
     return self._strategy.extended._distribute_values_from_function(  # pylint: disable=protected-access
@@ -70,15 +63,12 @@ class DistributionStrategy:
     return self._strategy.scope()
 
   def call_for_each_tower(self, fn, *args, **kwargs):
-    """Runs `fn(*args, **kwargs)` once per tower; `run_concurrently` is
-    accepted (towers always run as the core runs replicas)."""
+    """Runs `fn(*args, **kwargs)` once per tower (`run_concurrently` ignored)."""
     kwargs.pop("run_concurrently", None)
     return self._strategy.extended.call_for_each_replica(fn, args, kwargs)
 
   def reduce(self, aggregation, value, destinations=None):
-    """Combines the towers' `value` by `aggregation` (a
-    `tf.VariableAggregation` or `tf.compat.v1.VariableAggregation`: SUM,
-    MEAN, ONLY_FIRST_TOWER) onto `destinations`."""
+    """Combines the towers' `value` by `aggregation` onto `destinations`."""
     return self.batch_reduce(aggregation, [(value, destinations)])[0]
 
   def batch_reduce(self, aggregation, value_destination_pairs):
@@ -88,8 +78,7 @@ class DistributionStrategy:
           f"`aggregation` must be tf.VariableAggregation.SUM, MEAN or "
           f"ONLY_FIRST_REPLICA (ONLY_FIRST_TOWER); got {aggregation!r}.")
     extended = self._strategy.extended
-    pairs = [(v, self.worker_devices if d is None else d)
-             for v, d in value_destination_pairs]
+    pairs = [(v, self.worker_devices if d is None else d) for v, d in value_destination_pairs]
     if aggregation.value == tf.VariableAggregation.ONLY_FIRST_REPLICA.value:
       return [extended.broadcast_to(self._strategy.experimental_local_results(v)[0], d)
               for v, d in pairs]
@@ -97,8 +86,7 @@ class DistributionStrategy:
         tf.VariableAggregation(aggregation.value)), pairs)
 
   def broadcast(self, tensor, destinations=None):
-    """`tensor` mirrored onto `destinations` (by default every tower; the
-    default strategy gives `tensor` back)."""
+    """`tensor` mirrored onto `destinations` (by default every tower)."""
     if destinations is None and self._strategy is not default_strategy.default_strategy():
       destinations = self.worker_devices
     return self._strategy.extended.broadcast_to(tensor, destinations)
@@ -107,15 +95,13 @@ class DistributionStrategy:
     """A scope placing new variables like `colocate_with_variable`."""
     return self._strategy.extended.colocate_vars_with(colocate_with_variable)
 
-  def configure(self, session_config=None, cluster_spec=None, task_type=None,
-                task_id=None):
+  def configure(self, session_config=None, cluster_spec=None, task_type=None, task_id=None):
     """Adjusts `session_config` for this strategy."""
     self._strategy.configure(session_config, cluster_spec, task_type, task_id)
 
   def distribute_dataset(self, dataset_fn):
-    """The dataset `dataset_fn()` returns, tower `i` taking element `i` of
-    each group of `num_towers` consecutive elements; a last, partial group
-    ends the input, as in contrib."""
+    """`dataset_fn()`'s dataset, tower `i` taking element `i` of each group
+    of `num_towers` (a last, partial group ends the input, as in contrib)."""
     return PerDeviceDataset(self._strategy.extended._distribute_datasets_from_function(  # pylint: disable=protected-access
         lambda input_context: dataset_fn(), None, partial_steps=False))
 
@@ -135,8 +121,7 @@ class DistributionStrategy:
     return self._strategy.group(value, name)
 
   def map(self, map_over, fn, *args, **kwargs):
-    """`fn(element, *args, **kwargs)` for each element of `map_over`, element
-    `i` on tower `i % num_towers`; per tower, the list of its results."""
+    """Per tower, `fn(element, *args, **kwargs)` of its elements of `map_over`."""
     results = [[] for _ in self.worker_devices]
     for i, element in enumerate(map_over):
       tower = i % len(results)
@@ -153,9 +138,7 @@ class DistributionStrategy:
     return self._strategy.extended.read_var(tower_local_var)
 
   def run_steps_on_dataset(self, fn, iterator, iterations=1, initial_loop_values=None):
-    """Runs `fn(context, *inputs)` `iterations` times on `iterator`'s
-    elements; returns the `MultiStepContext` with `run_op`,
-    `last_step_outputs` and `non_tensor_outputs`."""
+    """Runs `fn(context, *inputs)` `iterations` times; the `MultiStepContext`."""
     def step(context, inputs):
       return fn(context, *inputs) if isinstance(inputs, tuple) else fn(context, inputs)
     return self._strategy.extended.experimental_run_steps_on_iterator(
@@ -220,8 +203,7 @@ class OneDeviceStrategy(DistributionStrategy):
 
 
 class TPUStrategy(OneDeviceStrategy):  # pylint: disable=super-init-not-called
-  """Towers on the cores of a TPU or an emulated slice (TF 1.x contrib);
-  `run_steps_on_dataset` runs `steps_per_run` steps per host loop.
+  """Towers on the cores of a TPU or an emulated slice (TF 1.x contrib).
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> strategy = tf_distribute_lite.contrib.TPUStrategy(resolver, steps_per_run=5)
@@ -240,12 +222,10 @@ class TPUStrategy(OneDeviceStrategy):  # pylint: disable=super-init-not-called
     DistributionStrategy.__init__(self, strategy_v1.TPUStrategyV1(
         tpu_cluster_resolver, steps_per_run, device_assignment))
 
-  steps_per_run = property(lambda self: self._strategy.steps_per_run,
-                           doc="Steps each host loop runs.")
+  steps_per_run = property(lambda self: self._strategy.steps_per_run, doc="Steps per loop.")
 
   def run_steps_on_dataset(self, fn, iterator, iterations=None, initial_loop_values=None):
-    """As `DistributionStrategy.run_steps_on_dataset`, `steps_per_run` steps
-    by default."""
+    """As `DistributionStrategy`'s, `steps_per_run` steps by default."""
     return super().run_steps_on_dataset(
         fn, iterator, self.steps_per_run if iterations is None else iterations,
         initial_loop_values)
@@ -268,9 +248,7 @@ class PerDeviceDataset:
 
 
 class TowerContext:
-  """What `get_tower_context()` gives inside `call_for_each_tower`: the
-  tower's `tower_id` (a Python int), `device`, `num_towers`,
-  `is_single_tower` and `merge_call`.
+  """What `get_tower_context()` gives inside `call_for_each_tower`.
 
   >>> strategy = tf_distribute_lite.contrib.MirroredStrategy(["/cpu:0", "/cpu:1"])
   >>> with strategy.scope():
@@ -285,29 +263,23 @@ class TowerContext:
     self.tower_id = tower_id
 
   def merge_call(self, merge_fn, *args, **kwargs):
-    """Pauses every tower, runs `merge_fn(distribution, *args, **kwargs)`
-    once with their arguments grouped, and gives each tower its part."""
+    """Runs `merge_fn(distribution, *args, **kwargs)` once for all towers."""
     def core_merge_fn(strategy, *merged_args, **merged_kwargs):
       return merge_fn(_facade(strategy), *merged_args, **merged_kwargs)
     return self._replica_context.merge_call(core_merge_fn, args=args, kwargs=kwargs)
 
   distribution_strategy = property(lambda self: _facade(self._replica_context.strategy),
                                    doc="The contrib strategy the tower belongs to.")
-  num_towers = property(lambda self: self._replica_context.num_replicas_in_sync,
-                        doc="How many towers run each step.")
-  is_single_tower = property(lambda self: self.num_towers == 1,
-                             doc="Whether this is the only tower.")
+  num_towers = property(lambda self: self._replica_context.num_replicas_in_sync, doc="Towers.")
+  is_single_tower = property(lambda self: self.num_towers == 1, doc="Whether it is the only one.")
 
-  @property
-  def device(self):
-    """The device this tower runs on, as a string (for the default tower,
-    the current device)."""
-    return tf.nest.flatten(self._replica_context.devices)[0]
+  device = property(lambda self: tf.nest.flatten(self._replica_context.devices)[0],
+                    doc="The device this tower runs on, as a string.")
 
 
 def get_tower_context():
-  """The current tower's context, or None in a cross-tower context; outside
-  any strategy, the default tower context (`tower_id` 0).
+  """The current tower's context (outside any strategy, the default one), or
+  None in a cross-tower context.
 
   >>> get_tower_context().tower_id
   0

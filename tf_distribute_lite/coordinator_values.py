@@ -1,6 +1,5 @@
-"""The values a `ClusterCoordinator` hands out: `RemoteValue` (a scheduled
-function's result), `PerWorkerValues` (one value per worker, such as
-per-worker iterators) and `experimental_get_current_worker_index()`."""
+"""What a `ClusterCoordinator` hands out: `RemoteValue`s, `PerWorkerValues`
+and `experimental_get_current_worker_index()`."""
 
 import contextlib
 import threading
@@ -11,11 +10,10 @@ from tf_distribute_lite import _tf_bridge
 from tf_distribute_lite.tf_classes import StandsFor
 
 _WORKER_INDEX_ERROR = (
-    "Cannot retrieve the worker index. `get_worker_idx_and_num_workers` should "
-    "be called from within a tf.function being executed on a worker. This "
-    "method should only be called from either a dataset_fn that is passed into "
-    "`ClusterCoordinator.create_per_worker_dataset`, or a tf.function that is "
-    "passed into `ClusterCoordinator.schedule`.")
+    "Cannot retrieve the worker index. `get_worker_idx_and_num_workers` should be called from "
+    "within a tf.function being executed on a worker. This method should only be called from "
+    "either a dataset_fn that is passed into `ClusterCoordinator.create_per_worker_dataset`, or a "
+    "tf.function that is passed into `ClusterCoordinator.schedule`.")
 
 _dispatch = threading.local()  # .worker_index: the worker this thread runs on
 
@@ -33,7 +31,7 @@ def running_on(worker_index):
 
 def experimental_get_current_worker_index():
   """The index of the worker running the current scheduled function (or
-  per-worker `dataset_fn`): an int64 scalar tensor, read at each call.
+  per-worker `dataset_fn`), an int64 scalar tensor.
 
   >>> experimental_get_current_worker_index()
   Traceback (most recent call last):
@@ -53,16 +51,8 @@ def experimental_get_current_worker_index():
 
 
 class RemoteValue(tf.distribute.experimental.coordinator.RemoteValue):
-  """The value of a function scheduled on a remote worker; a TensorFlow
-  `RemoteValue` too, so that tf_keras recognises scheduled steps' results."""
-
-  def fetch(self):
-    """Waits for the value; NumPy arrays in the function's output structure."""
-    raise NotImplementedError("Must be implemented in subclasses.")
-
-  def get(self):
-    """Waits for the value; tensors in the function's output structure."""
-    raise NotImplementedError("Must be implemented in subclasses.")
+  """The value of a function scheduled on a worker (TensorFlow's to tf_keras);
+  `fetch` and `get` are abstract."""
 
 
 class RemoteValueImpl(RemoteValue):
@@ -100,24 +90,17 @@ class RemoteValueImpl(RemoteValue):
 
   def fetch(self):
     self._wait()
-    return tf.nest.map_structure(
-        lambda v: v.numpy() if hasattr(v, "numpy") else v, self._values)
+    return tf.nest.map_structure(lambda v: v.numpy() if hasattr(v, "numpy") else v, self._values)
 
 
 class PerWorkerValues(_tf_bridge.CompositeTensor, StandsFor,
                       stands_for=tf.distribute.coordinator.PerWorkerValue):
-  """One value per worker: a scheduled function gets its worker's value.
-
-  >>> PerWorkerValues((1, 2))._values
-  (1, 2)
-  """
+  """One value per worker: a scheduled function gets its worker's value."""
 
   def __init__(self, values):
     self._values = tuple(values)
 
-  @property
-  def _type_spec(self):
-    return PerWorkerValuesSpec(self._values, type(self))
+  _type_spec = property(lambda self: PerWorkerValuesSpec(self._values, type(self)))
 
   def _value_on(self, worker_index):
     value = self._values[worker_index]
@@ -153,8 +136,7 @@ class PerWorkerValuesSpec(tf.TypeSpec):
 
 
 class _WorkerResource:
-  """A worker's resource (dataset, iterator), made by `create` again when
-  the worker comes back."""
+  """A worker's resource (dataset, iterator), remade by `create` on its return."""
 
   def __init__(self, create):
     self._create = create
@@ -172,9 +154,8 @@ class _WorkerResource:
 
 
 class PerWorkerDataset:
-  """A dataset on every worker (`create_per_worker_dataset`); `iter()`
-  gives a `PerWorkerIterator`. A `dataset_fn` returning no dataset raises
-  `ValueError` (TensorFlow 2.21 fails later, at `iter()`)."""
+  """A dataset on every worker; `iter()` gives a `PerWorkerIterator`. A
+  `dataset_fn` returning no dataset raises `ValueError` (TF 2.21: at `iter()`)."""
 
   def __init__(self, coordinator, dataset_fn):
     self._coordinator = coordinator
@@ -185,7 +166,6 @@ class PerWorkerDataset:
           f"what `strategy.distribute_datasets_from_function` returns; got "
           f"the {type(dataset_fn).__name__} {dataset_fn!r}.")
     if build is None:
-      # A tf.function is traced again, its result made a dataset.
       python_function = getattr(dataset_fn, "python_function", dataset_fn)
       build = lambda: _as_dataset(python_function())  # pylint: disable=unnecessary-lambda-assignment
     self._dataset_fn = tf.function(build)
@@ -194,8 +174,7 @@ class PerWorkerDataset:
         for i in range(coordinator._num_workers))  # pylint: disable=protected-access
 
   def build(self):
-    """Each worker's dataset, as `PerWorkerValues` (tf_keras's exact
-    evaluation schedules functions taking them)."""
+    """Each worker's dataset, as `PerWorkerValues`."""
     return self._datasets
 
   def __iter__(self):

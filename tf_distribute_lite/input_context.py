@@ -10,8 +10,7 @@ from tf_distribute_lite.tf_classes import StandsFor
 
 
 class InputReplicationMode(enum.Enum):
-  """How many input pipelines an input function makes: one per worker,
-  shared by its replicas (`PER_WORKER`), or one per replica (`PER_REPLICA`).
+  """Whether an input function makes one pipeline per worker or per replica.
 
   >>> InputReplicationMode.PER_WORKER.value
   'PER_WORKER'
@@ -21,8 +20,7 @@ class InputReplicationMode(enum.Enum):
 
 
 class InputContext(StandsFor, stands_for=tf.distribute.InputContext):
-  """Which input pipeline `dataset_fn` is building, out of how many, so that
-  it can shard its input and pick the per-replica batch size.
+  """Which input pipeline `dataset_fn` is building, out of how many.
 
   >>> context = InputContext(num_input_pipelines=2, input_pipeline_id=1,
   ...                        num_replicas_in_sync=4)
@@ -32,22 +30,17 @@ class InputContext(StandsFor, stands_for=tf.distribute.InputContext):
   tf.distribute.InputContext(input pipeline id 1, total: 2)
   """
 
-  def __init__(self, num_input_pipelines=1, input_pipeline_id=0,
-               num_replicas_in_sync=1):
+  def __init__(self, num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1):
     self._num_input_pipelines = num_input_pipelines
     self._input_pipeline_id = input_pipeline_id
     self._num_replicas_in_sync = num_replicas_in_sync
 
-  num_input_pipelines = property(lambda self: self._num_input_pipelines,
-                                 doc="How many input pipelines there are.")
-  input_pipeline_id = property(lambda self: self._input_pipeline_id,
-                               doc="This pipeline's index, from 0.")
-  num_replicas_in_sync = property(lambda self: self._num_replicas_in_sync,
-                                  doc="How many replicas are in sync.")
+  num_input_pipelines = property(lambda self: self._num_input_pipelines, doc="Pipelines.")
+  input_pipeline_id = property(lambda self: self._input_pipeline_id, doc="This one's, from 0.")
+  num_replicas_in_sync = property(lambda self: self._num_replicas_in_sync, doc="Replicas.")
 
   def get_per_replica_batch_size(self, global_batch_size):
-    """`global_batch_size` divided by the number of replicas; `ValueError`
-    if it does not divide evenly."""
+    """`global_batch_size` divided (evenly, else `ValueError`) by the replicas."""
     if global_batch_size % self._num_replicas_in_sync:
       raise ValueError(
           f"The `global_batch_size` {global_batch_size!r} is not divisible by "
@@ -63,16 +56,8 @@ class InputOptions(collections.namedtuple("InputOptions", [
     "experimental_fetch_to_device", "experimental_replication_mode",
     "experimental_place_dataset_on_device",
     "experimental_per_replica_buffer_size"])):
-  """How a distributed dataset places and prefetches its batches.
-
-  Args:
-    experimental_fetch_to_device: copy each replica's batch to its device
-      (`None` means the default, `True`).
-    experimental_replication_mode: one input pipeline per worker or per
-      replica (`distribute_datasets_from_function` only).
-    experimental_place_dataset_on_device: build each replica's pipeline on
-      its device (needs `PER_REPLICA` and no `experimental_fetch_to_device`).
-    experimental_per_replica_buffer_size: batches prefetched per replica.
+  """How a distributed dataset places and prefetches its batches
+  (`experimental_fetch_to_device` None means True).
 
   >>> InputOptions(experimental_fetch_to_device=False)
   InputOptions(experimental_fetch_to_device=False, experimental_replication_mode=<InputReplicationMode.PER_WORKER: 'PER_WORKER'>, experimental_place_dataset_on_device=False, experimental_per_replica_buffer_size=1)
@@ -99,8 +84,7 @@ def is_per_replica(options):
 
 
 def refuse_per_replica(options):
-  """Raises TensorFlow's error where `options` ask for one input pipeline per
-  replica of a strategy that has one per worker only."""
+  """Raises TensorFlow's error where `options` ask for a pipeline per replica."""
   if is_per_replica(options):
     raise NotImplementedError(
         "InputReplicationMode.PER_REPLICA is only supported in "
@@ -113,11 +97,9 @@ def check_function_options(options):
     return
   if not is_per_replica(options):
     raise ValueError(
-        "When `experimental_place_dataset_on_device` is set for dataset "
-        "placement, you must also specify `PER_REPLICA` for the replication "
-        "mode")
+        "When `experimental_place_dataset_on_device` is set for dataset placement, you must also "
+        "specify `PER_REPLICA` for the replication mode")
   if options.experimental_fetch_to_device:
     raise ValueError(
         "`experimental_place_dataset_on_device` can not be set to True when "
-        "experimental_fetch_to_device is True and replication mode is set to "
-        "`PER_REPLICA`")
+        "experimental_fetch_to_device is True and replication mode is set to `PER_REPLICA`")

@@ -1,11 +1,8 @@
-"""Partitioners: how many shards to split a variable into, along one axis
-(a shard count per axis, 1 on all but the split one).
+"""Partitioners: a shard count per axis of a variable, 1 but on `axis`.
 
-Where TensorFlow 2.21 answers 0 shards or divides by zero (an axis of
-length 0, slices of 0 bytes), these answer one shard. `shape` may be
-anything `tf.TensorShape` accepts; an unknown length the answer needs
-raises `ValueError` (TF sometimes `TypeError`); an axis out of range raises
-an error that is both `ValueError` and `IndexError`, as TF raises either.
+Where TF 2.21 answers 0 shards or divides by zero, these answer one shard;
+an unknown length raises `ValueError`; an axis out of range, an error both
+`ValueError` and `IndexError` (TF raises either).
 """
 
 import math
@@ -19,8 +16,7 @@ from tf_distribute_lite.tf_classes import StandsFor
 
 
 class Partitioner(StandsFor, stands_for=tf.distribute.experimental.partitioners.Partitioner):
-  """Base class of partitioners: called with a variable's `shape`, `dtype`
-  and `axis`, returns the number of shards for each axis.
+  """Base class of partitioners: `(shape, dtype, axis)` -> shards per axis.
 
   >>> class OneShardPerRow(Partitioner):
   ...   def __call__(self, shape, dtype, axis=0):
@@ -40,10 +36,8 @@ class Partitioner(StandsFor, stands_for=tf.distribute.experimental.partitioners.
 
 class FixedShardsPartitioner(
     Partitioner, stands_for=tf.distribute.experimental.partitioners.FixedShardsPartitioner):
-  """Splits `axis` into `num_shards` shards, or one per element if it is
-  shorter.
-
-  `num_shards` must be a positive integer (TF 2.21 takes 0 or 2.5).
+  """Splits `axis` into `num_shards` (a positive integer; TF 2.21 takes 0 or
+  2.5) shards, or one per element if it is shorter.
 
   >>> FixedShardsPartitioner(num_shards=2)(tf.TensorShape([10, 3]), tf.float32)
   [2, 1]
@@ -60,13 +54,8 @@ class FixedShardsPartitioner(
 
 class MinSizePartitioner(
     Partitioner, stands_for=tf.distribute.experimental.partitioners.MinSizePartitioner):
-  """`ceil(variable bytes / min_shard_bytes)` shards, capped by
-  `max_shards` and the length of `axis`, as in TensorFlow.
-
-  Args:
-    min_shard_bytes: the least number of bytes a shard should hold.
-    max_shards: the most shards to make, a positive integer.
-    bytes_per_string: the size assumed for each `tf.string` element.
+  """`ceil(variable bytes / min_shard_bytes)` shards, capped by `max_shards`
+  and the length of `axis` (a `tf.string` element: `bytes_per_string`).
 
   >>> MinSizePartitioner(min_shard_bytes=4, max_shards=2)(tf.TensorShape([6, 1]), tf.float32)
   [2, 1]
@@ -87,12 +76,7 @@ class MinSizePartitioner(
 class MaxSizePartitioner(
     Partitioner, stands_for=tf.distribute.experimental.partitioners.MaxSizePartitioner):
   """As few shards as possible of at most `max_shard_bytes` each (at least
-  one whole slice along `axis`), but no more than `max_shards`.
-
-  Args:
-    max_shard_bytes: the most bytes a shard should hold.
-    max_shards: the most shards to make; None or 0 for no limit.
-    bytes_per_string: the size assumed for each `tf.string` element.
+  one slice along `axis`), but no more than `max_shards` (None or 0: any).
 
   >>> MaxSizePartitioner(max_shard_bytes=4)(tf.TensorShape([6, 1]), tf.float32)
   [6, 1]
@@ -138,8 +122,7 @@ def _checked_shape(shape, axis, whole_shape_known):
   if shape[axis] is None or (whole_shape_known and not shape.is_fully_defined()):
     needed = "fully defined" if whole_shape_known else f"known along axis {axis}"
     raise ValueError(
-        f"Cannot partition a variable whose shape is not {needed}. "
-        f"Received: shape={shape}")
+        f"Cannot partition a variable whose shape is not {needed}. Received: shape={shape}")
   return shape, axis
 
 
@@ -161,8 +144,7 @@ def _positive_number(name, value):
         f"Argument `{name}` must be a positive number. "
         f"Received: {name}={value!r} of type {type(value).__name__}")
   if value < 1:
-    raise ValueError(
-        f"Argument `{name}` must be positive. Received: {name}={value!r}")
+    raise ValueError(f"Argument `{name}` must be positive. Received: {name}={value!r}")
   return value
 
 

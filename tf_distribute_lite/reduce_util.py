@@ -6,8 +6,7 @@ import tensorflow as tf
 
 
 class ReduceOp(enum.Enum):
-  """How per-replica values are reduced: `SUM` or `MEAN`. Wherever one is
-  taken, `ReduceOp.SUM`, `tf.distribute.ReduceOp.SUM` and `"SUM"` are alike.
+  """How per-replica values are reduced: `SUM` or `MEAN` (TF's and "SUM" too).
 
   >>> ReduceOp.from_any("mean")
   <ReduceOp.MEAN: 'MEAN'>
@@ -16,8 +15,7 @@ class ReduceOp(enum.Enum):
   MEAN = "MEAN"
 
   def __eq__(self, other):
-    # Equal to TensorFlow's member of the same name, from either side (Python
-    # asks us when TensorFlow's enum declines).
+    # Equal to TensorFlow's member of the same name, from either side.
     if isinstance(other, enum.Enum) and type(other).__name__ == "ReduceOp":
       return self.value == other.value
     return NotImplemented
@@ -37,9 +35,8 @@ class ReduceOp(enum.Enum):
 
   @staticmethod
   def from_any(reduce_op):
-    """Our `ReduceOp` for ours, TensorFlow's, or a string in any case;
-    anything else is a `ValueError` (TF 2.21: `AssertionError` or
-    `TypeError`).
+    """Our `ReduceOp` for ours, TensorFlow's, or a string in any case, else
+    `ValueError` (TF 2.21: `AssertionError` or `TypeError`).
 
     >>> ReduceOp.from_any("max")
     Traceback (most recent call last):

@@ -1,6 +1,4 @@
-"""`ReplicaContext`: what code inside `strategy.run` sees of its replica,
-and the collectives it calls there (`all_reduce`, `all_gather`,
-`merge_call`)."""
+"""`ReplicaContext`: what code inside `strategy.run` sees of its replica."""
 
 import numbers
 
@@ -14,15 +12,8 @@ from tf_distribute_lite.tf_classes import StandsFor
 
 
 def _collective_results(xs, merged, gradient):
-  """`merged`, a collective's results over `xs`, with `gradient(dys)` as their
-  gradient with respect to `xs`; a result that is its own input (shared by
-  every replica, already in sync) as a copy on this device, as TensorFlow's.
-
-  The gradient flows from here, not through the merge (which reads other
-  replicas' values, on another thread's tape): always in a graph, eagerly
-  while a tape records. Passing `ys` as arguments keeps TensorFlow's search
-  for captured variables from walking every replica's graph.
-  """
+  """`merged`, a collective's results over `xs`, with gradient `gradient(dys)`
+  (not through the merge); a result that is its input comes back as a copy."""
   ys = [tf.identity(y) if y is x else y for x, y in zip(xs, merged)]
   if tf.executing_eagerly() and not _tf_bridge.gradient_tape_active():
     return ys
@@ -36,8 +27,7 @@ def _collective_results(xs, merged, gradient):
 
 
 def refuse_indexed_slices(value, method):
-  """Raises TensorFlow's NotImplementedError where the nest `value` holds a
-  `tf.IndexedSlices`, which `method` (a gather) cannot concatenate."""
+  """Raises TensorFlow's NotImplementedError for `tf.IndexedSlices` in `value`."""
   if any(isinstance(v, tf.IndexedSlices) for v in tf.nest.flatten(value)):
     raise NotImplementedError(
         f"{method} does not support IndexedSlices: convert them to dense "
@@ -45,8 +35,7 @@ def refuse_indexed_slices(value, method):
 
 
 class ReplicaContextBase(StandsFor):
-  """What code inside `strategy.run` sees: its replica and the collectives
-  (TF 1.x's and TF 2.x's replica contexts alike)."""
+  """What TF 1.x's and TF 2.x's replica contexts share."""
 
   def __init__(self, strategy, replica_id_in_sync_group, runner=None):
     self._strategy = strategy
@@ -68,15 +57,9 @@ class ReplicaContextBase(StandsFor):
     """Whether `tf.summary` records here: in replica 0 only, as in TF."""
     return tf.equal(self.replica_id_in_sync_group, 0)
 
-  @property
-  def strategy(self):
-    """The strategy this replica belongs to."""
-    return self._strategy
-
-  @property
-  def num_replicas_in_sync(self):
-    """How many replicas take part in each synchronous step."""
-    return self._strategy.num_replicas_in_sync
+  strategy = property(lambda self: self._strategy, doc="The strategy of this replica.")
+  num_replicas_in_sync = property(lambda self: self._strategy.num_replicas_in_sync,
+                                  doc="How many replicas take part in each step.")
 
   @property
   def replica_id_in_sync_group(self):
@@ -106,10 +89,8 @@ class ReplicaContextBase(StandsFor):
                        f"{entry.strategy} is not {self._strategy}.")
 
   def merge_call(self, merge_fn, args=(), kwargs=None):
-    """Runs `merge_fn(strategy, *args, **kwargs)` once, in the cross-replica
-    context, when every replica has called `merge_call`, with each argument
-    grouped into a distributed value; each replica receives its part of the
-    result."""
+    """Runs `merge_fn(strategy, *args, **kwargs)` once all replicas call it,
+    cross-replica, on their grouped arguments; each gets its part back."""
     self._require_current()
     kwargs = {} if kwargs is None else kwargs
     merge_fn = _tf_bridge.autograph_convert(merge_fn)
@@ -119,12 +100,8 @@ class ReplicaContextBase(StandsFor):
       return merge_fn(self._strategy, *args, **kwargs)
 
   def all_reduce(self, reduce_op, value, options=None):
-    """Reduces `value` (a nest of tensors) across replicas; each gets the
-    result, whose gradient is the same all-reduce of the gradients. A value
-    that is the same object in every replica (made outside `strategy.run`)
-    is already in sync: SUM and MEAN return it unchanged, as Keras
-    optimizers expect. A Python or numpy number is each replica's own, as in
-    a TensorFlow `tf.function`: `all_reduce("SUM", 1)` counts the replicas.
+    """Reduces `value` (a nest of tensors) across replicas. A value that is
+    one object in every replica is in sync: SUM and MEAN give it back.
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> shared = tf.constant(5.0)
@@ -140,8 +117,7 @@ class ReplicaContextBase(StandsFor):
             else v for v in flat]
 
     def batch_all_reduce(strategy, *per_replica):
-      return strategy.extended.batch_reduce_to(
-          reduce_op, [(v, v) for v in per_replica], options)
+      return strategy.extended.batch_reduce_to(reduce_op, [(v, v) for v in per_replica], options)
     reduced = self.merge_call(batch_all_reduce, args=flat)
     if not any(isinstance(v, tf.IndexedSlices) for v in flat):
       reduced = _collective_results(
@@ -149,9 +125,7 @@ class ReplicaContextBase(StandsFor):
     return tf.nest.pack_sequence_as(value, reduced)
 
   def _update(self, var, fn, args=(), kwargs=None, group=True):
-    """`strategy.extended.update` from a replica context: `fn(component,
-    *args, **kwargs)` on each component of `var` once every replica arrived,
-    with the replicas' arguments grouped."""
+    """`strategy.extended.update` from a replica context."""
     self._require_current()
     return self._strategy.extended.update(var, fn, args, kwargs, group)
 
@@ -166,15 +140,9 @@ class ReplicaContext(ReplicaContextBase, stands_for=tf.distribute.ReplicaContext
   """
 
   def all_gather(self, value, axis, options=None):
-    """Concatenates every replica's `value` (a nest of tensors) along `axis`.
-
-    Replicas may differ in their size along `axis`. A value that is the very
-    same object in every replica is already in sync and comes back unchanged,
-    as with `all_reduce`. The gradient with respect to a replica's value is
-    its own slice of the SUM all-reduce of the gathered value's gradients.
-    (TensorFlow 2.21 fails to take that gradient of a shared value, or of
-    values of different ranks gathered at once.)
-    """
+    """Concatenates every replica's `value` (a nest of tensors) along `axis`;
+    a value shared by every replica comes back as it is. (TF 2.21 fails on
+    gradients of shared values or of several ranks gathered at once.)"""
     refuse_indexed_slices(value, "all_gather")
     flat = tf.nest.flatten(value)
     if self.num_replicas_in_sync == 1:
@@ -190,15 +158,12 @@ class ReplicaContext(ReplicaContextBase, stands_for=tf.distribute.ReplicaContext
     return tf.nest.pack_sequence_as(value, gathered)
 
   def _gather_gradients(self, xs, shared, dys, axis, options):
-    """Per `x` in `xs`, its slice of the summed gradients `dys` of its
-    gathered value (`dy` itself where `x` was shared)."""
+    """Per `x` in `xs`, its slice of the summed gradients `dys` (shared: `dy`)."""
     gathered = [i for i, is_shared in enumerate(shared) if not is_shared]
     summed = self.all_reduce(ReduceOp.SUM, [dys[i] for i in gathered], options)
-    sizes = self.all_gather([tf.shape(xs[i])[axis:][:1] for i in gathered],
-                            axis=0, options=options)
+    sizes = self.all_gather([tf.shape(xs[i])[axis:][:1] for i in gathered], axis=0, options=options)
     gradients = list(dys)
     for i, dy, size in zip(gathered, summed, sizes):
       begin = tf.reduce_sum(size[:self._replica_id])
-      gradients[i] = tf.gather(dy, tf.range(begin, begin + size[self._replica_id]),
-                               axis=axis)
+      gradients[i] = tf.gather(dy, tf.range(begin, begin + size[self._replica_id]), axis=axis)
     return gradients

@@ -1,12 +1,6 @@
-"""Runs a function once per replica, pausing every replica at `merge_call`.
-
-Replicas run one after another on the calling thread, each under its device
-and in its `ReplicaContext`, until replica 0 first calls `merge_call`: then
-the others start on threads of their own, each running to its `merge_call`,
-`merge_fn` runs once with their arguments grouped, and from then on the
-replicas advance in lockstep, in replica order, so the ops they build come
-out in a deterministic order. Without `merge_call` no thread starts.
-"""
+"""Runs a function once per replica: in turn on the calling thread until
+replica 0 first calls `merge_call`, then the others on threads of their own,
+all advancing in lockstep, in replica order (so ops come out in order)."""
 
 import collections
 import contextlib
@@ -35,8 +29,8 @@ class _ThreadState:
     self.tensorflow_state = _tf_bridge.ThreadState()  # creators, summaries
 
   def enter(self, stack):
-    """Enters this state on the current thread, using `stack` (ExitStack)."""
-    if not self.eager:  # eagerly the creators go onto this thread's own graph
+    """Enters this state on the current thread, using ExitStack `stack`."""
+    if not self.eager:
       stack.enter_context(self.graph.as_default())
     stack.enter_context(self.tensorflow_state)
     if self.name_scope:
@@ -95,47 +89,34 @@ class _ReplicaThread(threading.Thread):
 
 
 def _control_inputs_here():
-  """The ops the current `tf.control_dependencies` blocks of this thread make
-  new ops wait for (read off a no-op made here); none eagerly."""
+  """The ops this thread's `tf.control_dependencies` make new ops wait for."""
   return () if tf.executing_eagerly() else tuple(
       tf.no_op(name="merge_call_control_inputs").control_inputs)
 
 
-# How the messages about a `merge_call` where replicas cannot meet begin.
 _NEW_GRAPH = "`merge_call` called while defining a new graph or a tf.function: "
-# What every message about unmatched `merge_call`s ends with.
 _SAME_MERGE_CALLS = ("every replica must call merge_call (directly or through all_reduce, "
                      "variable updates, optimizers) the same number of times.")
 
 
 def _in_graph(ops, graph):
-  """`ops` without repeats, less those of other graphs than `graph` (another
-  replica's control-flow branch, whose ops `graph` cannot wait for)."""
+  """`ops` of `graph`, without repeats."""
   return list({id(op): op for op in ops if op.graph is graph}.values())
 
 
 def _canonical_name(name):
-  """`name` (or "Variable") without the suffixes `_<n>` that make names
-  unique, which replicas may add differently to one variable's name."""
+  """`name` (or "Variable") without the `_<n>` suffixes that make names unique."""
   return re.sub(r"_\d+(?=/|$)", "", name or "Variable")
 
 
 def conversion_guard():
-  """Keeps AutoGraph's per-thread state intact if replica code fails on the
-  caller's thread; only tracing converts code, so eagerly it does nothing."""
+  """Keeps AutoGraph's thread state intact if replica code fails (tracing only)."""
   return contextlib.nullcontext() if tf.executing_eagerly() else _tf_bridge.TraceMapperGuard()
 
 
 def _input_barrier(replica_inputs):
-  """In a `tf.function`, `[op]` where `op` waits for every replica's input
-  tensors (not variables: `tf.group` refuses Keras ones, and they never fail).
-
-  Every op of the step depends on it, so none starts before the whole step's
-  input is there: a step whose input fails at run time (the end of a
-  dataset) must not update some components of a variable and not others. A
-  TF 1.x graph has none: a `Session` runs only what is fetched, and fetching
-  a metric's result must not pull the next input.
-  """
+  """In a `tf.function`, `[op]` waiting for every replica's input, so that an
+  input failing (end of data) updates no variable half-way; none in TF 1.x."""
   if not _tf_bridge.is_function_graph(tf.compat.v1.get_default_graph()):
     return []
   tensors = _tensors(replica_inputs)
@@ -148,13 +129,12 @@ def _tensors(value):
 
 
 def _symbolic_tensors(value):
-  """The graph tensors in the nest `value`, composites' components too."""
   return [t for t in _tensors(value) if tf.is_symbolic_tensor(t)]
 
 
 def _branch_condition(branch):
-  """The condition (or branch index) of the `tf.cond` (`tf.switch_case`)
-  whose branch is the graph `branch`; None if no such op is found."""
+  """The condition (or index) of the `tf.cond` (`tf.switch_case`) whose
+  branch is graph `branch`, or None."""
   for op in branch.outer_graph.get_operations():
     if op.type in ("If", "StatelessIf"):
       names = [op.get_attr("then_branch").name, op.get_attr("else_branch").name]
@@ -168,9 +148,8 @@ def _branch_condition(branch):
 
 
 class ReplicaRunner:
-  """Calls `fn` once per replica of `strategy`, with its `(args, kwargs)`
-  from `replica_inputs`, on its device from `devices`, in the context
-  `make_replica_context(replica_id, runner)`; returns their results."""
+  """Calls `fn` per replica with its `(args, kwargs)` from `replica_inputs`,
+  on its device, in `make_replica_context(replica_id, runner)`."""
 
   def __init__(self, strategy, fn, replica_inputs, devices, make_replica_context):
     self._strategy = strategy
@@ -206,8 +185,7 @@ class ReplicaRunner:
       try:
         self._advance(thread)
       except Exception as e:
-        # A merge's result (in replica 0's branch) used in a branch of the
-        # replica's own fails: say why if only some replicas may take it.
+        # A merge's result used in a branch of the replica's own: say why.
         self._check_branch_conditions(complete=False, cause=e)
         raise
       if not thread.done:
@@ -228,9 +206,7 @@ class ReplicaRunner:
           tf.control_dependencies(self._input_barrier):
         if replica_id == 0:
           return self._fn(*args, **kwargs)
-        # Later replicas' `get_variable` reuses replica 0's, in the caller's
-        # variable scope (a thread does not inherit it eagerly). In a graph,
-        # every `run` shares one name scope per replica, as in TensorFlow.
+        # As in TensorFlow: replica 0's `get_variable`s, a name scope per replica.
         name_scope = contextlib.nullcontext()
         if not tf.executing_eagerly():
           outer = tf.compat.v1.get_default_graph().get_name_scope()
@@ -239,13 +215,10 @@ class ReplicaRunner:
                                          auxiliary_name_scope=False), name_scope:
           return self._fn(*args, **kwargs)
     except Exception as error:
-      # The replica's own error says which replica raised it, once (a replica
-      # thread's passes through replica 0 too); the runner's errors and those
-      # of a merge are in `_named_errors` already.
+      # Noted once (a thread's error passes through replica 0 too).
       if not any(error is e for e in self._named_errors):
         self._named_errors.append(error)
-        _tf_bridge.add_error_note(
-            error, f"(raised by replica {replica_id} of {self.num_replicas})")
+        _tf_bridge.add_error_note(error, f"(raised by replica {replica_id} of {self.num_replicas})")
       raise
     finally:
       self._running.replica_id = None
@@ -257,9 +230,8 @@ class ReplicaRunner:
     return error
 
   def _share_variable(self, next_creator, **kwargs):
-    """Replica 0 creates variables; the others get the same ones: the next
-    one replica 0 created under the same name (less the suffix `_<n>` that
-    makes names unique), as in TensorFlow."""
+    """Replica 0 creates variables; each other replica gets, in turn, those
+    replica 0 created under the same canonical name, as in TensorFlow."""
     replica_id = getattr(self._running, "replica_id", None)
     name = _canonical_name(kwargs.get("name"))
     if not replica_id:
@@ -270,10 +242,9 @@ class ReplicaRunner:
     taken = self._taken_variables[replica_id][name]
     if taken >= len(self._created_variables[name]):
       raise self._error(
-          f"Tried to create variable {kwargs.get('name')} with mismatching "
-          f"name on device {replica_id}: replica {replica_id} created a "
-          f"variable that replica 0 did not; every replica must create the "
-          f"same variables, with the same names.")
+          f"Tried to create variable {kwargs.get('name')} with mismatching name on device "
+          f"{replica_id}: replica {replica_id} created a variable that replica 0 did not; every "
+          "replica must create the same variables, with the same names.")
     self._taken_variables[replica_id][name] = taken + 1
     return self._created_variables[name][taken]
 
@@ -291,8 +262,7 @@ class ReplicaRunner:
       if not self._state.eager:
         # Each thread gets its own device and control stacks, from this one's.
         self._state.graph.switch_to_thread_local()
-      self._threads = [_ReplicaThread(self, i, self._state)
-                       for i in range(1, self.num_replicas)]
+      self._threads = [_ReplicaThread(self, i, self._state) for i in range(1, self.num_replicas)]
       for thread in self._threads:
         thread.start()
     requests = [(args, kwargs, graph)]
@@ -311,8 +281,7 @@ class ReplicaRunner:
     all_args, all_kwargs, graphs = zip(*requests)
     merged_args = values_lib.regroup(list(all_args))
     merged_kwargs = values_lib.regroup(list(all_kwargs))
-    # After what every replica's `tf.control_dependencies` wait for, as in
-    # TensorFlow (a tf_keras metric's result after each replica's update).
+    # After what every replica's `tf.control_dependencies` wait for, as in TF.
     with self._aborting_on_error(named=True), \
         contexts.Entered(contexts.ContextEntry.cross_replica(self._strategy)), \
         tf.device(None), tf.control_dependencies(_in_graph(control_inputs, graph)):
@@ -327,11 +296,8 @@ class ReplicaRunner:
     return results[0]
 
   def _check_where_replicas_meet(self, replica_id, graph):
-    """Raises TensorFlow's RuntimeError for a `merge_call` inside a graph each
-    replica traces on its own, where they cannot meet: a `tf.function` the
-    replica function calls, or a `tf.while_loop` body. `tf.cond` branches may
-    hold one if every replica takes the same branch (a Keras optimizer's
-    periodic update does): `_check_branch_conditions` checks that."""
+    """Raises TensorFlow's RuntimeError for a `merge_call` in a graph each
+    replica traces alone (a nested `tf.function`, a `tf.while_loop` body)."""
     while graph is not self._state.graph and _tf_bridge.is_function_graph(graph):
       kind = _tf_bridge.control_flow_kind(graph)
       if kind == "while":
@@ -346,15 +312,13 @@ class ReplicaRunner:
         graph = graph.outer_graph
         continue
       raise self._error(
-          f"{_NEW_GRAPH}replica {replica_id} reaches a synchronization point (such as "
-          f"all_reduce or optimizer.apply_gradients) inside {inside}, which each replica "
-          f"traces on its own, so the replicas cannot meet there. Move the "
-          f"synchronization out of it, or {fix}.")
+          f"{_NEW_GRAPH}replica {replica_id} reaches a synchronization point (such as all_reduce "
+          f"or optimizer.apply_gradients) inside {inside}, which each replica traces on its own, "
+          f"so the replicas cannot meet there. Move the synchronization out of it, or {fix}.")
 
   def _check_readable(self, requests, graph):
     """Raises TensorFlow's RuntimeError where a replica hands `merge_call` a
-    tensor that the merge, in replica 0's `graph`, cannot read: one of the
-    replica's own `tf.cond` branch."""
+    tensor of its own `tf.cond` branch, which replica 0's `graph` cannot read."""
     if self._state.eager:
       return
     readable = [graph]
@@ -366,17 +330,13 @@ class ReplicaRunner:
           self._abort()
           raise self._error(
               f"{_NEW_GRAPH}replica {replica_id} passes it {tensor.name} of graph "
-              f"{tensor.graph.name}, a tf.cond branch of its own, which other replicas "
-              f"cannot read. Move the synchronization (all_reduce, "
-              f"optimizer.apply_gradients) out of the branch, or the control flow out "
-              f"of the function passed to strategy.run.")
+              f"{tensor.graph.name}, a tf.cond branch of its own, which other replicas cannot "
+              "read. Move the synchronization (all_reduce, optimizer.apply_gradients) out of the "
+              "branch, or the control flow out of the function passed to strategy.run.")
 
   def _check_branch_conditions(self, complete=True, cause=None):
-    """Raises TensorFlow's RuntimeError where replicas called `merge_call`
-    inside a `tf.cond` branch whose condition depends on the replica: a
-    replica taking the other branch would never meet the others. Unless the
-    trace is `complete`, a branch whose `tf.cond` is not built yet is passed
-    over; the error then comes from `cause`."""
+    """Raises TensorFlow's RuntimeError for a `merge_call` in a `tf.cond` branch
+    whose condition depends on the replica (unless `complete`: if built)."""
     for call, graphs in self._merges_in_branches:
       for replica_id, graph in enumerate(graphs):
         while graph is not self._state.graph:
@@ -394,10 +354,8 @@ class ReplicaRunner:
           graph = graph.outer_graph
 
   def _depends_on_the_replica(self, tensor, replica_id):
-    """Whether `tensor` may differ between replicas: is computed, other than
-    through a merge (whose results the replicas share), from
-    `replica_id_in_sync_group`, from an input of this replica's own (passed
-    or captured) or from a sync-on-read variable's component."""
+    """Whether `tensor` may differ between replicas: computed, not through a merge,
+    from the replica id, its own input or a sync-on-read variable."""
     others = {t.ref() for i, inputs in enumerate(self._inputs) if i != replica_id
               for t in _tensors(inputs)}
     own = {t.ref() for t in _tensors(self._inputs[replica_id])} - others
@@ -426,14 +384,12 @@ class ReplicaRunner:
     return False
 
   def note_replica_local(self, tensor):
-    """Notes that `tensor` (a sync-on-read variable's component handle, read
-    by a replica) holds a value of that replica's own."""
+    """Notes that `tensor` holds a value of its replica's own."""
     self._replica_local.add(tensor.ref())
 
   @contextlib.contextmanager
   def _aborting_on_error(self, named=False):
-    """Aborts the replicas on an error; `named`: the error (a merge's) names
-    no replica of its own and gets no note."""
+    """Aborts the replicas on an error; a `named` error gets no replica note."""
     try:
       yield
     except BaseException as error:

@@ -1,19 +1,10 @@
-"""Remote calls of `tf.function`s: `tf.distribute.experimental.rpc`.
+"""`tf.distribute.experimental.rpc` on TensorFlow's RPC ops (interoperable with TF's).
 
-A `Server` serves `tf.function`s by name over gRPC; a `Client` calls them and
-gets a `StatusOrResult` at once, which waits for the answer. Both use
-TensorFlow's RPC ops and spec encoding, so they interoperate with TF's. A
-timeout of 0 means none (gRPC's wait-for-ready), as in TensorFlow.
-
-Where TensorFlow 2.21 fails on valid use, these do better: `get_value()`
-without `output_specs` returns the flat list of outputs, as TF documents,
-and a None inside a returned structure stays None; `<method>_blocking`
-raises a readable error, inside a `tf.function` too; a client's methods and
-calls keep it alive, and one with a call never awaited is never destroyed
-(TF's crashes or hangs then); clients of one name and server stay apart
-(TF's share a resource the first to go destroys); a call made in a
-`tf.function` is released there; bad arguments fail at once, naming them
-(non-spec `output_specs`: `TypeError`; a negative timeout: `ValueError`).
+Better than TF 2.21, which fails on valid use: `get_value()` without
+`output_specs` gives the flat outputs and keeps a None in a structure;
+`NAME_blocking` raises readable errors; a client lives while its methods
+or an unawaited call do, and same-named clients stay apart; a call traced
+in a `tf.function` is released there; bad arguments fail at once.
 """
 
 import inspect
@@ -28,7 +19,6 @@ from tf_distribute_lite.tf_classes import StandsFor
 
 _RPC_LAYER = "grpc"
 
-# Makes each client's shared name unique (see the module doc).
 _client_numbers = itertools.count()
 
 _ABSTRACT = "{0} is an interface: make one with {0}.create(rpc_layer, address)."
@@ -52,24 +42,12 @@ class Server(StandsFor, stands_for=tf.distribute.experimental.rpc.Server):
 
   @staticmethod
   def create(rpc_layer, address):
-    """A new server to listen at `address` ("host:port") once started; it
-    stops when its last reference goes. Made eagerly only.
-
-    Args:
-      rpc_layer: "grpc", the only RPC layer.
-      address: where to listen, "host:port".
-    """
+    """A server (made eagerly) for `address` ("host:port"); `rpc_layer`: "grpc"."""
     _check_rpc_layer(rpc_layer)
     return GrpcServer(address)
 
   def register(self, method_name, func):
-    """Serves `func` under `method_name`, before `start()`.
-
-    Args:
-      method_name: the name clients call it by, registered once.
-      func: a `tf.function` with an `input_signature` (or no arguments), or
-        a concrete function.
-    """
+    """Serves `func` (with an `input_signature`) as `method_name`, before `start()`."""
     raise NotImplementedError(_ABSTRACT.format("Server"))
 
   def start(self):
@@ -92,42 +70,20 @@ class Client(StandsFor, stands_for=tf.distribute.experimental.rpc.Client):
   >>> server.register("stats", stats)
   >>> server.start()
   >>> client = Client.create("grpc", address, timeout_in_ms=10000)
-  >>> result = client.stats(tf.constant([1.0, 4.0]))
-  >>> bool(result.is_ok())
-  True
-  >>> result.get_value()["max"]
+  >>> client.stats(tf.constant([1.0, 4.0])).get_value()["max"]
   <tf.Tensor: shape=(), dtype=float32, numpy=4.0>
   """
 
   @staticmethod
   def create(rpc_layer, address, name="", timeout_in_ms=0):
-    """A client of the server at `address` with its methods as attributes;
-    made eagerly, after the server lists its methods.
-
-    Args:
-      rpc_layer: "grpc", the only RPC layer.
-      address: the server's "host:port".
-      name: a name telling clients of the same server apart.
-      timeout_in_ms: the wait for the server and each call's default
-        deadline, in milliseconds; 0 for no limit.
-    """
+    """A client (made eagerly) of the server at `address`, its methods as
+    attributes; `timeout_in_ms` (0: none) is also each call's deadline."""
     _check_rpc_layer(rpc_layer)
     return GrpcClient(address, name=name, timeout_in_ms=timeout_in_ms)
 
   def call(self, method_name, args=None, output_specs=None, timeout_in_ms=0):
-    """Calls `method_name` on the server with `args`, without waiting.
-
-    Args:
-      method_name: the method's registered name.
-      args: a structure of tensors (flattened).
-      output_specs: the `tf.TypeSpec` structure `get_value()` returns; None
-        for the flat list of outputs.
-      timeout_in_ms: this call's deadline; 0 for the client's.
-
-    Returns:
-      A `StatusOrResult` (an unknown method or mismatched arguments fail
-      there with `InvalidArgumentError`'s code).
-    """
+    """Calls `method_name` with `args` without waiting: a `StatusOrResult`
+    whose `get_value()` is structured as `output_specs` (None: flat)."""
     raise NotImplementedError(_ABSTRACT.format("Client"))
 
 
@@ -143,8 +99,7 @@ class GrpcServer(Server):
 
   def register(self, method_name, func):
     concrete = _concrete_function(func)
-    output_specs = tf.nest.map_structure(tf.type_spec_from_value,
-                                         concrete.structured_outputs)
+    output_specs = tf.nest.map_structure(tf.type_spec_from_value, concrete.structured_outputs)
     _tf_bridge.rpc_kernels().rpc_server_register(
         self._resource.handle, method_name=_checked_string("method_name", method_name),
         captured_inputs=concrete.captured_inputs, f=concrete,
@@ -174,12 +129,10 @@ class GrpcClient(Client):
       method = _tf_bridge.parse_registered_method(serialized)
       output_specs = _tf_bridge.decode_specs(method.output_specs)
       self._output_specs[method.method] = output_specs
-      self._add_method(method.method, output_specs,
-                       _tf_bridge.decode_specs(method.input_specs))
+      self._add_method(method.method, output_specs, _tf_bridge.decode_specs(method.input_specs))
 
   def _add_method(self, method_name, output_specs, input_specs):
-    """Adds `NAME(*args, timeout_in_ms=0)` and `NAME_blocking`, holding the
-    client's resource, not the client (no reference cycle)."""
+    """Adds `NAME` and `NAME_blocking`, which hold the resource, not `self`."""
     resource = self._resource
 
     def call(*args, timeout_in_ms=0):
@@ -215,8 +168,7 @@ class GrpcClient(Client):
 
 
 class StatusOrResult:
-  """The answer to one remote call; each method waits for it (see
-  `Client`'s example)."""
+  """The answer to one remote call; each method waits for it."""
 
   def __init__(self, status_or, deleter, output_specs, client):
     self._status_or = status_or
@@ -262,15 +214,13 @@ def _call(client, method_name, args, output_specs, timeout_in_ms):
 
 
 def _release_in_graph(graph, future, deleter):
-  """Deletes `future` at the end of `graph`, if still being traced; the op
-  uses `deleter`, which would otherwise delete it at once."""
+  """Deletes `future` in `graph` if it is still being traced."""
   if tf.compat.v1.get_default_graph() is graph:
     _tf_bridge.rpc_kernels().delete_rpc_future_resource(handle=future, deleter=deleter)
 
 
 class _Resource:
-  """Owns a server's or client's `handle`, destroyed with this object
-  unless a call was never awaited (it may be in flight)."""
+  """Owns `handle`; destroys it with itself unless a call was never awaited."""
 
   def __init__(self, handle):
     self.handle = handle
@@ -297,8 +247,7 @@ def _concrete_function(func):
           f"with arguments is registered with an input_signature; received: "
           f"{func.python_function.__name__}{inspect.signature(func.python_function)}.")
     return func.get_concrete_function()
-  raise ValueError(f"func must be a tf.function or a concrete function; "
-                   f"received: {func!r}")
+  raise ValueError(f"func must be a tf.function or a concrete function; received: {func!r}")
 
 
 def _check_rpc_layer(rpc_layer):

@@ -1,20 +1,12 @@
-"""`ShardedVariable`: one large variable kept as shards along its first axis.
+"""`ShardedVariable`: one variable kept as shards along its first axis.
 
-`ParameterServerStrategy` with a `variable_partitioner` makes one for each
-variable the partitioner splits, with its shards on different ps tasks. To
-TensorFlow it reads as the concatenation of its shards (tensor conversion,
-operators, `numpy()`); `tf.nn.embedding_lookup` gathers from the shards
-without concatenating them; a checkpoint stores the whole value under the
-name of one variable, so it restores into any number of shards, or into a
-plain variable, and the other way round. Keras layers and optimizers
-recognise it by its class name or as an instance of TensorFlow's class, and
-iterate over its shards.
-
-Shard sizes follow TensorFlow: `shard_sizes(13, 5)` gives the first axis's
-13 rows to 5 shards as `[3, 3, 3, 2, 2]`; `shard_arguments` makes the
-shards' creation arguments, each with its rows of the initial value.
+It reads as its shards concatenated; `tf.nn.embedding_lookup` gathers from
+the shards; a checkpoint stores it as one whole variable, so it restores
+into any number of shards. `shard_arguments` makes the shards' creation
+arguments for `ParameterServerStrategy`'s `variable_partitioner`.
 """
 
+import itertools
 
 import tensorflow as tf
 
@@ -25,8 +17,7 @@ from tf_distribute_lite.tf_classes import StandsFor
 
 
 def shard_sizes(length, num_shards):
-  """How many rows of a first axis of `length` each of `num_shards` shards
-  holds: the first `length % num_shards` shards one more.
+  """The rows of a first axis of `length` each of `num_shards` shards holds.
 
   >>> shard_sizes(101, 2)
   [51, 50]
@@ -38,18 +29,16 @@ def shard_sizes(length, num_shards):
 
 
 def shard_arguments(kwargs, partitioner):
-  """The arguments of each shard of the variable that a variable creator's
-  `kwargs` describe, split along its first axis as `partitioner` says, each
-  with its rows of the initial value; None where it stays whole."""
+  """Each shard's creation arguments for the variable `kwargs` describe, as
+  `partitioner` splits it; None where it stays whole."""
   if partitioner is None:
     return None
   initial_value, shape, dtype = (kwargs.get(key) for key in ("initial_value", "shape", "dtype"))
   if initial_value is None:
     raise ValueError(
-        "It looks like you are using `ParameterServerStrategy` with a "
-        "`variable_partitioner`, and trying to create a variable without "
-        "specifying `initial_value`. This is not allowed. Please specify the "
-        "`initial_value`.")
+        "It looks like you are using `ParameterServerStrategy` with a `variable_partitioner`, and "
+        "trying to create a variable without specifying `initial_value`. This is not allowed. "
+        "Please specify the `initial_value`.")
   if callable(initial_value) and (shape is None or dtype is None):
     initial_value = initial_value()
   if callable(initial_value):
@@ -60,8 +49,7 @@ def shard_arguments(kwargs, partitioner):
   if shape.rank == 0:
     return None
   partitions = partitioner(shape=shape, dtype=dtype)
-  if (not partitions or partitions[0] == 0 or
-      any(p != 1 for p in list(partitions)[1:])):
+  if not partitions or partitions[0] == 0 or any(p != 1 for p in list(partitions)[1:]):
     raise ValueError(
         f"variable_partitioner must return a list/tuple whose elements are 1 "
         f"besides the first element (non-zero), got: {partitions!r}")
@@ -80,9 +68,7 @@ def shard_arguments(kwargs, partitioner):
 
 
 def _shard_initial_value(initial_value, shape, offset, size):
-  """A callable giving rows `offset` to `offset + size` of the initial value:
-  an initializer that takes `partition_shape` and `partition_offset` makes
-  only these; otherwise the whole value is made and sliced."""
+  """A callable giving rows `offset` to `offset + size` of the initial value."""
   def shard_value():
     if not callable(initial_value):
       return initial_value[offset:offset + size]
@@ -102,10 +88,8 @@ def _shard_initial_value(initial_value, shape, offset, size):
 class ShardedVariable(distributed_variables.SavedAsOneVariable, _tf_bridge.Trackable,
                       _tf_bridge.CompositeTensor,
                       StandsFor, stands_for=_tf_bridge.TENSORFLOW_SHARDED_VARIABLE):
-  """A variable stored as `variables`, shards along its first axis.
-
-  It is an instance of TensorFlow's `ShardedVariable` to `isinstance`, as
-  tf_keras's legacy optimizers ask to give its slots (see `tf_classes`).
+  """A variable stored as `variables` (of one dtype, same shapes but for the
+  first axis), shards along its first axis; TensorFlow's to `isinstance`.
 
   >>> v = ShardedVariable([tf.Variable([[1.0], [2.0]]), tf.Variable([[3.0]])])
   >>> v.shape, [s.shape.as_list() for s in v.variables]
@@ -114,14 +98,6 @@ class ShardedVariable(distributed_variables.SavedAsOneVariable, _tf_bridge.Track
   [1.0, 2.0, 3.0]
   >>> tf.nn.embedding_lookup(v, [2, 0]).numpy().ravel().tolist()
   [3.0, 1.0]
-  >>> _ = v.assign_add(tf.ones([3, 1]))
-  >>> (v * 2.0).numpy().ravel().tolist()
-  [4.0, 6.0, 8.0]
-
-  Args:
-    variables: a non-empty list of `tf.Variable`s of one dtype whose shapes
-      agree on every axis but the first.
-    name: the name of the whole variable.
   """
 
   def __init__(self, variables, name="ShardedVariable"):
@@ -141,20 +117,15 @@ class ShardedVariable(distributed_variables.SavedAsOneVariable, _tf_bridge.Track
     self._variables = list(variables)
     self._name = name
     self._dtype = dtypes[0]
-    self._shape = tf.TensorShape([sum(s[0] for s in shapes)] + shapes[0].as_list()[1:])
-    self._offsets = [0]
-    for s in shapes:
-      self._offsets.append(self._offsets[-1] + s[0])
+    self._offsets = _starts(variables)
+    self._shape = tf.TensorShape([self._offsets[-1]] + shapes[0].as_list()[1:])
     for v in self._variables:
       _tf_bridge.set_sharded_container(v, self)
     self._saving_variable = None  # the whole variable a SavedModel stores
 
-  # --- What it is.
-
   @property
   def variables(self):
-    """The shards, in order along the first axis (in a SavedModel being
-    written: the one variable it stores)."""
+    """The shards in order (while a SavedModel is written: the whole one)."""
     if _tf_bridge.in_save_context():
       return [self._whole_variable_for_saving()]
     return self._variables
@@ -176,9 +147,7 @@ class ShardedVariable(distributed_variables.SavedAsOneVariable, _tf_bridge.Track
   def _unique_id(self):
     return _tf_bridge.variable_key(self._variables[0], "_unique_id").replace("part_0", "sharded")
 
-  @property
-  def _distribute_strategy(self):
-    return _tf_bridge.variable_strategy(self._variables[0])
+  _distribute_strategy = property(lambda self: _tf_bridge.variable_strategy(self._variables[0]))
 
   def _should_act_as_resource_variable(self):
     return True
@@ -186,8 +155,6 @@ class ShardedVariable(distributed_variables.SavedAsOneVariable, _tf_bridge.Track
   def __repr__(self):
     return (f"<{type(self).__name__} '{self._name}' shape={self._shape} "
             f"dtype={self._dtype.name} shards={[v.shape[0] for v in self._variables]}>")
-
-  # --- Reads.
 
   def read_value(self):
     """The whole value: the shards concatenated."""
@@ -230,8 +197,7 @@ class ShardedVariable(distributed_variables.SavedAsOneVariable, _tf_bridge.Track
     return self._update("assign_sub", delta)
 
   def _scatter(self, method, sparse_delta):
-    """Sends each row of `sparse_delta` (a `tf.IndexedSlices`) to its shard,
-    with indices made local to the shard."""
+    """Sends each row of `sparse_delta` (`tf.IndexedSlices`) to its shard."""
     indices = tf.cast(sparse_delta.indices, tf.int64)
     for i, v in enumerate(self._variables):
       start, stop = self._offsets[i], self._offsets[i + 1]
@@ -307,8 +273,7 @@ def _as_tensor(var, dtype=None, name=None, as_ref=False):
     raise ValueError(f"Incompatible type conversion requested to type "
                      f"{dtype.name!r} for variable of type {var.dtype.name!r}")
   if as_ref:
-    raise NotImplementedError(
-        "ShardedVariable doesn't support being used as a reference.")
+    raise NotImplementedError("ShardedVariable doesn't support being used as a reference.")
   return var.read_value()
 
 
@@ -318,15 +283,16 @@ values_lib.forward_operators(ShardedVariable, tf.Tensor.OVERLOADABLE_OPERATORS -
                              lambda self: self.read_value())
 
 
+def _starts(variables):
+  """Where each of `variables` starts along the first axis, then the end."""
+  return [0] + list(itertools.accumulate(v.shape[0] for v in variables))
+
+
 def _gather(sharded, ids):
-  """Rows `ids` of `sharded`, each read from its shard ("div" partitioning,
-  the shards' sizes as they are). While a SavedModel is written, the one
-  whole variable it stores is read instead."""
+  """Rows `ids` of `sharded`, each read from its shard ("div" partitioning)."""
   ids = tf.convert_to_tensor(ids)
   variables = sharded.variables
-  starts = [0]
-  for v in variables:
-    starts.append(starts[-1] + v.shape[0])
+  starts = _starts(variables)
   flat = tf.cast(tf.reshape(ids, [-1]), tf.int64)
   shard = tf.cast(tf.searchsorted(tf.constant(starts[1:-1], tf.int64), flat, side="right"),
                   tf.int32)

@@ -1,25 +1,11 @@
 """tfd objects are instances of the public TensorFlow classes they stand for.
 
-Clients tell strategies and their parts apart with `isinstance` against
-TensorFlow's public classes (`tf.distribute.Strategy`, `TPUStrategy`, ...).
-A tfd class names those it stands for::
-
-    class MirroredStrategy(Strategy, stands_for=tf.distribute.MirroredStrategy)
-
-and `isinstance` answers yes for its instances against those classes (and
-their bases), for any caller. A subclass that names none stands for what its
-parent stands for; one declared with `covers_parent=True` (a deprecated
-variant) is also answered for every instance of its parent.
-
-How: `isinstance(obj, cls)` looks at `obj.__class__` when `type(obj)` does
-not match (the rule `unittest.mock`'s `spec` relies on). An instance of a
-class here reports as `__class__` a class made for it once, a subclass of
-its own type and of the TensorFlow classes, with the same name. `type(obj)`,
-attribute look-up and method resolution stay tfd's: nothing of TensorFlow's
-implementation is inherited, and private names that clients read are
-supplied by tfd's classes themselves (`docs/client_private_names.md`).
-Enums and named tuples (`ReduceOp`, `RunOptions`, ...) keep their own
-classes, as `__class__` cannot be changed for them.
+`class MirroredStrategy(Strategy, stands_for=tf.distribute.MirroredStrategy)`
+makes `isinstance` answer yes against those classes (and their bases). It
+looks at `obj.__class__` when `type(obj)` does not match: an instance reports
+a class made once, a subclass of its type and of the TensorFlow classes.
+`type(obj)` and method resolution stay tfd's; nothing of TensorFlow's is
+inherited. Enums and named tuples keep their own classes.
 
 >>> import tensorflow as tf
 >>> import tf_distribute_lite as tfd
@@ -37,11 +23,8 @@ import functools
 
 
 class StandsFor:
-  """Base of the tfd classes that stand for public TensorFlow classes.
-
-  `class X(..., stands_for=tf.X)` (a class or a tuple of classes) declares
-  them; `covers_parent=True`, that the parent's instances are X's too.
-  """
+  """Base of the tfd classes that stand for public TensorFlow classes:
+  `stands_for` (a class or tuple); `covers_parent`: the parent's instances too."""
 
   _tensorflow_classes = ()
 
@@ -59,8 +42,7 @@ class StandsFor:
     return reported_class(type(self))
 
   def __reduce_ex__(self, protocol):
-    # `pickle` refuses `copyreg.__newobj__` of a class other than
-    # `__class__`: rebuild from the type.
+    # `pickle` refuses `__newobj__` of a class not `__class__`: use the type.
     reduced = super().__reduce_ex__(protocol)
     if reduced[0] is copyreg.__newobj__:
       return (_new,) + reduced[1:]
@@ -73,18 +55,9 @@ def _new(cls, *args):
 
 @functools.lru_cache(maxsize=None)
 def reported_class(cls):
-  """What instances of `cls` give as `__class__`: `cls` itself, or a
-  subclass of `cls` (or of its covering subclasses) and of the TensorFlow
-  classes it stands for.
-
-  >>> import tensorflow as tf
-  >>> import tf_distribute_lite as tfd
-  >>> reported = reported_class(tfd.MirroredStrategy)
-  >>> issubclass(reported, tfd.MirroredStrategy), issubclass(reported, tf.distribute.Strategy)
-  (True, True)
-  """
-  missing = tuple(c for c in getattr(cls, "_tensorflow_classes", ())
-                  if not issubclass(cls, c))
+  """What instances of `cls` give as `__class__`: `cls`, or a subclass of it
+  (or its covering subclasses) and of the TensorFlow classes it stands for."""
+  missing = tuple(c for c in getattr(cls, "_tensorflow_classes", ()) if not issubclass(cls, c))
   if not missing:
     return cls
   covering = tuple(c for c in missing if issubclass(c, cls))
@@ -95,8 +68,7 @@ def reported_class(cls):
 
 
 def _metaclass_of(bases):
-  """The metaclass a class with `bases` needs (made where none derives
-  from the others)."""
+  """The metaclass a class with `bases` needs (made if none derives from all)."""
   metaclasses = []
   for meta in map(type, bases):
     if not any(issubclass(m, meta) for m in metaclasses):

@@ -1,11 +1,5 @@
-"""Distributed values: one value per replica, grouped in one object.
-
-`PerReplica` holds values that may differ between replicas (each replica's
-loss), as a composite tensor; `Mirrored` holds values equal on every replica
-(a reduced gradient) and stands in for that one value. `regroup` turns the
-per-replica results of `strategy.run` into one nest of distributed values;
-`select_replica` does the reverse for its inputs.
-"""
+"""Distributed values (`PerReplica`, `Mirrored`) and the two halves of
+`strategy.run`: `select_replica` splits its inputs, `regroup` joins results."""
 
 import collections
 
@@ -24,8 +18,7 @@ class DistributedValues(tf.distribute.DistributedValues):
   <tf.Tensor: shape=(), dtype=float32, numpy=2.0>
   """
 
-  # Each replica sees its own component (distributed variables pick theirs
-  # when used); read from the type, cheaper than `isinstance` in every `run`.
+  # Read by `is_split` from the type: cheaper than `isinstance` in every `run`.
   _splits_per_replica = True
 
   def __init__(self, values):
@@ -39,7 +32,6 @@ class DistributedValues(tf.distribute.DistributedValues):
     return contexts.current_replica_id()
 
   def _get(self):
-    """The current replica's component, or the cross-replica value."""
     replica_id = self._current_replica_id()
     return self._get_cross_replica() if replica_id is None else self._values[replica_id]
 
@@ -65,8 +57,7 @@ class DistributedValues(tf.distribute.DistributedValues):
     return self._primary
 
   def _debug_string(self, format_value):
-    lines = ",\n".join(f"  {i}: {format_value(v)}"
-                       for i, v in enumerate(self._values))
+    lines = ",\n".join(f"  {i}: {format_value(v)}" for i, v in enumerate(self._values))
     return f"{type(self).__name__}:{{\n{lines}\n}}"
 
   def __str__(self):
@@ -84,9 +75,8 @@ def _component_specs(value):
     except TypeError:
       raise TypeError(
           f"{type(value).__name__} component {i} is {component!r} of type "
-          f"{type(component).__name__}, not a tensor: a value passed into or "
-          f"returned from a tf.function (e.g. the result of strategy.run) "
-          f"must be a nest of tensors.") from None
+          f"{type(component).__name__}, not a tensor: a value passed into or returned from a "
+          "tf.function (e.g. the result of strategy.run) must be a nest of tensors.") from None
   return specs
 
 
@@ -101,9 +91,7 @@ class PerReplica(DistributedValues, tf.types.experimental.distributed.PerReplica
   }
   """
 
-  @property
-  def _type_spec(self):
-    return PerReplicaSpec(*_component_specs(self))
+  _type_spec = property(lambda self: PerReplicaSpec(*_component_specs(self)))
 
   def __tf_tensor__(self, dtype=None, name=None):
     if contexts.in_cross_replica_context() or not contexts.has_strategy():
@@ -116,8 +104,7 @@ class PerReplica(DistributedValues, tf.types.experimental.distributed.PerReplica
 
 @_tf_bridge.register_type_spec("tf_distribute_lite.PerReplicaSpec")
 class PerReplicaSpec(tf.TypeSpec):
-  """Type spec of a `PerReplica`: its components' specs. SavedModels hold it
-  (in functions taking or returning `PerReplica` values), as TensorFlow's."""
+  """Type spec of a `PerReplica`: its components' specs (SavedModels keep it)."""
 
   __slots__ = ("_specs", "_all_tensor_specs")
 
@@ -137,8 +124,7 @@ class PerReplicaSpec(tf.TypeSpec):
   def _to_components(self, value):
     return value.values
 
-  # A `tf.function` call flattens and packs `PerReplica`s with these; taking
-  # tensors as they are beats TensorFlow's `tf.nest` walk by a third.
+  # Fast paths of every `tf.function` call: tensors taken as they are.
 
   def to_tensors(self, value):
     components = value.values
@@ -155,12 +141,8 @@ class PerReplicaSpec(tf.TypeSpec):
 
 
 class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored):
-  """Values that are equal on every replica; usable as one value anywhere.
-
-  Attribute access and operators go to the current replica's component, or
-  in a cross-replica context to the component on the current device. Unlike
-  `PerReplica` it is not a composite tensor: as in TensorFlow, a `tf.function`
-  returns it as that one tensor.
+  """Values equal on every replica, usable as one value: attributes and
+  operators go to the current replica's (or current device's) component.
 
   >>> m = Mirrored([tf.constant(3.0), tf.constant(3.0)])
   >>> m + 1.0
@@ -178,20 +160,17 @@ class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored):
     return getattr(self._get(), name)
 
   def __tf_tracing_type__(self, context):
-    # A tf.function sees the one value this stands for, as TensorFlow's does.
     return self._get().__tf_tracing_type__(context)
 
   def __tf_tensor__(self, dtype=None, name=None):
     return as_tensor(self._get(), dtype, name)
 
   def _as_graph_element(self):
-    # For `tf.group` and `Session.run`: the current replica's, as TensorFlow's.
     return _tf_bridge.graph_element(self._get())
 
 
 def as_tensor(value, dtype=None, name=None):
-  """`tf.convert_to_tensor`, skipping its dispatch (as costly as reading a
-  variable) where `value` already is a tensor of that dtype."""
+  """`tf.convert_to_tensor`, skipping its costly dispatch for a tensor."""
   if isinstance(value, tf.Tensor) and (dtype is None or dtype == value.dtype):
     return value
   return tf.convert_to_tensor(value, dtype=dtype, name=name)
@@ -217,11 +196,8 @@ def is_distributed_variable(value):
 
 
 def select_replica(replica_id, structure):
-  """`structure` as replica `replica_id` sees it: distributed values replaced
-  by their component (distributed variables stay whole: they pick theirs when
-  used), in fresh lists, tuples and dicts, as in TensorFlow, so a replica may
-  mutate its inputs unseen. Those containers are walked here, as `tf.nest`
-  costs ten times as much on every `strategy.run`; other nests go through it.
+  """`structure` as replica `replica_id` sees it, in fresh containers (as in
+  TensorFlow); plain containers walked here, ten times faster than `tf.nest`.
 
   >>> select_replica(1, {"x": PerReplica([1, 2]), "y": 3})
   {'x': 2, 'y': 3}
@@ -236,22 +212,19 @@ def select_replica(replica_id, structure):
   if isinstance(structure, _LEAVES) or not tf.nest.is_nested(structure):
     return structure
   return tf.nest.map_structure(
-      lambda leaf: leaf.values[replica_id] if is_split(leaf) else leaf,
-      structure)
+      lambda leaf: leaf.values[replica_id] if is_split(leaf) else leaf, structure)
 
 
 _LEAVES = (tf.Tensor, tf.Variable, int, float, str, bool, type(None))
 
 
 def _sequence_like(sequence, items):
-  """A list, tuple or namedtuple of `sequence`'s type holding `items`."""
   return type(sequence)(*items) if hasattr(sequence, "_fields") else type(sequence)(items)
 
 
 def is_split(value):
-  """Whether each replica sees its own component of `value`: a `PerReplica`,
-  a `Mirrored`, or as in TensorFlow any other `tf.distribute.DistributedValues`
-  but a variable (TensorFlow's own, a user's subclass)."""
+  """Whether each replica sees its own component of `value`: as in
+  TensorFlow, any `tf.distribute.DistributedValues` but a variable."""
   split = getattr(type(value), "_splits_per_replica", None)
   if split is None:
     return (isinstance(value, tf.distribute.DistributedValues) and
@@ -260,18 +233,8 @@ def is_split(value):
 
 
 def regroup(per_replica_results, wrap_class=PerReplica, always_wrap=False):
-  """One nest of distributed values from a list of per-replica nests.
-
-  Lists, tuples, namedtuples and dicts are regrouped element by element; an
-  object every replica returned is kept; components of one distributed
-  variable become that variable. Nests that differ raise `ValueError`.
-
-  >>> regroup([(1, "a"), (2, "a")])
-  (PerReplica:{
-    0: 1,
-    1: 2
-  }, 'a')
-  """
+  """One nest of distributed values from a list of per-replica nests; an
+  object every replica returned stays one, a variable's components become it."""
   return _regroup(per_replica_results, wrap_class, always_wrap, "")
 
 
@@ -298,9 +261,7 @@ def _regroup(per_replica_results, wrap_class, always_wrap, path):
 
 
 def _check_same_structure(results, path):
-  """Raises `ValueError` where the replicas' `results` differ at this level
-  of their nests (TensorFlow 2.21 fails with an `AssertionError`, or later
-  with an unrelated error)."""
+  """Raises `ValueError` where the replicas' nests differ (TF 2.21: unclear errors)."""
   shape = _level(results[0])
   for i, r in enumerate(results[1:], 1):
     if _level(r) != shape:
@@ -312,7 +273,6 @@ def _check_same_structure(results, path):
 
 
 def _level(value):
-  """What must match between replicas at one level of a nest."""
   if isinstance(value, dict):
     return frozenset(value)
   return len(value) if isinstance(value, (list, tuple)) else None
@@ -342,8 +302,7 @@ def distributed_container(value):
 
 
 def local_results(value, num_replicas):
-  """The per-replica components of `value` as a tuple: a distributed value's
-  components, a nest as each replica sees it, or else `(value,)`."""
+  """The per-replica components of `value` as a tuple (else `(value,)`)."""
   if isinstance(value, tf.distribute.DistributedValues):
     return value.values
   if tf.nest.is_nested(value):
@@ -352,8 +311,7 @@ def local_results(value, num_replicas):
 
 
 def flatten_with_paths(structure, path=""):
-  """The leaves of a nest of dicts, lists and tuples, with their paths such
-  as `['a'][0]`."""
+  """(path such as `['a'][0]`, leaf) of a nest of dicts, lists and tuples."""
   if isinstance(structure, dict):
     for key, item in structure.items():
       yield from flatten_with_paths(item, f"{path}[{key!r}]")
