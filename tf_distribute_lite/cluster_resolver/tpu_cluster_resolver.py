@@ -1,11 +1,8 @@
-"""`TPUClusterResolver`: the TPU a program runs on, found by name, address,
-environment, or by looking at the machine (a Cloud TPU VM), or an emulated
-slice of logical CPU devices; and `tf.tpu.experimental`'s
-`initialize_tpu_system` and `shutdown_tpu_system`, which find the TPU when
-given no resolver (`tpu_system` starts and stops it)."""
+"""`TPUClusterResolver` (a real or emulated TPU, found by name, address,
+environment or on this machine), and `initialize_tpu_system` and
+`shutdown_tpu_system`, which find the TPU when given no resolver."""
 
 import collections
-import re
 import time
 
 import tensorflow as tf
@@ -20,10 +17,8 @@ from tf_distribute_lite.cluster_resolver.cluster_resolver import DeviceAttribute
 from tf_distribute_lite.cluster_resolver.cluster_resolver import devices_of
 from tf_distribute_lite.cluster_resolver.cluster_resolver import format_master_url
 
-_TPU_DEVICE = re.compile(r".*task:(?P<task>\d+)/.*device:TPU:(?P<core>\d+)$")
-# Asking a TPU master for its devices: a few tries, each bounded (a host may
-# still be starting), where TensorFlow tries 120 times, without a bound
-# unless the caller's config sets one.
+# Asking a TPU master for its devices: a few bounded tries (TensorFlow tries
+# 120 times, unbounded unless the caller's config sets a timeout).
 _MASTER_TRIES = 3
 _MASTER_TIMEOUT_MS = 60 * 1000
 # The clock the node address cache reads; tests replace it.
@@ -33,30 +28,21 @@ clock = time.monotonic
 class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resolver.TPUClusterResolver):
   """The TPU to run on.
 
-  `tpu` is "local" (this Cloud TPU VM's chips), "grpc://host:port" addresses,
-  a Cloud TPU name (looked up through the Cloud TPU API in `project` and
-  `zone`, by default this VM's), or "emulated:v3-8" (also v2-8, v4-8,
-  v5litepod-8: one logical CPU device per core; and the multi-host v4-16,
-  v4-32, v3-32, v5litepod-16, whose hosts are local processes this starts
-  and ends, or "emulated:v4-32@<ip:port>,..." the hosts the user started:
-  see `tpu_pod_emulation`). When `tpu` is None or "",
-  `$KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS`, `$TPU_NAME` and `$TPU_CONFIG` are read
-  as in TensorFlow, and then, unlike TensorFlow, this machine is searched for
-  TPU chips, so that on a Cloud TPU VM no argument is needed.
-
-  On a host of a multi-host Cloud TPU VM slice, every host is a worker and
-  `task_id` is this host's.
+  `tpu` is "local" (this Cloud TPU VM's chips), "grpc://host:port"
+  addresses, a Cloud TPU name (looked up through the Cloud TPU API in
+  `project` and `zone`, by default this VM's), or "emulated:v3-8" (see
+  `tpu_emulation`; multi-host slices such as v4-32 run as local processes,
+  or at the hosts of "emulated:v4-32@<ip:port>,...": see
+  `tpu_pod_emulation`). When `tpu` is None or "", the variables TensorFlow
+  reads come first, then, beyond TensorFlow, this machine's TPU chips (see
+  `tpu_discovery`); each host of a multi-host slice is a worker.
 
   `service` replaces the Cloud TPU API client (an object with
-  `projects().locations().nodes().get(name=...).execute()`); without it the
-  API is called over HTTP with timeouts and retries (see `cloud_http`).
-  Unlike TensorFlow, which asks the API at every `master()` and
-  `cluster_spec()`, a READY node's addresses are reused for
-  `$TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS` (10 s by default); after that the
-  API is asked again, so a preempted or recreated TPU is noticed.
-
-  `with TPUClusterResolver(...) as resolver:` gives the resolver (in
-  TensorFlow 2.21 entering the block raises `AttributeError`).
+  `projects().locations().nodes().get(name=...).execute()`); else the API is
+  called over HTTP (`cloud_http`). Unlike TensorFlow, which asks it at every
+  `master()`, a READY node's addresses are reused for
+  `$TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS` (10 s by default). It is also a
+  context manager (TensorFlow 2.21's raises `AttributeError`).
 
   >>> resolver = TPUClusterResolver(tpu="grpc://10.0.0.2:8470")
   >>> resolver.master(), resolver.cluster_spec().as_dict()
@@ -107,8 +93,7 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
 
   @property
   def emulated_slice(self):
-    """The `tpu_emulation.EmulatedSlice` run on (with its hosts' addresses
-    when it has several), or None for a real TPU."""
+    """The `tpu_emulation.EmulatedSlice` run on, or None for a real TPU."""
     return self._emulated
 
   def _is_local(self):
@@ -140,7 +125,6 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
     return self._ready_node[1]
 
   def _node(self):
-    """The Cloud TPU API's description of the node."""
     name = (f"projects/{self._project}/locations/{self._zone}/nodes/"
             f"{self._target.name}")
     try:
@@ -222,8 +206,7 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
 
   def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
     """{"TPU": cores per host}. Asking a TPU master takes at most 3 tries,
-    each bounded by `config_proto`'s `operation_timeout_in_ms` (by default a
-    minute), then raises `RuntimeError`.
+    each bounded by `config_proto`'s timeout (default a minute).
 
     >>> TPUClusterResolver("emulated:v4-8").num_accelerators()
     {'TPU': 4}
@@ -232,23 +215,16 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
       return {"TPU": self._emulated.num_cores_per_host}
     if self._target.kind == "local":
       return {"TPU": len(tf.config.list_logical_devices("TPU"))}
-    cores = collections.Counter(
-        match.group("task") for match in (
-            _TPU_DEVICE.match(device.name) for device in
-            self._master_devices(config_proto, RuntimeError)) if match)
-    if not cores:
-      return {"TPU": 0}
-    if len(set(cores.values())) != 1:
+    cores = _cores_per_task(self._master_devices(config_proto, RuntimeError))
+    if len(set(cores.values())) > 1:
       raise RuntimeError(f"TPU cores on each device is not the same. This "
                          f"should never happen. Devices: {dict(cores)}")
-    return {"TPU": next(iter(cores.values()))}
+    return {"TPU": next(iter(cores.values()), 0)}
 
   def get_tpu_system_metadata(self):
-    """The TPU system as `tf.tpu.experimental.TPUSystemMetadata`, its
-    devices sorted, each with `name`, `device_type`, `memory_limit_bytes`
-    and `incarnation`; for an emulated slice its topology and CPU devices.
-    Asking a TPU master is bounded as in `num_accelerators()`, then raises
-    `ValueError`, as TensorFlow does.
+    """The TPU system as `tf.tpu.experimental.TPUSystemMetadata`, devices
+    sorted; an emulated slice's has its topology and CPU devices. Asking a
+    TPU master is bounded as in `num_accelerators()` (`ValueError`).
 
     >>> metadata = TPUClusterResolver("emulated:v4-8").get_tpu_system_metadata()
     >>> metadata.num_cores, metadata.num_hosts, metadata.topology.mesh_shape.tolist()
@@ -268,8 +244,7 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
     if cluster.jobs:
       config.cluster_def.CopyFrom(cluster.as_cluster_def())
     devices = sorted(self._master_devices(config, ValueError), key=_device_order)
-    per_task = collections.Counter(tf.DeviceSpec.from_string(d.name).task
-                                   for d in devices if d.device_type == "TPU")
+    per_task = _cores_per_task(devices)
     if len(set(per_task.values())) > 1:
       raise RuntimeError(f"TPU cores on each host is not same: {dict(per_task)}")
     return tf.tpu.experimental.TPUSystemMetadata(
@@ -278,9 +253,8 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
         devices=tuple(devices))
 
   def _master_devices(self, config_proto, error):
-    """The devices the master reaches, asking at most `_MASTER_TRIES` times,
-    each try bounded by the config's operation timeout (by default
-    `_MASTER_TIMEOUT_MS`); raises `error` when every try times out."""
+    """The devices the master reaches, in `_MASTER_TRIES` bounded tries;
+    else raises `error`."""
     config = tf.compat.v1.ConfigProto()
     if config_proto is not None:
       config.CopyFrom(config_proto)
@@ -309,8 +283,7 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
 
   @property
   def tpu_hardware_feature(self):
-    """The TPU's hardware features, known once the system is initialized
-    (`set_tpu_topology`), else None.
+    """The TPU's hardware features once `set_tpu_topology` is called, else None.
 
     >>> TPUClusterResolver("grpc://10.0.0.2").tpu_hardware_feature is None
     True
@@ -335,6 +308,11 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
     return self
 
 
+def _cores_per_task(devices):
+  return collections.Counter(tf.DeviceSpec.from_string(d.name).task
+                             for d in devices if d.device_type == "TPU")
+
+
 def _device_order(device):
   spec = tf.DeviceSpec.from_string(device.name)
   return (spec.job or "", spec.replica or 0, spec.task or 0, spec.device_type or "",
@@ -342,13 +320,11 @@ def _device_order(device):
 
 
 def initialize_tpu_system(cluster_resolver=None):
-  """Initializes the TPU system of `cluster_resolver` (by default the TPU
-  `TPUClusterResolver("")` finds) and returns its
-  `tf.tpu.experimental.Topology`; traced inside a `tf.function`, returns the
-  serialized topology tensor instead, as TensorFlow does.
-
-  Without a TPU, raises `tf.errors.NotFoundError` saying where it looked,
-  also in a TF1 graph, where TensorFlow 2.21 raises `InvalidArgumentError`.
+  """Initializes the TPU system of `cluster_resolver` (default: the TPU
+  `TPUClusterResolver("")` finds); its `tf.tpu.experimental.Topology`, or
+  inside a `tf.function` the serialized topology tensor, as in TensorFlow.
+  Without a TPU, raises `tf.errors.NotFoundError` saying where it looked
+  (TensorFlow 2.21 raises `InvalidArgumentError` in a TF1 graph).
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> initialize_tpu_system(resolver).mesh_shape.tolist()
@@ -360,10 +336,8 @@ def initialize_tpu_system(cluster_resolver=None):
 
 
 def shutdown_tpu_system(cluster_resolver=None):
-  """Shuts down the TPU system `initialize_tpu_system` started. Without a
-  TPU, raises `tf.errors.NotFoundError` as `initialize_tpu_system` does
-  (TensorFlow 2.21 raises `InvalidArgumentError`). Not available inside a
-  `tf.function` (`RuntimeError`, as in TensorFlow).
+  """Shuts down the TPU system `initialize_tpu_system` started; errors as
+  there, and `RuntimeError` inside a `tf.function`, as in TensorFlow.
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> _ = initialize_tpu_system(resolver)
@@ -376,7 +350,6 @@ def shutdown_tpu_system(cluster_resolver=None):
 
 
 def _given_or_found(cluster_resolver):
-  """`cluster_resolver`, or when None the TPU `TPUClusterResolver("")` finds."""
   if cluster_resolver is not None:
     return cluster_resolver
   try:
