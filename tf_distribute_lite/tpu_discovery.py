@@ -1,23 +1,19 @@
 """Finding the TPU a `TPUClusterResolver` talks to.
 
-Sources, in order: the `tpu` argument; `$KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS`
-and `$TPU_NAME`; `$TPU_CONFIG` (JSON with `tpu_node_name`, `project`,
-`zone`), as TensorFlow reads them, except that a variable set to "" counts
-as unset (TensorFlow looks up a TPU named ""). Beyond TensorFlow, when none
-gives a TPU: TPU chips on this machine's PCI bus (vendor 0x1ae0 with a TPU
-device id, under `$TF_DISTRIBUTE_LITE_PCI_DEVICES`, by default
-/sys/bus/pci/devices) and the Cloud TPU VM attributes of the metadata
-server. A TPU VM whose `worker-network-endpoints` list several hosts is one
-host of a multi-host slice: every host is a worker (gRPC port 8470, as the
-Cloud TPU API lists TPU VM hosts) and this one is task
-`agent-worker-number`. The error when nothing is found lists every source
-and its answer.
+Sources, in order: the `tpu` argument; `$KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS`,
+`$TPU_NAME` and `$TPU_CONFIG` (JSON), as TensorFlow reads them, except that
+"" counts as unset (TensorFlow looks up a TPU named ""). Beyond TensorFlow:
+TPU chips on this machine's PCI bus (under `$TF_DISTRIBUTE_LITE_PCI_DEVICES`,
+default /sys/bus/pci/devices), then the metadata server's Cloud TPU VM
+attributes; several `worker-network-endpoints` make this one host (task
+`agent-worker-number`, gRPC port 8470) of a multi-host slice. The error when
+nothing is found lists every source and its answer.
 """
 
 import dataclasses
-import glob
 import json
 import os
+import pathlib
 import urllib.error
 
 from tf_distribute_lite import cloud_http
@@ -35,13 +31,9 @@ _TPU_VM_ATTRIBUTES = ("accelerator-type", "agent-worker-number",
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-  """What a TPU name means.
-
-  `kind` is "local" (TPU chips on this machine), "grpc" (TensorFlow servers
-  at `endpoints`, this process being task `task_id`), "api" (a Cloud TPU
-  node `name` to look up) or "emulated" (`emulated_slice`); `source` says
-  where it was found.
-  """
+  """What a TPU name means: `kind` "local" (TPU chips here), "grpc" (servers
+  at `endpoints`, this one task `task_id`), "api" (a Cloud TPU node `name`)
+  or "emulated" (`emulated_slice`); `source` says where it was found."""
   kind: str
   name: str
   source: str
@@ -169,33 +161,27 @@ def local_tpu_chips():
   """(PCI addresses of this machine's TPU chips, the folder searched)."""
   root = os.environ.get(PCI_VARIABLE, "/sys/bus/pci/devices")
   chips = []
-  for vendor_file in sorted(glob.glob(os.path.join(root, "*", "vendor"))):
-    folder = os.path.dirname(vendor_file)
+  for folder in sorted(pathlib.Path(root).glob("*")):
     try:
-      with open(vendor_file) as f:
-        vendor = f.read().strip()
-      with open(os.path.join(folder, "device")) as f:
-        device = f.read().strip()
+      vendor, device = ((folder / name).read_text().strip() for name in ("vendor", "device"))
     except OSError:
       continue
     if vendor == _GOOGLE_PCI_VENDOR and device in _TPU_PCI_DEVICES:
-      chips.append(os.path.basename(folder))
+      chips.append(folder.name)
   return chips, root
 
 
 def tpu_vm_attributes():
-  """(the Cloud TPU VM attributes of this machine, or {}; what the metadata
-  server answered, in words)."""
-  try:
-    attributes = {name: cloud_http.metadata(f"instance/attributes/{name}")
-                  for name in _TPU_VM_ATTRIBUTES[:1]}
-  except urllib.error.HTTPError as e:
-    return {}, f"HTTP {e.code}, not a TPU VM"
-  except (OSError, ValueError) as e:
-    return {}, f"unreachable ({e})"
-  for name in _TPU_VM_ATTRIBUTES[1:]:
+  """(this machine's Cloud TPU VM attributes, or {}; the metadata server's
+  answer, in words)."""
+  attributes = {}
+  for name in _TPU_VM_ATTRIBUTES:
     try:
       attributes[name] = cloud_http.metadata(f"instance/attributes/{name}")
-    except (OSError, ValueError):
-      pass
+    except (OSError, ValueError) as e:
+      if attributes:  # only the first is on every TPU VM
+        continue
+      if isinstance(e, urllib.error.HTTPError):
+        return {}, f"HTTP {e.code}, not a TPU VM"
+      return {}, f"unreachable ({e})"
   return attributes, "a TPU VM"
