@@ -1,12 +1,7 @@
 """Where a job runs (a Google Cloud VM with or without GPUs, or elsewhere)
-and whether its host announces a stopping maintenance, for
-`PreemptionCheckpointHandler`.
-
-Questions to the metadata server (`GCE_METADATA_IP`, as TensorFlow reads
-it) have short timeouts and no retry; "is this Google Cloud?" is asked once
-per server, in a thread bounded by `PROBE_SECONDS`, so a hanging lookup
-cannot block the job.
-"""
+and whether its host announces a stopping maintenance. The metadata server
+(`GCE_METADATA_IP`) is asked with short timeouts and no retry; "is this
+Google Cloud?" once per server, in a thread bounded by `PROBE_SECONDS`."""
 
 import enum
 import threading

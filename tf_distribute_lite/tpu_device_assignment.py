@@ -5,8 +5,7 @@ import tensorflow as tf
 
 
 def full_computation_shape(computation_shape):
-  """`computation_shape` with 4 elements: TF 2.2's `[x, y, cores per chip]`
-  gets `z = 1`."""
+  """`computation_shape` with 4 elements: TF 2.2's `[x, y, cores]` gets `z = 1`."""
   if computation_shape is None:
     return None
   shape = [int(n) for n in computation_shape]
@@ -16,8 +15,7 @@ def full_computation_shape(computation_shape):
 
 
 class DeviceAssignment(tf.tpu.experimental.DeviceAssignment):
-  """TensorFlow's `DeviceAssignment`; `build` also reads a 3-element
-  `computation_shape` as `[x, y, cores per chip]`.
+  """TensorFlow's `DeviceAssignment`, whose `build` also takes 3-element shapes.
 
   >>> topology = tf_distribute_lite.tpu_emulation.PRESETS["v3-8"].topology()
   >>> assignment = DeviceAssignment.build(topology, computation_shape=[1, 1, 2],
