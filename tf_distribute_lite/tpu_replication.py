@@ -1,8 +1,6 @@
 """The step of a `TPUStrategy`: on a TPU one `tpu.replicate` computation
-traced once for all replicas (SPMD: all-reduce is `CrossReplicaSum`, the
-replica id and each distributed variable are replicated inputs); on an
-emulated slice, the check that XLA compiles it (`check_compiles`).
-"""
+traced once for all replicas (SPMD); on an emulated slice, the check that
+XLA compiles it (`check_compiles`)."""
 
 import contextlib
 
@@ -21,8 +19,7 @@ class LogicalDevices:
   """What a TPU replica context adds: `experimental_logical_device`."""
 
   def experimental_logical_device(self, logical_device_id):
-    """Places the ops made in it on the replica's logical device
-    `logical_device_id`."""
+    """Places the ops made in it on the replica's logical device."""
     return self.strategy.extended.experimental_logical_device(logical_device_id)
 
 
@@ -51,8 +48,7 @@ class TPUReplicaContext(LogicalDevices, replica_context.ReplicaContext):
                                 self.num_replicas_in_sync), value)
 
   def local_variable(self, variable):
-    """The variable the replicas use for distributed `variable`: one
-    replicated handle of its components, made once per computation."""
+    """Distributed `variable` as one replicated handle of its components."""
     key = id(variable)
     if key not in self._replicated_variables:
       handle = tf.raw_ops.TPUReplicatedInput(
@@ -66,8 +62,7 @@ class TPUReplicaContext(LogicalDevices, replica_context.ReplicaContext):
     return tf.device(tf.compat.v1.tpu.core(logical_device_id))
 
   def all_gather(self, value, axis, options=None):
-    """Each tensor of `value` concatenated along `axis` over the replicas:
-    a `CrossReplicaSum` of one-hot slots, or an `AllToAll` for types that
+    """A `CrossReplicaSum` of one-hot slots, or an `AllToAll` for types that
     sum cannot carry."""
     del options
     replica_context.refuse_indexed_slices(value, "all_gather")
@@ -106,8 +101,7 @@ _CROSS_REPLICA_SUM_DTYPES = (tf.bfloat16, tf.float16, tf.float32, tf.float64,
 
 
 def enclosing_step(strategy):
-  """The `TPUReplicaContext` of `strategy`'s computation (or XLA check)
-  being traced here; None elsewhere."""
+  """The `TPUReplicaContext` of `strategy`'s step traced here, or None."""
   context = contexts.enclosing_replica_context()
   if isinstance(context, TPUReplicaContext) and context.strategy is strategy:
     return context
@@ -125,8 +119,7 @@ def cross_replica(reduce_op, value, num_replicas):
 def replicate(strategy, fn, args, kwargs, device_assignment, options,
               use_spmd_for_xla_partitioning):
   """`fn(*args, **kwargs)` as one `tpu.replicate` computation, the
-  replicas' results grouped into distributed values. `options` is the
-  `RunOptions` (dynamic batch, bucketizing, XLA options)."""
+  replicas' results grouped into distributed values."""
   count = strategy.num_replicas_in_sync
   per_replica = [values_lib.select_replica(i, (args, kwargs)) for i in range(count)]
   inputs = [split_inputs(p)[0] for p in per_replica]
@@ -156,7 +149,7 @@ def replicate(strategy, fn, args, kwargs, device_assignment, options,
 
 
 def split_inputs(inputs):
-  """The tensors of the nest `inputs` (variables stay captured, as in
+  """The tensors of the nest `inputs` (not variables: captured, as in
   TensorFlow), and a function putting other tensors in their places."""
   leaves = tf.nest.flatten(inputs)
   positions = [i for i, leaf in enumerate(leaves)
@@ -177,7 +170,7 @@ def output_tensors(result):
 
 def maximum_shapes(replica_inputs, options):
   """Each input's shape with every dimension unknown, for XLA to pad; None
-  without a dynamic batch. XLA cannot pad an input of unknown rank."""
+  without a dynamic batch."""
   if not options.experimental_enable_dynamic_batch_size:
     return None
   for tensor in replica_inputs:
@@ -214,13 +207,10 @@ class XlaCheckReplicaContext(TPUReplicaContext):
 
 def check_compiles(strategy, fn, args, kwargs, created_variables=()):
   """Raises `tf.errors.InvalidArgumentError`, with XLA's message, where XLA
-  cannot compile `fn(*args, **kwargs)` as replica 0 runs it, so that an
-  emulated slice refuses what a TPU would. `created_variables`: those the
-  replicas' trace created, in order (reused: the check creates nothing).
-
-  `fn` is traced again for replica 0 under `jit_compile=True` with static
-  input shapes (unknown dimensions as 1, as a TPU pads them) and lowered to
-  HLO without running. Not checked: TF 1.x graphs, inputs that are not dense
+  cannot compile replica 0's `fn(*args, **kwargs)`, so that an emulated
+  slice refuses what a TPU would: `fn` is traced with `jit_compile=True`
+  (unknown dimensions as 1, reusing `created_variables`) and lowered to HLO
+  without running. Not checked: TF 1.x graphs, inputs other than dense
   tensors of known rank, resources made inside the step.
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
@@ -283,16 +273,15 @@ _UNUSED = tf.TensorSpec([], tf.int32)
 
 
 def _static(spec):
-  """`spec` with unknown dimensions as 1 (a TPU pads them); None unless a
-  dense tensor's of known rank."""
+  """`spec` with unknown dimensions as 1; None unless dense, of known rank."""
   if not isinstance(spec, tf.TensorSpec) or spec.shape.rank is None:
     return None
   return tf.TensorSpec([1 if d is None else d for d in spec.shape.as_list()], spec.dtype)
 
 
 def _lowerable(traced, device):
-  """Values of `traced`'s captures to compile with on `device` (XLA needs
-  only their shapes); None where one has no stand-in."""
+  """Values of `traced`'s captures to compile with on `device`; None where
+  one has no stand-in."""
   variables = {id(v.handle): v for v in traced.variables}
   with tf.init_scope():
     values = [_lowerable_value(value, variables.get(id(value)), device)
@@ -301,9 +290,8 @@ def _lowerable(traced, device):
 
 
 def _lowerable_value(value, variable, device):
-  """An eager `value` itself, except a `variable` uninitialized or off
-  `device`: a zeros variable on `device`. A symbolic tensor: zeros of its
-  shape. None for a symbolic resource, or an unknown rank."""
+  """`value`, or zeros standing in for a symbolic tensor or a `variable`
+  uninitialized or off `device`; None where none can."""
   if tf.is_symbolic_tensor(value):
     spec = _static(tf.TensorSpec(value.shape, value.dtype))
     if spec is None or value.dtype in (tf.resource, tf.variant):
