@@ -1,11 +1,9 @@
-"""`tf.distribute.experimental.rpc` on TensorFlow's RPC ops (interoperable with TF's).
-
-Better than TF 2.21, which fails on valid use: `get_value()` without
-`output_specs` gives the flat outputs and keeps a None in a structure;
-`NAME_blocking` raises readable errors; a client lives while its methods
-or an unawaited call do, and same-named clients stay apart; a call traced
-in a `tf.function` is released there; bad arguments fail at once.
-"""
+"""`tf.distribute.experimental.rpc` on TensorFlow's RPC ops (interoperable
+with TF's). Unlike TF 2.21's: `get_value()` without `output_specs` gives the
+flat outputs, and keeps a None in a structure; `NAME_blocking` raises
+readable errors; a client lives while its methods or an unawaited call do;
+same-named clients stay apart; a call traced in a `tf.function` is released
+there; bad arguments fail at once."""
 
 import inspect
 import itertools
