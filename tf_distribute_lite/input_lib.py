@@ -1,11 +1,9 @@
 """Distributed datasets and iterators: every step, one batch per replica.
 
 A `DistributedDataset` is host-side `tf.data` pipelines plus a `_Layout` of
-the replicas each element feeds: `distribute_dataset` cuts each global batch
-into one part per replica (`tf.split` aliases), `distribute_datasets_from_function`
-makes a pipeline per worker or per replica. Iterators copy the parts to the
-replicas' devices as `PerReplica` values. Both are composite tensors, so
-they pass into a `tf.function` and `for` loops there.
+the replicas they feed (a global batch cut per replica, or a pipeline per
+worker or replica); its iterators copy the parts to the replicas' devices
+as `PerReplica` values. Both are composite tensors (`tf.function` arguments).
 """
 
 import collections
@@ -37,9 +35,8 @@ _Layout = collections.namedtuple(
 
 
 def owned_by(distributed, strategy):
-  """`distributed` (if a distributed dataset), as the input of `strategy`:
-  as in TensorFlow, its iterators' `get_next` raises RuntimeError under
-  another strategy."""
+  """`distributed`, marked as `strategy`'s input: as in TensorFlow, its
+  iterators' `get_next` raises RuntimeError under another strategy."""
   if isinstance(distributed, DistributedDataset):
     distributed._layout = distributed._layout._replace(strategy=id(strategy))  # pylint: disable=protected-access
   return distributed
@@ -76,8 +73,8 @@ class WorkerSync:
 
 
 def check_dataset(dataset):
-  """Raises `TypeError` unless `dataset` is a `tf.data.Dataset` (where
-  TensorFlow 2.21 fails on its missing `_variant_tensor`)."""
+  """Raises `TypeError` unless `dataset` is a `tf.data.Dataset` (TensorFlow
+  2.21 fails on its missing `_variant_tensor`)."""
   if not isinstance(dataset, tf.data.Dataset):
     raise TypeError(
         f"`dataset` must be a tf.data.Dataset; got {dataset!r} of type "
@@ -114,14 +111,12 @@ def distribute_dataset(dataset, devices, host, options=None,
 def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
                                       input_context=None, workers=None,
                                       partial_steps=True):
-  """A `DistributedDatasetsFromFunction` of the datasets, batched per replica,
-  that `dataset_fn(InputContext)` makes once (`PER_WORKER`) or per replica
-  (`PER_REPLICA`) as `options` say for this call only (TensorFlow 2.21 keeps
-  `PER_REPLICA` once asked). On one worker of several, `dataset_fn` gets
-  `input_context` and `workers` syncs the steps. As in TensorFlow, replicas
-  whose pipelines end first get empty batches in a last, partial step (from
-  `get_next` only if `partial_steps`); elements of a fully known shape have
-  no empty form, so there the input ends (TensorFlow 2.21 makes up zeros)."""
+  """A `DistributedDatasetsFromFunction` of the datasets `dataset_fn(InputContext)`
+  makes once (`PER_WORKER`) or per replica, as `options` say for this call
+  only (TensorFlow 2.21 keeps `PER_REPLICA` once asked); `workers` syncs the
+  steps of several workers. Replicas whose pipelines end first get empty
+  batches in a last, partial step (by `get_next` only if `partial_steps`),
+  except for fully known shapes (TensorFlow 2.21 makes up zeros)."""
   devices = tuple(devices)
   options = options or input_context_lib.InputOptions()
   if not input_context_lib.is_per_replica(options):
@@ -163,8 +158,7 @@ def _fully_shaped(element_spec):
 class DistributedDataset(tf.distribute.DistributedDataset,
                          _tf_bridge.CompositeTensor):
   """Each step, a batch for every replica (from
-  `strategy.experimental_distribute_dataset`); it cannot be transformed
-  further. Keras 3's `fit`, `evaluate` and `predict` take it.
+  `strategy.experimental_distribute_dataset`); Keras 3's `fit` takes it.
 
   >>> dist = distribute_dataset(tf.data.Dataset.range(4).batch(2),
   ...                           ["CPU:0", "CPU:1"], host="CPU:0")
@@ -207,13 +201,11 @@ class DistributedDataset(tf.distribute.DistributedDataset,
 
   @property
   def cardinality(self):
-    """How many elements the first pipeline yields, or `tf.data`'s infinite
-    or unknown cardinality (unknown if made inside a `tf.function`)."""
+    """The first pipeline's cardinality (unknown if made in a `tf.function`)."""
     return self._cardinality
 
   def reduce(self, initial_state, reduce_fn):
-    """`reduce_fn(state, step_value)` folded over every step, from
-    `initial_state`; runs as a `tf.while_loop` inside a `tf.function`."""
+    """`reduce_fn(state, step_value)` folded over every step."""
     iterator = iter(self)
 
     def body(unused_has_value, state):
@@ -246,8 +238,7 @@ class DistributedDatasetsFromFunction(DistributedDataset):
 
 
 class _InputSpec(tf.TypeSpec):
-  """Type spec of a distributed dataset or iterator: its layout and the
-  specs of its host-side pipelines (datasets or iterators)."""
+  """Type spec of a distributed dataset or iterator: layout and pipelines' specs."""
 
   __slots__ = ("_layout", "_pipeline_specs")
 
@@ -284,8 +275,7 @@ class DistributedDatasetSpec(_InputSpec):
 
 
 class DistributedIteratorSpec(_InputSpec):
-  """Type spec of a `DistributedIterator`, which makes an iterator a
-  `tf.function` argument that does not retrace."""
+  """Type spec of a `DistributedIterator`."""
 
   value_type = property(lambda self: DistributedIterator)
 
@@ -296,8 +286,7 @@ class DistributedIteratorSpec(_InputSpec):
 class DistributedIterator(tf.distribute.DistributedIterator,
                           _tf_bridge.CompositeTensor):
   """Iterator over a distributed dataset: each step a nest of `PerReplica`
-  values (plain values with one replica, unless other workers have more),
-  each on its replica's device.
+  values (plain values with one replica), each on its replica's device.
 
   >>> dist = distribute_dataset(tf.data.Dataset.range(3).batch(3),
   ...                           ["CPU:0", "CPU:1"], host="CPU:0")
@@ -339,10 +328,8 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     return _distributed_spec(self._layout, self._part_spec)
 
   def get_next(self):
-    """The next step's value; raises `tf.errors.OutOfRangeError` at the end.
-    A last, partial step gives the replicas without data empty batches (a
-    split batch; per-replica pipelines as `distribute_datasets_from_function`
-    says), or else ends the input."""
+    """The next step's value; raises `tf.errors.OutOfRangeError` at the end
+    (a last, partial step may give some replicas empty batches)."""
     _check_strategy(self._layout)
     _refuse_in_a_replica("next(iterator)", "args=(next(iterator),)")
     if self._layout.workers is not None:
@@ -371,10 +358,9 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     return tf.nest.map_structure(after_check, value_fn(), expand_composites=True)
 
   def get_next_as_optional(self):
-    """The next step's value as a `tf.experimental.Optional`, empty at the end.
-    Keras's `steps_per_execution > 1` loops on it in a `tf.while_loop`, where
-    TensorFlow 2.21's `MirroredStrategy` fails ("You must feed a value for
-    placeholder tensor")."""
+    """The next step's value as a `tf.experimental.Optional`, empty at the
+    end; also in a `tf.while_loop` (TensorFlow 2.21's `MirroredStrategy`
+    fails there: "You must feed a value for placeholder tensor")."""
     _refuse_in_a_replica("iterator.get_next_as_optional()",
                          "args=(iterator.get_next_as_optional().get_value(),)")
     has_value, value_fn = self._next_if_any()
@@ -437,11 +423,6 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     iterator = self._iterator_of(replica)
     if replica == 0 or not (self._layout.partial_steps and self._has_empty_form):
       return iterator.get_next()
-    if tf.executing_eagerly():
-      try:
-        return iterator.get_next()
-      except tf.errors.OutOfRangeError:
-        return self._empty(replica)
     return self._optional_or_empty(iterator.get_next_as_optional(), replica)
 
   def _optional_or_empty(self, optional, replica):
@@ -451,9 +432,8 @@ class DistributedIterator(tf.distribute.DistributedIterator,
                    lambda: self._empty(replica))
 
   def _empty(self, replica):
-    """The batch of a replica without data on the last step, where
-    TensorFlow puts it: on its device unless one pipeline feeds several
-    replicas without fetching to their devices."""
+    """The batch of a replica without data on the last step, placed where
+    TensorFlow puts it."""
     layout = self._layout
     shared_on_host = (not layout.fetch_to_device and
                       len(layout.homes) < len(layout.devices))
@@ -491,8 +471,7 @@ class DistributedIterator(tf.distribute.DistributedIterator,
 
 
 def _refuse_in_a_replica(call, args):
-  """Raises TensorFlow's ValueError for `call` inside `strategy.run`, where
-  each replica would get every replica's input (not the default strategy's)."""
+  """Raises TensorFlow's ValueError for `call` inside `strategy.run`."""
   if contexts.has_strategy() and not contexts.in_cross_replica_context():
     raise ValueError(f"{call} should be called from outside of replica_fn. "
                      f"e.g. strategy.run(replica_fn, {args})")
@@ -569,7 +548,7 @@ def _check_batched(element_spec, replicas):
 
 def _split_leaf(value, replicas):
   """`replicas` chunks of `value` of `ceil(batch / replicas)` rows or what is
-  left, aliasing it; in a graph, static shapes only for an even static batch."""
+  left; in a graph, static shapes only for an even static batch."""
   batch = value.shape[0]
   if tf.executing_eagerly() or (batch is not None and batch % replicas == 0):
     size = -(-batch // replicas)
@@ -648,8 +627,7 @@ def numpy_dataset(numpy_input, device):
 
 
 def initializable_iterator(distributed_dataset):
-  """The TF 1.x iterator over a distributed dataset (`initializer`,
-  `initialize()` and `get_next()`)."""
+  """The TF 1.x iterator over a distributed dataset."""
   if tf.executing_eagerly():
     return _EagerIterator(distributed_dataset)
   if isinstance(distributed_dataset, tf.data.Dataset):  # the default strategy's
