@@ -35,9 +35,8 @@ class TPUReplicaContext(LogicalDevices, replica_context.ReplicaContext):
   def replica_id_in_sync_group(self):
     """This replica's index: a replicated input, one constant per replica."""
     if self._replica_id_tensor is None:
-      count = self.num_replicas_in_sync
       self._replica_id_tensor = tf.raw_ops.TPUReplicatedInput(
-          inputs=[tf.constant(i, tf.int32) for i in range(count)])
+          inputs=[tf.constant(i, tf.int32) for i in range(self.num_replicas_in_sync)])
     return self._replica_id_tensor
 
   def all_reduce(self, reduce_op, value, options=None):

@@ -205,12 +205,9 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
     return f"/job:{self.get_job_name()}/task:0"
 
   def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
-    """{"TPU": cores per host}. Asking a TPU master takes at most 3 tries,
-    each bounded by `config_proto`'s timeout (default a minute).
-
-    >>> TPUClusterResolver("emulated:v4-8").num_accelerators()
-    {'TPU': 4}
-    """
+    """{"TPU": cores per host} (see the class example). Asking a TPU master
+    takes at most 3 tries, each bounded by `config_proto`'s timeout (default
+    a minute)."""
     if self._emulated is not None:
       return {"TPU": self._emulated.num_cores_per_host}
     if self._target.kind == "local":
