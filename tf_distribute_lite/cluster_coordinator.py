@@ -1,8 +1,7 @@
-"""`ClusterCoordinator`: one dispatch thread per worker runs the queued
-functions. A lost worker requeues its function and, once back (within
+"""`ClusterCoordinator`: a dispatch thread per worker runs queued functions.
+A lost worker requeues its function and, once back (within
 `WORKER_RECOVERY_SECONDS`), rebuilds its resources; any other error is the
-function's, raised once by `join()`, `done()` or `schedule()`.
-"""
+function's, raised once by `join()`, `done()` or `schedule()`."""
 
 import collections.abc
 import contextlib
@@ -24,6 +23,7 @@ COORDINATOR_CPU = f"/job:{COORDINATOR_JOB}/replica:0/task:0/device:CPU:0"
 _WARN_ON_EXTERNAL_STATE = 0
 WORKER_RECOVERY_SECONDS = 600.0
 _POLL_SECONDS = 0.25
+_LOG = logging.getLogger("tensorflow")
 _WORKER_ERROR_TYPES = (tf.errors.UnavailableError, tf.errors.AbortedError,
                        tf.errors.CancelledError, tf.errors.InvalidArgumentError,
                        tf.errors.NotFoundError, tf.errors.UnknownError,
@@ -158,8 +158,7 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
 
 
 def dataset_remaker(dataset):
-  """A function remaking `dataset` (from its graph) wherever it is called:
-  a worker cannot read the coordinator's dataset, but its own copy.
+  """A function remaking `dataset` from its graph, e.g. on a worker.
 
   >>> remake = dataset_remaker(tf.data.Dataset.range(3).map(lambda x: 2 * x))
   >>> [int(x) for x in remake()]
@@ -269,7 +268,7 @@ class _Worker:
     if lost or (names_me and isinstance(error, (
         tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError))):
       self.up = False
-      logging.getLogger("tensorflow").warning(
+      _LOG.warning(
           "Worker %d at %s is lost (%s: %s); its function goes back on the queue.",
           self.index, self.address, type(error).__name__, message.splitlines()[0][:200])
       return True
@@ -283,12 +282,10 @@ class _Worker:
         try:
           self.coordinator._reconnect(self)  # pylint: disable=protected-access
           self.up = True
-          logging.getLogger("tensorflow").warning(
-              "Worker %d at %s is back.", self.index, self.address)
+          _LOG.warning("Worker %d at %s is back.", self.index, self.address)
           return True
         except tf.errors.OpError as e:
-          logging.getLogger("tensorflow").info(
-              "Worker %d not reconnected yet: %s", self.index, str(e)[:200])
+          _LOG.info("Worker %d not reconnected yet: %s", self.index, str(e)[:200])
       time.sleep(_POLL_SECONDS)
     return False
 

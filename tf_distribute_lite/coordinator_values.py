@@ -51,8 +51,7 @@ def experimental_get_current_worker_index():
 
 
 class RemoteValue(tf.distribute.experimental.coordinator.RemoteValue):
-  """The value of a function scheduled on a worker (TensorFlow's to tf_keras);
-  `fetch` and `get` are abstract."""
+  """The value of a function scheduled on a worker (TensorFlow's, for tf_keras)."""
 
 
 class RemoteValueImpl(RemoteValue):
@@ -71,7 +70,6 @@ class RemoteValueImpl(RemoteValue):
     self._error = None
 
   def _set(self, values, keep_alive=None):
-    """`keep_alive`: what lives as long as this value (the worker's outputs)."""
     self._values, self._error, self._kept_alive = values, None, keep_alive
     self._ready.set()
 
@@ -154,8 +152,8 @@ class _WorkerResource:
 
 
 class PerWorkerDataset:
-  """A dataset on every worker; `iter()` gives a `PerWorkerIterator`. A
-  `dataset_fn` returning no dataset raises `ValueError` (TF 2.21: at `iter()`)."""
+  """A dataset on every worker; `iter()` gives a `PerWorkerIterator`. A bad
+  `dataset_fn` raises `ValueError` at once (TF 2.21: at `iter()`)."""
 
   def __init__(self, coordinator, dataset_fn):
     self._coordinator = coordinator
