@@ -25,15 +25,32 @@ from tf_distribute_lite import values as values_lib
 Optional = tf.experimental.Optional
 
 # devices: each replica's; homes: each pipeline's device; split: an element
-# is a global batch to cut across the replicas (else one replica's);
+# is a global batch to cut across the replicas (else one replica's); feeds:
+# the pipeline of each replica (None: consecutive replicas share each one);
 # fetch_to_device: copy each part to its replica's device; workers: the key
 # of the `WorkerSync` of several workers, or None; partial_steps: `get_next`
 # gives a last, partial step of per-replica pipelines; strategy: the `id` of
 # the strategy whose method made the dataset (`owned_by`), or None.
 _Layout = collections.namedtuple(
     "_Layout", ["devices", "homes", "split", "fetch_to_device", "workers",
-                "partial_steps", "strategy"],
-    defaults=[None, True, None])
+                "partial_steps", "strategy", "feeds"],
+    defaults=[None, True, None, None])
+
+
+def input_workers(devices, host):
+  """The input pipelines' devices and the pipeline feeding each replica: one
+  on `host`; for replicas on several tasks (the hosts of a TPU pod, in one
+  program), one on each task's CPU:0, feeding that task's replicas.
+
+  >>> input_workers(["/job:w/replica:0/task:1/device:CPU:0",
+  ...                "/job:w/replica:0/task:0/device:CPU:1"], "CPU:0")
+  (('/job:w/replica:0/task:1/device:CPU:0', '/job:w/replica:0/task:0/device:CPU:0'), (0, 1))
+  """
+  tasks = [device.rpartition("/device:")[0] for device in devices]
+  hosts = list(dict.fromkeys(tasks))
+  if len(hosts) < 2:
+    return (host,), None
+  return tuple(task + "/device:CPU:0" for task in hosts), tuple(map(hosts.index, tasks))
 
 
 def owned_by(distributed, strategy):
@@ -91,24 +108,37 @@ def distribute_dataset(dataset, devices, host, options=None,
   `devices` as TensorFlow does: each replica in turn gets `ceil(b / replicas)`
   elements or what is left (sparse too, where TensorFlow 2.21 fails on empty
   shares). With a pipeline per worker in `input_context` (synced by `workers`),
-  this pipeline's auto-sharded share of each global batch, a piece per replica."""
+  this pipeline's auto-sharded share of each global batch, a piece per replica;
+  with replicas on several hosts (`input_workers`), each host's share there."""
   check_dataset(dataset)
   devices = tuple(devices)
   options = options or input_context_lib.InputOptions()
+  homes, feeds = input_workers(devices, host)
   if input_context is not None and input_context.num_input_pipelines > 1:
-    _check_batched(dataset.element_spec, input_context.num_replicas_in_sync)
-    dataset = auto_shard.worker_share(
-        dataset, input_context.num_input_pipelines,
-        input_context.input_pipeline_id, input_context.num_replicas_in_sync)
-    split, sync_key, dequeues_per_step = False, getattr(workers, "key", None), len(devices)
+    shares = [(dataset, input_context.num_input_pipelines, input_context.input_pipeline_id,
+               input_context.num_replicas_in_sync)]
+  elif len(homes) > 1:
+    shares = [(auto_shard.rebuilt_on(home, dataset), len(homes), index, len(devices))
+              for index, home in enumerate(homes)]
   else:
-    split, sync_key, dequeues_per_step = len(devices) > 1, None, 1
+    shares = None
+  if shares:
+    _check_batched(dataset.element_spec, shares[0][3])
+    datasets = []
+    for home, share in zip(homes, shares):
+      with tf.device(home):
+        datasets.append(auto_shard.worker_share(*share))
+    split, sync_key = False, getattr(workers, "key", None)
+    dequeues_per_step = len(devices) // len(homes)
+  else:
+    datasets, split, sync_key, dequeues_per_step = [dataset], len(devices) > 1, None, 1
     if split:
       _check_batched(dataset.element_spec, len(devices))
-  dataset = dataset.prefetch(options.experimental_per_replica_buffer_size * dequeues_per_step)
-  return DistributedDataset(_Layout(devices, (host,), split,
-                                    bool(options.experimental_fetch_to_device), sync_key),
-                            (dataset,))
+  buffer_size = options.experimental_per_replica_buffer_size * dequeues_per_step
+  datasets = [d.prefetch(buffer_size) for d in datasets]
+  return DistributedDataset(_Layout(devices, homes, split,
+                                    bool(options.experimental_fetch_to_device), sync_key,
+                                    feeds=feeds), datasets)
 
 
 def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
@@ -124,12 +154,13 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
   no empty form, so there the input ends (TensorFlow 2.21 makes up zeros)."""
   devices = tuple(devices)
   options = options or input_context_lib.InputOptions()
+  hosts, feeds = input_workers(devices, host)
   if not input_context_lib.is_per_replica(options):
-    homes = (host,)
+    homes = hosts
   elif options.experimental_place_dataset_on_device:
-    homes = devices
+    homes, feeds = devices, None
   else:
-    homes = (host,) * len(devices)
+    homes, feeds = tuple(hosts[f] for f in feeds or [0] * len(devices)), None
   datasets = []
   for index, home in enumerate(homes):
     context = input_context or input_context_lib.InputContext(
@@ -144,7 +175,7 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
     datasets.append(dataset.prefetch(options.experimental_per_replica_buffer_size * replicas_fed))
   return DistributedDatasetsFromFunction(
       _Layout(devices, homes, False, bool(options.experimental_fetch_to_device),
-              getattr(workers, "key", None), partial_steps),
+              getattr(workers, "key", None), partial_steps, feeds=feeds),
       tuple(datasets))
 
 
@@ -414,12 +445,13 @@ class DistributedIterator(tf.distribute.DistributedIterator,
   def _parts(self, take):
     """Each replica's batch, `take(replica)`; replicas sharing a pipeline
     dequeue in replica order (in a TF1 graph nothing else orders them)."""
-    parts = []
+    parts, last = [], {}  # pipeline -> the part it gave last
     for replica in range(len(self._layout.devices)):
-      shared = replica and self._iterator_of(replica) is self._iterator_of(replica - 1)
-      after = tf.nest.flatten(parts[-1], expand_composites=True) if shared else []
+      pipeline = self._pipeline_of(replica)
+      after = tf.nest.flatten(last.get(pipeline, []), expand_composites=True)
       with tf.control_dependencies([t for t in after if tf.is_tensor(t)]):
         parts.append(take(replica))
+      last[pipeline] = parts[-1]
     return parts
 
   def _iterator_of(self, replica):
@@ -429,6 +461,8 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     return self._layout.homes[self._pipeline_of(replica)]
 
   def _pipeline_of(self, replica):
+    if self._layout.feeds is not None:
+      return self._layout.feeds[replica]
     return replica * len(self._layout.homes) // len(self._layout.devices)
 
   def _value_or_empty(self, replica):
