@@ -122,20 +122,22 @@ def distribute_dataset(dataset, devices, host, options=None,
               for index, home in enumerate(homes)]
   else:
     shares = None
+  buffer_size = options.experimental_per_replica_buffer_size
   if shares:
     _check_batched(dataset.element_spec, shares[0][3])
     datasets = []
     for home, share in zip(homes, shares):
       with tf.device(home):
-        datasets.append(auto_shard.worker_share(*share))
+        datasets.append(auto_shard.worker_share(*share).prefetch(
+            buffer_size * (len(devices) // len(homes))))
     split, sync_key = False, getattr(workers, "key", None)
-    dequeues_per_step = len(devices) // len(homes)
   else:
-    datasets, split, sync_key, dequeues_per_step = [dataset], len(devices) > 1, None, 1
+    made_on = tf.data.experimental.to_variant(dataset).device if tf.executing_eagerly() else ""
+    if made_on and device_util.canonicalize(made_on) != device_util.canonicalize(host):
+      dataset = auto_shard.rebuilt_on(host, dataset)  # made on a pod's host, read here
+    datasets, split, sync_key = [dataset.prefetch(buffer_size)], len(devices) > 1, None
     if split:
       _check_batched(dataset.element_spec, len(devices))
-  buffer_size = options.experimental_per_replica_buffer_size * dequeues_per_step
-  datasets = [d.prefetch(buffer_size) for d in datasets]
   return DistributedDataset(_Layout(devices, homes, split,
                                     bool(options.experimental_fetch_to_device), sync_key,
                                     feeds=feeds), datasets)
@@ -167,12 +169,12 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
         len(homes), index, len(devices))
     with tf.device(home):
       dataset = dataset_fn(context)
-    if not isinstance(dataset, tf.data.Dataset):
-      raise TypeError(
-          f"`dataset_fn` must return a tf.data.Dataset; for {context} it "
-          f"returned {dataset!r} of type {type(dataset).__name__}.")
-    replicas_fed = len(devices) // len(homes)
-    datasets.append(dataset.prefetch(options.experimental_per_replica_buffer_size * replicas_fed))
+      if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            f"`dataset_fn` must return a tf.data.Dataset; for {context} it "
+            f"returned {dataset!r} of type {type(dataset).__name__}.")
+      replicas_fed = len(devices) // len(homes)
+      datasets.append(dataset.prefetch(options.experimental_per_replica_buffer_size * replicas_fed))
   return DistributedDatasetsFromFunction(
       _Layout(devices, homes, False, bool(options.experimental_fetch_to_device),
               getattr(workers, "key", None), partial_steps, feeds=feeds),
@@ -207,8 +209,9 @@ class DistributedDataset(tf.distribute.DistributedDataset,
     self._layout = layout
     self._datasets = tuple(datasets)
     # Known for a dataset made eagerly, as in TensorFlow.
-    self._cardinality = (self._datasets[0].cardinality().numpy()
-                         if tf.executing_eagerly() else tf.data.UNKNOWN_CARDINALITY)
+    with tf.device(layout.homes[0]):
+      self._cardinality = (self._datasets[0].cardinality().numpy()
+                           if tf.executing_eagerly() else tf.data.UNKNOWN_CARDINALITY)
 
   def __iter__(self):
     return DistributedIterator(self._layout, self._iterators(iter))
@@ -376,7 +379,10 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     says), or else ends the input."""
     _check_strategy(self._layout)
     _refuse_in_a_replica("next(iterator)", "args=(next(iterator),)")
-    if self._layout.workers is not None:
+    if self._layout.workers is not None or (
+        self._layout.feeds is not None and tf.executing_eagerly()):
+      # Eagerly, a pod's hosts' iterators end through optionals: the error an
+      # exhausted remote iterator raises, TensorFlow's executor raises again later.
       return self._next_of_any_worker()
     if self._one_dequeue:
       return self._distribute_element(self._iterators[0].get_next())
