@@ -3,11 +3,13 @@ distributed dataset, a few steps with the loss falling.
 
     python examples/tpu_training.py                 # emulated v3-8 slice
     python examples/tpu_training.py --tpu local     # on a Cloud TPU VM
+    python examples/tpu_training.py --tpu emulated:v4-32   # a 4-host pod, emulated
 
 Without `--tpu`, `$TPU_NAME` is read, and without it the program runs on an
 emulated v3-8 slice (8 logical CPU devices, one per TPU core), so the same
 code runs here and on a TPU. The script exits with status 1 if the loss did
-not fall.
+not fall. On an emulated pod (v4-16, v4-32, v3-32, v5litepod-16) each host
+is a local process and every host reads its share of each global batch.
 """
 
 import argparse
@@ -38,7 +40,7 @@ def make_dataset():
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--tpu", default=os.environ.get("TPU_NAME") or "emulated:v3-8",
-                      help="'local' on a Cloud TPU VM, a TPU name, or emulated:v3-8")
+                      help="'local' on a Cloud TPU VM, a TPU name, emulated:v3-8 or emulated:v4-32")
   args = parser.parse_args(argv)
 
   resolver = tfd.cluster_resolver.TPUClusterResolver(tpu=args.tpu)

@@ -76,6 +76,18 @@ def test_tpu_example_trains_on_an_emulated_v3_8():
   assert "step 11: loss" in result.stdout and ": fell" in result.stdout
 
 
+@pytest.mark.multi_worker
+def test_tpu_example_trains_on_an_emulated_v4_32_pod():
+  env = {k: v for k, v in environment_of_a_newcomer().items() if k != "TPU_NAME"}
+  result = subprocess.run([sys.executable, str(EXAMPLES / "tpu_training.py"),
+                           "--tpu", "emulated:v4-32"],
+                          capture_output=True, text=True, timeout=600, env=env, check=False)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert not tensorflow_log_lines(result.stdout + result.stderr), result.stderr
+  assert "replicas in sync: 16" in result.stdout
+  assert "step 11: loss" in result.stdout and ": fell" in result.stdout
+
+
 def _run_orbit_example(*args):
   """examples/keras2_orbit_training.py with `args`, 5 steps per loop and an
   evaluation every 10: its output."""

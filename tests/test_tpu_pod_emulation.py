@@ -21,6 +21,7 @@ import tf_distribute_lite as tfd
 from tf_distribute_lite import tpu_pod_emulation
 
 from multi_worker import free_ports
+import oracle
 
 HERE = pathlib.Path(__file__).resolve().parent
 OURS = tfd.cluster_resolver.TPUClusterResolver
@@ -190,3 +191,78 @@ def test_a_host_refuses_a_slice_without_its_hosts(capsys):
   with pytest.raises(SystemExit):
     tpu_pod_emulation.main(["--tpu", "emulated:v4-32", "--task", "0"])
   assert "--tpu must name an emulated multi-host slice and its hosts" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def pod_programs(tmp_path_factory):
+  """tests/tpu_pod_programs.py's answers on an emulated v4-32."""
+  env = dict(os.environ, TPU_NAME="emulated:v4-32")
+  result = subprocess.run([sys.executable, str(HERE / "tpu_pod_programs.py"),
+                           str(tmp_path_factory.mktemp("pod"))], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.multi_worker
+def test_tpu_strategy_spans_the_hosts(pod_programs):
+  assert pod_programs["strategy"] == [16, 4, 4]  # replicas, hosts, replicas per host
+  assert pod_programs["values"] == {"replicas": 16, "on_worker_devices": True, "sum": 120.0}
+
+
+@pytest.mark.multi_worker
+def test_each_host_reads_its_share_of_the_global_batch_on_its_cpu(pod_programs):
+  """As TensorFlow cuts a global batch across workers: each host's share
+  in pieces, one per replica of that host."""
+  got = pod_programs["input"]
+  assert got["values"] == [[h * 2 + 8 * r, h * 2 + 8 * r + 1] for h in range(4) for r in range(4)]
+  assert got["pipelines"] == [f"/job:worker/replica:0/task:{h}/device:CPU:0"
+                              for h in range(4) for _ in range(4)]
+  assert got["replicas"] == [h for h in range(4) for _ in range(4)] and got["same_device"]
+  assert got["contexts"] == [[4, h] for h in range(4)]
+  assert got["from_function"] == [[100 * h + 2 * r, 100 * h + 2 * r + 1]
+                                  for h in range(4) for r in range(4)]
+  assert got["from_function_pipelines"] == got["replicas"]
+
+
+@pytest.mark.multi_worker
+def test_reductions_across_hosts(pod_programs):
+  ids = [float(i) for i in range(1, 17)]
+  assert pod_programs["reductions"] == {"all_reduce": [136.0, 136.0, 8.5], "all_gather": ids,
+                                        "reduce": [136.0, [8.5]], "gather": ids}
+
+
+@pytest.mark.multi_worker
+def test_spec_programs_and_training_give_the_single_host_numbers(pod_programs):
+  assert pod_programs["spec_2_0"] == {"sums": [120.0, 376.0], "from_function": [16.0, 16.0],
+                                      "numpy": [16.0]}
+  assert pod_programs["training"] == {"losses_equal": True, "weights_equal": True,
+                                      "loss_fell": True}
+
+
+@pytest.mark.multi_worker
+def test_a_device_assignment_of_replicas_spanning_two_hosts(pod_programs):
+  assert pod_programs["model_parallel"] == {"replicas": 8, "hosts": [2, 2],
+                                            "replica_0_tasks": [0, 1], "equal": True}
+
+
+@pytest.mark.multi_worker
+def test_checkpoints_move_between_the_pod_and_one_host(pod_programs):
+  assert pod_programs["checkpoints"] == {"on_one_host": [1.0, 2.0],
+                                         "on_the_pod": [[3.0, 4.0]] * 4}
+
+
+@pytest.mark.multi_worker
+def test_tf_keras_fit_on_the_pod_equals_one_host(pod_programs):
+  oracle.assert_same_numbers(pod_programs["tf_keras"]["pod"], pod_programs["tf_keras"]["local"],
+                             1e-5)
+
+
+@pytest.mark.multi_worker
+def test_orbit_controller_trains_checkpoints_and_restores_on_the_pod(pod_programs):
+  orbit = pod_programs["orbit"]
+  losses = [o["training_loss"] for kind, o in orbit["outputs"] if kind == "train"]
+  assert len(losses) == 4 and losses[-1] < losses[0]
+  assert orbit["restored"] == {"step": 6, "weights_equal": True}
+  assert [step for step, _ in orbit["summaries"]["train/train_accuracy"]] == [2, 4, 6, 8]
+  assert orbit["checkpoints"] == ["ckpt-2.index", "ckpt-6.index", "ckpt-8.index"]

@@ -63,6 +63,18 @@ def worker_share(dataset, num_workers, worker_index, num_replicas_in_sync):
                     worker_index, num_replicas_in_sync)
 
 
+def rebuilt_on(device, dataset):
+  """`dataset` rebuilt on `device` (another host's) from its serialized
+  graph, as tf.data replicates a pipeline; its external state (a generator,
+  a resource) is dropped with a warning, as in TensorFlow."""
+  graph = tf.raw_ops.DatasetToGraphV2(
+      input_dataset=tf.data.experimental.to_variant(dataset), strip_device_assignment=True,
+      external_state_policy=int(tf.data.experimental.ExternalStatePolicy.WARN.value))
+  with tf.device(device):
+    variant = tf.raw_ops.DatasetFromGraph(graph_def=graph)
+    return tf.data.experimental.from_variant(variant, dataset.element_spec)
+
+
 def piece_sizes(global_batch_size, num_workers, replicas_per_worker, worker_index):
   """The sizes worker `worker_index` cuts each global batch into, the larger
   first, rotated so that the workers' pieces add up to the global batch.

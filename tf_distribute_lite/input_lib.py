@@ -23,15 +23,32 @@ from tf_distribute_lite import values as values_lib
 Optional = tf.experimental.Optional
 
 # devices: each replica's; homes: each pipeline's device; split: an element
-# is a global batch to cut across the replicas (else one replica's);
+# is a global batch to cut across the replicas (else one replica's); feeds:
+# the pipeline of each replica (None: consecutive replicas share each one);
 # fetch_to_device: copy each part to its replica's device; workers: the key
 # of the `WorkerSync` of several workers, or None; partial_steps: `get_next`
 # gives a last, partial step of per-replica pipelines; strategy: the `id` of
 # the strategy whose method made the dataset (`owned_by`), or None.
 _Layout = collections.namedtuple(
     "_Layout", ["devices", "homes", "split", "fetch_to_device", "workers",
-                "partial_steps", "strategy"],
-    defaults=[None, True, None])
+                "partial_steps", "strategy", "feeds"],
+    defaults=[None, True, None, None])
+
+
+def input_workers(devices, host):
+  """The input pipelines' devices and the pipeline feeding each replica: one
+  on `host`; for replicas on several tasks (the hosts of a TPU pod, in one
+  program), one on each task's CPU:0, feeding that task's replicas.
+
+  >>> input_workers(["/job:w/replica:0/task:1/device:CPU:0",
+  ...                "/job:w/replica:0/task:0/device:CPU:1"], "CPU:0")
+  (('/job:w/replica:0/task:1/device:CPU:0', '/job:w/replica:0/task:0/device:CPU:0'), (0, 1))
+  """
+  tasks = [device.rpartition("/device:")[0] for device in devices]
+  hosts = list(dict.fromkeys(tasks))
+  if len(hosts) < 2:
+    return (host,), None
+  return tuple(task + "/device:CPU:0" for task in hosts), tuple(map(hosts.index, tasks))
 
 
 def owned_by(distributed, strategy):
@@ -88,24 +105,39 @@ def distribute_dataset(dataset, devices, host, options=None,
   `devices` as TensorFlow does: each replica in turn gets `ceil(b / replicas)`
   elements or what is left (sparse too, where TensorFlow 2.21 fails on empty
   shares). With a pipeline per worker in `input_context` (synced by `workers`),
-  this pipeline's auto-sharded share of each global batch, a piece per replica."""
+  this pipeline's auto-sharded share of each global batch, a piece per replica;
+  with replicas on several hosts (`input_workers`), each host's share there."""
   check_dataset(dataset)
   devices = tuple(devices)
   options = options or input_context_lib.InputOptions()
+  homes, feeds = input_workers(devices, host)
   if input_context is not None and input_context.num_input_pipelines > 1:
-    _check_batched(dataset.element_spec, input_context.num_replicas_in_sync)
-    dataset = auto_shard.worker_share(
-        dataset, input_context.num_input_pipelines,
-        input_context.input_pipeline_id, input_context.num_replicas_in_sync)
-    split, sync_key, dequeues_per_step = False, getattr(workers, "key", None), len(devices)
+    shares = [(dataset, input_context.num_input_pipelines, input_context.input_pipeline_id,
+               input_context.num_replicas_in_sync)]
+  elif len(homes) > 1:
+    shares = [(auto_shard.rebuilt_on(home, dataset), len(homes), index, len(devices))
+              for index, home in enumerate(homes)]
   else:
-    split, sync_key, dequeues_per_step = len(devices) > 1, None, 1
+    shares = None
+  buffer_size = options.experimental_per_replica_buffer_size
+  if shares:
+    _check_batched(dataset.element_spec, shares[0][3])
+    datasets = []
+    for home, share in zip(homes, shares):
+      with tf.device(home):
+        datasets.append(auto_shard.worker_share(*share).prefetch(
+            buffer_size * (len(devices) // len(homes))))
+    split, sync_key = False, getattr(workers, "key", None)
+  else:
+    made_on = tf.data.experimental.to_variant(dataset).device if tf.executing_eagerly() else ""
+    if made_on and device_util.canonicalize(made_on) != device_util.canonicalize(host):
+      dataset = auto_shard.rebuilt_on(host, dataset)  # made on a pod's host, read here
+    datasets, split, sync_key = [dataset.prefetch(buffer_size)], len(devices) > 1, None
     if split:
       _check_batched(dataset.element_spec, len(devices))
-  dataset = dataset.prefetch(options.experimental_per_replica_buffer_size * dequeues_per_step)
-  return DistributedDataset(_Layout(devices, (host,), split,
-                                    bool(options.experimental_fetch_to_device), sync_key),
-                            (dataset,))
+  return DistributedDataset(_Layout(devices, homes, split,
+                                    bool(options.experimental_fetch_to_device), sync_key,
+                                    feeds=feeds), datasets)
 
 
 def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
@@ -119,27 +151,28 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
   except for fully known shapes (TensorFlow 2.21 makes up zeros)."""
   devices = tuple(devices)
   options = options or input_context_lib.InputOptions()
+  hosts, feeds = input_workers(devices, host)
   if not input_context_lib.is_per_replica(options):
-    homes = (host,)
+    homes = hosts
   elif options.experimental_place_dataset_on_device:
-    homes = devices
+    homes, feeds = devices, None
   else:
-    homes = (host,) * len(devices)
+    homes, feeds = tuple(hosts[f] for f in feeds or [0] * len(devices)), None
   datasets = []
   for index, home in enumerate(homes):
     context = input_context or input_context_lib.InputContext(
         len(homes), index, len(devices))
     with tf.device(home):
       dataset = dataset_fn(context)
-    if not isinstance(dataset, tf.data.Dataset):
-      raise TypeError(
-          f"`dataset_fn` must return a tf.data.Dataset; for {context} it "
-          f"returned {dataset!r} of type {type(dataset).__name__}.")
-    replicas_fed = len(devices) // len(homes)
-    datasets.append(dataset.prefetch(options.experimental_per_replica_buffer_size * replicas_fed))
+      if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            f"`dataset_fn` must return a tf.data.Dataset; for {context} it "
+            f"returned {dataset!r} of type {type(dataset).__name__}.")
+      replicas_fed = len(devices) // len(homes)
+      datasets.append(dataset.prefetch(options.experimental_per_replica_buffer_size * replicas_fed))
   return DistributedDatasetsFromFunction(
       _Layout(devices, homes, False, bool(options.experimental_fetch_to_device),
-              getattr(workers, "key", None), partial_steps),
+              getattr(workers, "key", None), partial_steps, feeds=feeds),
       tuple(datasets))
 
 
@@ -170,8 +203,9 @@ class DistributedDataset(tf.distribute.DistributedDataset,
     self._layout = layout
     self._datasets = tuple(datasets)
     # Known for a dataset made eagerly, as in TensorFlow.
-    self._cardinality = (self._datasets[0].cardinality().numpy()
-                         if tf.executing_eagerly() else tf.data.UNKNOWN_CARDINALITY)
+    with tf.device(layout.homes[0]):
+      self._cardinality = (self._datasets[0].cardinality().numpy()
+                           if tf.executing_eagerly() else tf.data.UNKNOWN_CARDINALITY)
 
   def __iter__(self):
     return DistributedIterator(self._layout, self._iterators(iter))
@@ -332,7 +366,10 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     (a last, partial step may give some replicas empty batches)."""
     _check_strategy(self._layout)
     _refuse_in_a_replica("next(iterator)", "args=(next(iterator),)")
-    if self._layout.workers is not None:
+    if self._layout.workers is not None or (
+        self._layout.feeds is not None and tf.executing_eagerly()):
+      # Eagerly, a pod's hosts' iterators end through optionals: the error an
+      # exhausted remote iterator raises, TensorFlow's executor raises again later.
       return self._next_of_any_worker()
     if self._one_dequeue:
       return self._distribute_element(self._iterators[0].get_next())
@@ -400,12 +437,13 @@ class DistributedIterator(tf.distribute.DistributedIterator,
   def _parts(self, take):
     """Each replica's batch, `take(replica)`; replicas sharing a pipeline
     dequeue in replica order (in a TF1 graph nothing else orders them)."""
-    parts = []
+    parts, last = [], {}  # pipeline -> the part it gave last
     for replica in range(len(self._layout.devices)):
-      shared = replica and self._iterator_of(replica) is self._iterator_of(replica - 1)
-      after = tf.nest.flatten(parts[-1], expand_composites=True) if shared else []
+      pipeline = self._pipeline_of(replica)
+      after = tf.nest.flatten(last.get(pipeline, []), expand_composites=True)
       with tf.control_dependencies([t for t in after if tf.is_tensor(t)]):
         parts.append(take(replica))
+      last[pipeline] = parts[-1]
     return parts
 
   def _iterator_of(self, replica):
@@ -415,6 +453,8 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     return self._layout.homes[self._pipeline_of(replica)]
 
   def _pipeline_of(self, replica):
+    if self._layout.feeds is not None:
+      return self._layout.feeds[replica]
     return replica * len(self._layout.homes) // len(self._layout.devices)
 
   def _value_or_empty(self, replica):

@@ -254,6 +254,8 @@ def check_compiles(strategy, fn, args, kwargs, created_variables=()):
   traced = tf.function(replica_step, jit_compile=True).get_concrete_function(
       _UNUSED, *specs)
   device = strategy.extended.worker_devices[0]
+  if device not in device_util.local_devices():  # a pod's host: lower on this process's CPU
+    device = device_util.local_devices("CPU")[0]
   captured = _lowerable(traced, device)
   if captured is None:
     return

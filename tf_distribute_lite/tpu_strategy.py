@@ -421,9 +421,11 @@ def _replica_cores(resolver, metadata, device_assignment):
         f"use TPUClusterResolver('emulated:v3-8').")
   if device_assignment is None:
     return [[core] for core in cores]
-  if emulated is not None:
-    return [[cores[device_assignment.tpu_ordinal(replica=r, logical_core=k)]
-             for k in range(device_assignment.num_cores_per_replica)]
+  if emulated is not None:  # the cores are listed host after host
+    def core(replica, logical_core):
+      spec = tf.DeviceSpec.from_string(device_assignment.tpu_device(replica, logical_core))
+      return cores[spec.task * emulated.num_cores_per_host + spec.device_index]
+    return [[core(r, k) for k in range(device_assignment.num_cores_per_replica)]
             for r in range(device_assignment.num_replicas)]
   job = tf.DeviceSpec.from_string(cores[0]).job
   return [[device_util.canonicalize(device_assignment.tpu_device(
