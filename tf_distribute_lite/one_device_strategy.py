@@ -1,9 +1,4 @@
-"""`OneDeviceStrategy`: everything on one device, through the strategy API.
-
-Code written for several replicas runs unchanged on one: variables are plain
-`tf.Variable`s placed on the device, `run` calls the function once there, and
-reductions return their input.
-"""
+"""`OneDeviceStrategy`: plain variables and one replica on one device."""
 
 import tensorflow as tf
 
