@@ -64,6 +64,4 @@ class ParameterServerStrategyExtended(mirrored_strategy.MirroredExtended):
         f"`CentralStorageStrategy` runs on one machine and takes no cluster; "
         f"got cluster_spec={cluster_spec.as_dict()}.")
 
-  @property
-  def worker_devices(self):
-    return list(self._devices)
+  worker_devices = property(lambda self: list(self._devices))

@@ -1,8 +1,6 @@
-"""Cross-device ops: one class per reduction algorithm (`ReductionToOneDevice`,
-`HierarchicalCopyAllReduce`, `NcclAllReduce`, `CollectiveAllReduce`), and
-helpers on devices and values. All-reduces apply where the destinations are
-the values' devices, else they reduce on one device.
-"""
+"""Cross-device ops: one class per reduction algorithm, and helpers on
+devices and values. All-reduces apply where the destinations are the
+values' devices, else they reduce on one device."""
 
 import itertools
 import threading
@@ -359,15 +357,9 @@ class HierarchicalCopyAllReduce(_PackedByCount,
     num_packs: 0 all-reduces each tensor alone; else those of one dtype
       together.
 
-  >>> ops = HierarchicalCopyAllReduce()
-  >>> devices = ["CPU:0", "CPU:1", "CPU:2"]
-  >>> per_replica = []
-  >>> for i, d in enumerate(devices):
-  ...   with tf.device(d):
-  ...     per_replica.append(tf.constant([float(i)]))
-  >>> value = tf_distribute_lite.values.PerReplica(per_replica)
-  >>> ops.reduce("SUM", value, destinations=value).values[2]
-  <tf.Tensor: shape=(1,), dtype=float32, numpy=array([3.], dtype=float32)>
+  >>> value = tf_distribute_lite.values.PerReplica([tf.constant(1.0), tf.constant(2.0)])
+  >>> HierarchicalCopyAllReduce().reduce("SUM", value, destinations="CPU:0")
+  <tf.Tensor: shape=(), dtype=float32, numpy=3.0>
   """
 
   def __init__(self, num_packs=1):
@@ -378,23 +370,18 @@ class HierarchicalCopyAllReduce(_PackedByCount,
     n = len(devices)
     if n == 1:
       return [device_util.on_device(per_device[0], devices[0], copy=True)]
-    halves = [list(range(0, (n + 1) // 2)), list(range((n + 1) // 2, n))]
+    halves = [range(0, (n + 1) // 2), range((n + 1) // 2, n)]
     shift = next(self._next_root)
-    roots = [half[shift % len(half)] for half in halves]
+    roots = [devices[half[shift % len(half)]] for half in halves]
     partial = []
     for half, root in zip(halves, roots):
-      with tf.device(devices[root]):
+      with tf.device(root):
         partial.append(tf.math.add_n([per_device[i] for i in half]))
-    with tf.device(devices[roots[0]]):
-      total_0 = tf.math.add_n(partial)
-    with tf.device(devices[roots[1]]):
-      total_1 = tf.identity(total_0)
-    totals = [total_0, total_1]
-    result = []
-    for i in range(n):
-      with tf.device(devices[i]):
-        result.append(tf.identity(totals[0 if i in halves[0] else 1]))
-    return result
+    with tf.device(roots[0]):
+      total = tf.math.add_n(partial)
+    totals = [total, device_util.on_device(total, roots[1], copy=True)]
+    return [device_util.on_device(totals[0 if i in halves[0] else 1], device, copy=True)
+            for i, device in enumerate(devices)]
 
 
 class NcclAllReduce(_PackedByCount, stands_for=tf.distribute.NcclAllReduce):

@@ -20,13 +20,8 @@ class _DefaultReplicaContext(replica_context.ReplicaContext):
     if contexts.top() is not None:
       super()._require_current()
 
-  @property
-  def replica_id_in_sync_group(self):
-    return 0
-
-  @property
-  def devices(self):
-    return (device_util.current(),)
+  replica_id_in_sync_group = property(lambda self: 0)
+  devices = property(lambda self: (device_util.current(),))
 
 
 class _DefaultDistributionExtended(distribute_lib.StrategyExtendedV1):

@@ -55,19 +55,12 @@ class ValueContext(StandsFor, stands_for=tf.distribute.experimental.ValueContext
 class RunOptions(collections.namedtuple("RunOptions", [
     "experimental_enable_dynamic_batch_size",
     "experimental_bucketizing_dynamic_shape",
-    "experimental_xla_options"])):
+    "experimental_xla_options"], defaults=(True, False, None))):
   """Options for `strategy.run` (they apply to TPU strategies).
 
   >>> RunOptions()
   RunOptions(experimental_enable_dynamic_batch_size=True, experimental_bucketizing_dynamic_shape=False, experimental_xla_options=None)
   """
-
-  def __new__(cls, experimental_enable_dynamic_batch_size=True,
-              experimental_bucketizing_dynamic_shape=False,
-              experimental_xla_options=None):
-    return super().__new__(cls, experimental_enable_dynamic_batch_size,
-                           experimental_bucketizing_dynamic_shape,
-                           experimental_xla_options)
 
 
 class _StrategyScope:
@@ -429,16 +422,13 @@ def check_count(value, argument, minimum):
 
 def _check_replica_counts(strategy, structure, argument):
   expected = strategy.extended._num_local_replicas  # pylint: disable=protected-access
-  for leaf in tf.nest.flatten(structure):
-    if _replica_count(leaf) not in (None, expected):
-      break
-  else:
+  counts = [_replica_count(leaf) for leaf in tf.nest.flatten(structure)]
+  if all(count in (None, expected) for count in counts):
     return
   count, path = next(
-      ((_replica_count(value), path) for path, value in
-       values_lib.flatten_with_paths(structure)
+      ((_replica_count(value), path) for path, value in values_lib.flatten_with_paths(structure)
        if _replica_count(value) not in (None, expected)),
-      (max(_replica_count(leaf) or 0 for leaf in tf.nest.flatten(structure)), ""))
+      (max(count or 0 for count in counts), ""))
   raise ValueError(
       f"`{argument}`{path} of strategy.run holds {count} "
       f"per-replica values, but the strategy has {expected} replicas: "
@@ -478,18 +468,12 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
   _default_device = None
   _between_graph = False
 
-  @property
-  def experimental_between_graph(self):
-    """Whether each worker builds its own graph (between-graph replication)."""
-    return self._between_graph
-
-  @property
-  def experimental_require_static_shapes(self):
-    """Whether the input must have static shapes."""
-    return False
+  experimental_between_graph = property(
+      lambda self: self._between_graph, doc="Whether each worker builds its own graph.")
+  experimental_require_static_shapes = property(
+      lambda self: False, doc="Whether the input must have static shapes.")
 
   _is_chief = True  # the chief writes checkpoints and summaries
-
   experimental_should_init = property(
       lambda self: True, doc="Whether this task initializes the variables.")
   should_checkpoint = property(
@@ -568,13 +552,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
 
   def _replica_ctx_all_reduce(self, reduce_op, value, options=None):
     """`get_replica_context().all_reduce`, for the Model Garden's explicit
-    gradient all-reduce (docs/client_private_names.md).
-
-    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> strategy.run(lambda: strategy.extended._replica_ctx_all_reduce(
-    ...     "SUM", tf.constant(2.0))).values[1]
-    <tf.Tensor: shape=(), dtype=float32, numpy=4.0>
-    """
+    gradient all-reduce (docs/client_private_names.md)."""
     if contexts.in_cross_replica_context():  # TensorFlow asserts
       raise AssertionError("`StrategyExtended._replica_ctx_all_reduce` must be "
                            "called in a replica context")
@@ -702,7 +680,6 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     3.0
     """
     kwargs = {} if kwargs is None else kwargs
-    strategy = self._container_strategy()
     fn = _tf_bridge.autograph_convert(fn)
     replica_context = self._own_replica_context()
     if replica_context is not None:
@@ -710,20 +687,14 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
         return merged_strategy.extended.update(var, fn, merged_args,
                                                merged_kwargs, group)
       return replica_context.merge_call(merge_fn, args=args, kwargs=kwargs)
-    with strategy.scope():
-      return self._update(var, fn, args, kwargs, group)
-
-  def _update(self, var, fn, args, kwargs, group):
-    return self._variables.update(var, fn, args, kwargs, group)
+    with self._container_strategy().scope():
+      return self._variables.update(var, fn, args, kwargs, group)
 
   def update_non_slot(self, colocate_with, fn, args=(), kwargs=None, group=True):
     """Runs `fn(*args, **kwargs)` once per device of `colocate_with`."""
     with self._container_strategy().scope():
-      return self._update_non_slot(colocate_with, _tf_bridge.autograph_convert(fn),
-                                   args, kwargs or {}, group)
-
-  def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
-    return self._variables.update_non_slot(colocate_with, fn, args, kwargs, group)
+      return self._variables.update_non_slot(
+          colocate_with, _tf_bridge.autograph_convert(fn), args, kwargs or {}, group)
 
   @property
   def _input_host(self):

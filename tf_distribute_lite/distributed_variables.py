@@ -100,18 +100,9 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
   def _primary(self):
     return self._values[0]
 
-  @property
-  def distribute_strategy(self):
-    return self._distribute_strategy
-
-  @property
-  def aggregation(self):
-    return self._aggregation
-
-  @property
-  def synchronization(self):
-    return self._primary.synchronization
-
+  distribute_strategy = property(lambda self: self._distribute_strategy)
+  aggregation = property(lambda self: self._aggregation)
+  synchronization = property(lambda self: self._primary.synchronization)
   name = property(lambda self: self._primary.name)
   dtype = property(lambda self: self._primary.dtype)
   shape = property(lambda self: self._primary.shape)
@@ -283,9 +274,6 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
   def _update_cross_replica(self, update_fn, value, method):
     return self._distribute_strategy.extended.update(
         self, update_fn, args=(value,), group=True)
-
-  def _update_in_replica(self, update_fn, value, method):
-    raise NotImplementedError
 
   def _update_aggregated(self, update_fn, value):
     """Applies the replicas' `value`s aggregated, through `merge_call`."""

@@ -20,15 +20,10 @@ class MirroredStrategy(distribute_lib.Strategy, stands_for=tf.distribute.Mirrore
       `communicator.default_cross_device_ops`.
 
   >>> strategy = MirroredStrategy(["CPU:0", "CPU:1"])
-  >>> strategy.num_replicas_in_sync
-  2
   >>> with strategy.scope():
   ...   v = tf.Variable(1.0)
-  >>> v
-  MirroredVariable:{
-    0: <tf.Variable 'Variable:0' shape=() dtype=float32, numpy=1.0>,
-    1: <tf.Variable 'Variable/replica_1:0' shape=() dtype=float32, numpy=1.0>
-  }
+  >>> [component.device[-5:] for component in v.values]
+  ['CPU:0', 'CPU:1']
   """
 
   def __init__(self, devices=None, cross_device_ops=None):
@@ -61,24 +56,13 @@ class MirroredExtended(distribute_lib.StrategyExtendedV1):
   _retrace_functions_for_each_device = property(lambda self: len(self._layout.devices) > 1)
   _is_chief = property(lambda self: self._layout.is_chief)
 
-  @property
-  def worker_devices(self):
-    return self._devices
-
-  @property
-  def _num_replicas_in_sync(self):
-    return self._layout.num_replicas
-
-  @property
-  def _num_local_replicas(self):
-    return len(self._devices)
+  worker_devices = property(lambda self: self._devices)
+  _num_replicas_in_sync = property(lambda self: self._layout.num_replicas)
+  _num_local_replicas = property(lambda self: len(self._devices))
+  _input_host = property(lambda self: device_util.canonicalize(self._layout.input_host))
 
   def _get_local_replica_id(self, replica_id_in_sync_group):
     return replica_id_in_sync_group - self._layout.replica_offset
-
-  @property
-  def _input_host(self):
-    return device_util.canonicalize(self._layout.input_host)
 
   def _call_for_each_replica(self, fn, args, kwargs):
     return self._executor.run(fn, args, kwargs)
@@ -108,8 +92,7 @@ class MirroredExtended(distribute_lib.StrategyExtendedV1):
         f"`MultiWorkerMirroredStrategy` on every worker instead.")
 
   def _update_config_proto(self, config_proto):
-    updated = type(config_proto)()
-    updated.CopyFrom(config_proto)
+    updated = super()._update_config_proto(config_proto)
     updated.isolate_session_state = True
     return updated
 

@@ -38,10 +38,7 @@ class OneDeviceExtended(distribute_lib.StrategyExtendedV1):
                      variable_policy.VariablePolicy(container_strategy, self._device))
 
   _device = property(lambda self: self._layout.devices[0])
-
-  @property
-  def worker_devices(self):
-    return self._layout.devices
+  worker_devices = property(lambda self: self._layout.devices)
 
   def _call_for_each_replica(self, fn, args, kwargs):
     fn = _tf_bridge.autograph_convert(fn)

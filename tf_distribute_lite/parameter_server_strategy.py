@@ -131,14 +131,8 @@ class ParameterServerStrategyV2Extended(distribute_lib.StrategyExtendedV1):
     # Set by the ClusterCoordinator while it traces a function to schedule.
     self._being_scheduled = False
 
-  @property
-  def worker_devices(self):
-    """The device a step runs on, on whichever worker runs it."""
-    return ("/device:CPU:0",)
-
-  @property
-  def _num_replicas_in_sync(self):
-    return 1
+  # A step runs on the CPU of whichever worker runs it.
+  worker_devices = property(lambda self: ("/device:CPU:0",))
 
   # --- Replicas and input.
 
