@@ -1,15 +1,10 @@
 """Joining a cluster: `join` starts this task's gRPC server with collective
 ops and TensorFlow's coordination service, once per process.
 
-Every wait is bounded: all chief and worker tasks must register within
-`startup_timeout()` seconds, else `DeadlineExceededError` names the missing
-ones (TensorFlow 2.21 waits an hour); a task lost later aborts the others'
-collectives after `HEARTBEAT_TIMEOUT_SECONDS` (`UnavailableError`).
-
-This module alone sets SIGTERM's handler. TensorFlow's runtime takes the
-signal and trains on; `join` takes it back, so the process ends, once it has
-recorded the notice (`PREEMPTION_NOTICE_KEY`) unless the program set a
-handler of its own.
+Waits are bounded: tasks must register within `startup_timeout()` (TensorFlow
+2.21 waits an hour); a lost task aborts the others' collectives after
+`HEARTBEAT_TIMEOUT_SECONDS`. This module alone sets SIGTERM's handler: the
+process ends (after recording the notice), where TensorFlow's trains on.
 """
 
 import concurrent.futures
@@ -30,8 +25,7 @@ from tf_distribute_lite.layout import Layout
 STARTUP_TIMEOUT_VARIABLE = "TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT"
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 900.0
 HEARTBEAT_TIMEOUT_SECONDS = 10.0
-# Of the start-up time, kept for starting the server and, if that fails,
-# asking which servers answer.
+# Of the start-up time, kept for the server's start and probes on failure.
 _MARGIN_SECONDS = 1.0
 # How long a notice may take to reach the coordination service.
 NOTICE_TIMEOUT_SECONDS = 2.0
@@ -42,11 +36,7 @@ _COORDINATED_JOBS = ("chief", "worker")
 
 def startup_timeout():
   """Seconds every task has to join: `$TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT`,
-  else 900.
-
-  >>> startup_timeout() > 0
-  True
-  """
+  else 900."""
   given = os.environ.get(STARTUP_TIMEOUT_VARIABLE)
   if not given:
     return DEFAULT_STARTUP_TIMEOUT_SECONDS
@@ -118,12 +108,7 @@ def task_layout(cluster_spec, task_type, task_id):
 
 
 def gpus_per_task(resolver):
-  """How many GPUs each task of `resolver`'s cluster computes on.
-
-  >>> gpus_per_task(tf_distribute_lite.cluster_resolver.SimpleClusterResolver(
-  ...     tf.train.ClusterSpec({}), num_accelerators={"GPU": 2}))
-  2
-  """
+  """How many GPUs each task of `resolver`'s cluster computes on."""
   if isinstance(resolver, TFConfigClusterResolver):
     # It would count its task's devices, which exist only once joined.
     return len(device_util.local_devices("GPU"))
@@ -200,8 +185,6 @@ def _start_server(cluster_spec, task_type, task_id, rpc_layer):
           f"{task_name(task_type, task_id)}. Start one process per task.")
     return _joined["task"]
   timeout = startup_timeout()
-  # A margin for the server's start and the failure's probes; the rest is
-  # the time to register.
   margin = min(_MARGIN_SECONDS, timeout / 4)
   probe_seconds = margin / 2
   register_deadline = time.monotonic() + timeout - margin
@@ -326,12 +309,7 @@ def _tasks(cluster_spec, jobs=_COORDINATED_JOBS):
 
 def unanswered_tasks(cluster_spec, jobs, deadline):
   """`(job, index, address)` of each task of `jobs` whose server does not
-  answer before `deadline` (`time.monotonic()`).
-
-  >>> spec = tf.train.ClusterSpec({"ps": ["127.0.0.1:1"]})
-  >>> unanswered_tasks(spec, ["ps"], time.monotonic())
-  [('ps', 0, '127.0.0.1:1')]
-  """
+  answer before `deadline` (`time.monotonic()`)."""
   return [task for task in _tasks(cluster_spec, jobs) if not _answers_by(task[2], deadline)]
 
 

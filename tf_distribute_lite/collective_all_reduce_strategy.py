@@ -1,10 +1,5 @@
-"""`MultiWorkerMirroredStrategy`: synchronous training across machines.
-
-Each worker runs the same program; its replicas run as in
-`MirroredStrategy`, and reductions span every worker's replicas through
-collective ops (`communicator.ClusterCommunicator`) over the runtime that
-`cluster_runtime.join` starts. Without a cluster it runs on this machine.
-"""
+"""`MultiWorkerMirroredStrategy`: `MirroredStrategy` on each worker, its
+reductions across workers (`communicator.ClusterCommunicator`)."""
 
 import copy
 import functools
@@ -34,12 +29,10 @@ class CollectiveAllReduceStrategy(distribute_lib.Strategy,
 
   Args:
     cluster_resolver: the cluster and this task; by default `TF_CONFIG`'s.
-    communication_options: `CommunicationOptions` for every reduction; across
-      workers a collective times out after `timeout_seconds`, by default
-      `communicator.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS`.
+    communication_options: `CommunicationOptions` for every reduction (by
+      default timing out after `DEFAULT_COLLECTIVE_TIMEOUT_SECONDS`).
 
-  Create it before any other TensorFlow op: it starts this task's server and
-  waits until every task has joined. A worker has a replica per GPU, else one.
+  Make it first: it joins the cluster. A worker has a replica per GPU, else one.
 
   >>> strategy = CollectiveAllReduceStrategy()  # no TF_CONFIG: this machine only
   >>> strategy.num_replicas_in_sync, strategy.extended._in_multi_worker_mode()

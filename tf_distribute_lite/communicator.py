@@ -1,8 +1,5 @@
-"""`Communicator`: every reduction of one strategy, knowing where its
-replicas are (`Layout`) and the algorithms (`cross_device_ops`): on one
-process's devices, across workers (`ClusterCommunicator`) or inside a TPU
-step (`TPUCommunicator`); and `reduce_along_axis`.
-"""
+"""`Communicator`: every reduction of one strategy, on one process's devices,
+across workers or in a TPU step; and `reduce_along_axis`."""
 
 import numbers
 
@@ -17,9 +14,8 @@ from tf_distribute_lite.collective_util import CommunicationImplementation
 from tf_distribute_lite.collective_util import CommunicationOptions
 from tf_distribute_lite.reduce_util import ReduceOp
 
-# A collective that waits longer than this for other workers raises
-# `tf.errors.DeadlineExceededError`, unless `CommunicationOptions` set a
-# timeout of their own (TensorFlow 2.21 waits forever by default).
+# A collective's timeout unless `CommunicationOptions` set one (TensorFlow
+# 2.21 waits forever).
 DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 1800.0
 
 # The types collective ops add; other integers and booleans go as int64.
@@ -76,8 +72,7 @@ class Communicator:
     for i, (value, destinations) in enumerate(value_destination_pairs):
       self._refuse_other_workers(destinations)
       if not isinstance(value, tf.distribute.DistributedValues):
-        # The same on every replica, so in sync: SUM and MEAN give the value
-        # itself, as in TensorFlow, copied where `destinations` lie elsewhere.
+        # The same on every replica: itself, as in TensorFlow, copied elsewhere.
         shared = destinations is value or not (tf.is_tensor(value) or isinstance(value, tf.Variable))
         results[i] = value if shared else cross_device_ops_lib.simple_broadcast(value, destinations)
         pairs.append(None)

@@ -417,10 +417,8 @@ class NcclAllReduce(_PackedByCount, stands_for=tf.distribute.NcclAllReduce):
     return result
 
 
-# Each CollectiveAllReduce takes its own process-wide group key. Groups
-# across workers count in a range of their own, so that workers making the
-# same strategies in the same order agree on keys. Both ranges avoid
-# TensorFlow's own keys.
+# Each CollectiveAllReduce takes its own group key; groups across workers
+# count apart, so workers making the same strategies agree on their keys.
 _group_keys = {False: itertools.count(7_000_000), True: itertools.count(8_000_000)}
 _group_key_lock = threading.Lock()
 # Instance keys are counted per group.

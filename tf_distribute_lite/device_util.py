@@ -70,13 +70,8 @@ def _parse(device, argument):
 
 
 def set_local_task(task):
-  """Makes `task` the task of device names without one.
-
-  >>> set_local_task("/job:worker/replica:0/task:1")
-  >>> canonicalize("GPU:0")
-  '/job:worker/replica:0/task:1/device:GPU:0'
-  >>> set_local_task("/job:localhost/replica:0/task:0")
-  """
+  """Makes `task` (as "/job:worker/replica:0/task:1") the task of device
+  names without one."""
   _local_task[0] = _merged(task, None, _local_task[0]).rsplit("/device:", 1)[0]
   _local_devices.cache_clear()
 

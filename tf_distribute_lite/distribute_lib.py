@@ -1,10 +1,5 @@
-"""`Strategy` and `StrategyExtended`: the core of every strategy.
-
-`Strategy` holds the user-facing methods (`scope`, `run`, `reduce`, ...),
-`StrategyExtended` the lower-level ones (`reduce_to`, `update`, ...). Each
-strategy fills in the extended object's hooks (`_call_for_each_replica`,
-`_reduce_to`, ...) and gives it a variable policy (`variable_policy`).
-"""
+"""`Strategy` and `StrategyExtended`, whose hooks (`_call_for_each_replica`,
+`_reduce_to`, ...) and variable policy each strategy fills in."""
 
 import collections
 import collections.abc
@@ -239,12 +234,10 @@ class StrategyBase(StandsFor):
 
   def distribute_datasets_from_function(self, dataset_fn, options=None):
     """A `tf.distribute.DistributedDataset` of the datasets, batched per
-    replica, that `dataset_fn(InputContext)` makes per input pipeline.
-
-    Its `cardinality` counts batches, not steps, as in TensorFlow; an epoch
-    of Keras `fit` without `steps_per_epoch` ends at a step with no input,
-    which updates nothing (TensorFlow 2.21 may count one more
-    `optimizer.iterations`).
+    replica, that `dataset_fn(InputContext)` makes per input pipeline. Its
+    `cardinality` counts batches, as in TensorFlow: without `steps_per_epoch`
+    a Keras epoch ends at a step with no input, which updates nothing
+    (TensorFlow 2.21 may count it in `optimizer.iterations`).
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> def dataset_fn(context):
@@ -571,14 +564,9 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     replicas."""
     return replica_id_in_sync_group
 
-  @property
-  def _num_replicas_in_sync(self):
-    return 1
-
-  @property
-  def _num_local_replicas(self):
-    """How many of the replicas run in this process (all, on one worker)."""
-    return self._num_replicas_in_sync
+  _num_replicas_in_sync = property(lambda self: 1)
+  # The replicas this process runs.
+  _num_local_replicas = property(lambda self: self._num_replicas_in_sync)
 
   @property
   def worker_devices(self):
@@ -586,15 +574,11 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     raise RuntimeError(
         "worker_devices() method unsupported by default tf.distribute.Strategy.")
 
-  @property
-  def parameter_devices(self):
-    """The devices variables are placed on."""
-    return self._variables.parameter_devices
-
-  @property
-  def worker_devices_by_replica(self):
-    """Each replica's devices, one list per replica."""
-    return [[device] for device in self.worker_devices]
+  parameter_devices = property(lambda self: self._variables.parameter_devices,
+                               doc="The devices variables are placed on.")
+  worker_devices_by_replica = property(
+      lambda self: [[device] for device in self.worker_devices],
+      doc="Each replica's devices, one list per replica.")
 
   def non_slot_devices(self, var_list):
     """The devices for non-slot variables (such as an optimizer's step)."""
@@ -696,12 +680,9 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
       return self._variables.update_non_slot(
           colocate_with, _tf_bridge.autograph_convert(fn), args, kwargs or {}, group)
 
-  @property
-  def _input_host(self):
-    return device_util.canonicalize("/device:CPU:0")
+  _input_host = property(lambda self: device_util.canonicalize("/device:CPU:0"))
 
-  # For input functions across workers: this worker's `InputContext`, and
-  # an `input_lib.WorkerSync`.
+  # Input functions across workers: this worker's `InputContext`, a `WorkerSync`.
   _worker_sync = None
 
   def _input_context(self):
@@ -757,12 +738,8 @@ class StrategyExtendedV1(StrategyExtended, stands_for=tf.compat.v1.distribute.St
                                          initial_loop_values=None):
     """Runs `fn(ctx, inputs)` on the next `iterations` elements of
     `iterator` in a `tf.while_loop`; returns the `MultiStepContext` `ctx`.
-
-    In a graph only what `fn` returns runs each step (a nest, where
-    TensorFlow 2.21 takes one op or tensor). `initial_loop_values` starts
-    the outputs `ctx.set_last_step_output` records, component by component,
-    in the order of their names.
-    """
+    In a graph only what `fn` returns (a nest, where TensorFlow 2.21 takes
+    one op) runs; `initial_loop_values` start `ctx`'s outputs by name."""
     strategy = self._container_strategy()
     contexts.require_cross_replica_or_default(strategy)
     # Read by TF 1.x metrics while the loop is built (docs/client_private_names.md).

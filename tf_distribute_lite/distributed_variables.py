@@ -1,10 +1,5 @@
-"""Distributed variables: real `tf.Variable`s standing for their components.
-
-`MirroredVariable` keeps one component per replica equal (updates in a
-replica are first aggregated); `SyncOnReadVariable` aggregates its
-components when read across replicas; `AggregatingVariable` is central
-storage's one variable. All save as the one variable they stand for.
-"""
+"""Distributed variables: real `tf.Variable`s standing for their components,
+saved as the one variable they stand for."""
 
 import contextlib
 import copy
@@ -20,8 +15,7 @@ from tf_distribute_lite.reduce_util import ReduceOp
 VARIABLE_VALUE = "VARIABLE_VALUE"  # the checkpoint key plain variables use
 _OWN_ATTRIBUTES = frozenset(
     ["_values", "_distribute_strategy", "_aggregation", "_common_name",
-     # Not taken from a component, as in TensorFlow: Keras tells a
-     # distributed variable by `_distributed_container` on its handle.
+     # Not a component's: Keras looks for `_distributed_container` on its handle.
      "_distributed_container", "_use_resource_variables", "_attribute_sentinel"])
 
 
@@ -76,8 +70,7 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
       _tf_bridge.set_distributed_container(component, self)
 
   def __getattr__(self, name):
-    # What this class does not define comes from the component a read here
-    # would use, as in TensorFlow (e.g. `_save_slice_info`, `sparse_read`).
+    # The rest comes from the component a read would use, as in TensorFlow.
     if name.startswith(("__", "_self_")) or name in _OWN_ATTRIBUTES:
       raise AttributeError(name)
     return getattr(self._component_for_attributes(), name)

@@ -1,12 +1,10 @@
 """`PreemptionCheckpointHandler`: on a termination notice at any worker,
 every worker saves a checkpoint at the same step, then exits.
 
-Several workers agree through the coordination service: the first to get a
-notice takes the lead (`_LEAD_KEY`); before its next step it publishes the
-step to save at, one past its own (`_STEP_KEYS`), and waits until every
-worker's watcher thread has acknowledged it (synchronous workers are at most
-one step apart). With a grace period they save, train on, and the leader
-publishes a final step shortly before it ends. One worker skips the store.
+Workers agree through the coordination service: the first with a notice
+leads (`_LEAD_KEY`), publishes the step after its next (`_STEP_KEYS`; no
+worker is more than a step apart) and waits for every worker's ack. With a
+grace period, a final step follows shortly before it ends.
 """
 
 import contextlib

@@ -5,11 +5,9 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-  """Where a strategy's replicas run, seen from this process: `devices`
-  (canonical), one per local replica; `input_host` (canonicalised where
-  used); `num_workers` in sync, this one at `worker_index`; `is_chief`;
-  its `task_type` and `task_id` (None without a cluster), and `task`, the
-  server it started ("" if none).
+  """Where a strategy's replicas run, seen from this process: one canonical
+  device per local replica, workers in sync and this one's index, its task
+  in a cluster, and `task`, the server it started ("" if none).
 
   >>> layout = Layout(("/gpu:0", "/gpu:1"), num_workers=3, worker_index=2)
   >>> layout.num_replicas, layout.replica_offset

@@ -1,10 +1,5 @@
-"""`ParameterServerStrategy`: asynchronous training with variables on ps tasks.
-
-The process that makes it is the coordinator: it connects to the `worker`
-and `ps` tasks' servers, puts variables (or a partitioner's shards) on the ps
-tasks in turn, and a `ClusterCoordinator` sends steps to idle workers, where
-`run` calls the step once.
-"""
+"""`ParameterServerStrategy`: a coordinator (this process) sends steps to
+workers, with variables on the ps tasks."""
 
 import logging
 import time
@@ -35,7 +30,6 @@ class ParameterServerStrategyV2(distribute_lib.Strategy,
     variable_partitioner: a `tf.distribute.experimental.partitioners`
       partitioner splitting variables along their first axis, or None.
 
-  >>> import portpicker  # doctest: +SKIP
   >>> cluster = tf.train.ClusterSpec({"worker": ["localhost:2223"],
   ...                                 "ps": ["localhost:2224"]})  # doctest: +SKIP
   >>> servers = [tf.distribute.Server(cluster, job, 0, start=True)
@@ -157,21 +151,16 @@ class ParameterServerStrategyV2Extended(distribute_lib.StrategyExtendedV1):
     input_lib.check_dataset(dataset)
     remade = cluster_coordinator.dataset_remaker(dataset)
     return DatasetFromFunction(
-        lambda _: remade(), self._input_context(),
+        lambda _: remade(), input_context_lib.InputContext(),
         "To use this dataset, you need to pass this dataset to "
         "ClusterCoordinator.create_per_worker_dataset.")
 
   def _distribute_datasets_from_function(self, dataset_fn, options, partial_steps=None):
     del options, partial_steps
-    return DatasetFromFunction(
-        dataset_fn, self._input_context(),
-        "You need to use this dataset in ClusterCoordinator.create_per_worker_dataset.")
-
-  def _input_context(self):
     # Each worker reads its own pipeline, as one of one (as in TensorFlow).
-    return input_context_lib.InputContext(
-        num_input_pipelines=1, input_pipeline_id=0,
-        num_replicas_in_sync=self._num_replicas_in_sync)
+    return DatasetFromFunction(
+        dataset_fn, input_context_lib.InputContext(),
+        "You need to use this dataset in ClusterCoordinator.create_per_worker_dataset.")
 
 
 class DatasetFromFunction(tf.distribute.DistributedDataset):

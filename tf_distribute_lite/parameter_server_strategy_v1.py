@@ -41,8 +41,6 @@ class ParameterServerStrategyV1(
   ...   a, b = tf.Variable(1.0), tf.Variable(2.0)
   >>> a.device, b.device
   ('/job:ps/task:0', '/job:ps/task:1')
-  >>> strategy.extended.worker_devices
-  ['/job:worker/replica:0/task:0/device:CPU:0']
   """
 
   def __init__(self, cluster_resolver=None):

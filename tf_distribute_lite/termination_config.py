@@ -22,9 +22,6 @@ class TerminationConfig(StandsFor, stands_for=tf.distribute.experimental.Termina
       a Google Cloud GPU VM); if positive, the handler saves twice.
     save_fn: replaces the handler's own save.
 
-  >>> config = TerminationConfig(grace_period=30)
-  >>> config.grace_period, config.exit_fn
-  (30, None)
   >>> TerminationConfig(grace_period=-1)
   Traceback (most recent call last):
   ...
