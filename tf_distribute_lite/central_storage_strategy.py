@@ -20,11 +20,9 @@ class CentralStorageStrategy(distribute_lib.Strategy,
 
   Args:
     compute_devices: the replicas' devices; by default the GPUs, else the CPU.
-    parameter_device: the variables' device; by default the only compute
-      device, else the CPU.
+    parameter_device: by default the only compute device, else the CPU.
 
-  `experimental_distribute_dataset` takes `options` (TensorFlow 2.21 raises
-  `AttributeError`).
+  Takes dataset `options` (TensorFlow 2.21 raises `AttributeError`).
 
   >>> strategy = CentralStorageStrategy(["CPU:0", "CPU:1"])
   >>> with strategy.scope():

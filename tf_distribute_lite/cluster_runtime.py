@@ -94,9 +94,8 @@ def validate_task(cluster_spec, task_type, task_id):
 
 
 def task_layout(cluster_spec, task_type, task_id):
-  """Where a task stands in `cluster_spec`, as a `Layout` without devices:
-  the chief (first) and workers train together, the first of them is chief;
-  an evaluator or "ps" task stands alone."""
+  """Where a task stands in `cluster_spec`, as a `Layout` without devices
+  (an evaluator or "ps" task stands alone)."""
   if not cluster_spec.jobs:
     return Layout()
   if task_type not in _COORDINATED_JOBS:
@@ -314,9 +313,8 @@ def unanswered_tasks(cluster_spec, jobs, deadline):
 
 
 def _answers_by(address, deadline):
-  """Whether `address` accepts TCP connections before `deadline`. (Waiting
-  for the leader here keeps start-up bound: TensorFlow's backoff may sleep
-  past its deadline.)"""
+  """Whether `address` accepts TCP connections before `deadline` (checked
+  here, as TensorFlow's backoff may sleep past its deadline)."""
   while True:
     left = deadline - time.monotonic()
     if left <= 0:

@@ -23,11 +23,9 @@ _SUMMABLE = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64
 
 
 class Communicator:
-  """The reductions of one process's replicas: with `cross_device_ops`
-  (by default `default_cross_device_ops`) where they all-reduce in place,
-  else with `host_ops` (int32, CPU destinations, destinations elsewhere).
-  Reducing onto another task of the layout's job raises `ValueError`, as in
-  TensorFlow."""
+  """One process's reductions: with `cross_device_ops` where they all-reduce
+  in place, else with `host_ops` (int32, CPU or other destinations); onto
+  another task of the job, `ValueError`, as in TensorFlow."""
 
   def __init__(self, layout, cross_device_ops=None, host_ops=None):
     cross_device_ops_lib.check_cross_device_ops(cross_device_ops)
@@ -152,10 +150,9 @@ def _is_all_zero(value):
 
 
 def default_cross_device_ops(devices):
-  """The algorithm for `devices` by default: GPUs use NCCL collectives, as
-  in TensorFlow; other devices reduce on one device, which costs 1.3x a plain
-  sum where TensorFlow's default ring takes 3-4x (float results are those of
-  TensorFlow's `ReductionToOneDevice`)."""
+  """GPUs: NCCL collectives, as in TensorFlow; others reduce on one device
+  (1.3x a plain sum, where TensorFlow's ring takes 3-4x; float results are
+  those of its `ReductionToOneDevice`)."""
   missing = [d for d in devices if not device_util.is_present(d)]
   if missing:
     tf.get_logger().warning(
@@ -176,9 +173,8 @@ def default_cross_device_ops(devices):
 
 
 def reduce_along_axis(reduce_op, components, axis, across=None):
-  """`Strategy.reduce` along `axis` of this process's `components`, on the
-  current device (concatenated first where shapes allow); `across` sums the
-  total and element count over the processes holding other replicas."""
+  """`Strategy.reduce` along `axis` of this process's `components`; `across`
+  sums the total and count over processes holding other replicas."""
   with tf.device(device_util.current() or "/device:CPU:0"):
     tensors = [c if isinstance(c, tf.Tensor) else tf.convert_to_tensor(c)
                for c in components]
@@ -247,11 +243,9 @@ def _element_count(tensor, axes):
 
 
 class ClusterCommunicator(Communicator):
-  """The reductions of several workers' replicas, with collective ops in two
-  groups: the replicas (per-replica values) and the workers, one member on
-  each input host (other values, the chief's initial values, input sync).
-  `options` time out after `DEFAULT_COLLECTIVE_TIMEOUT_SECONDS` by default.
-  """
+  """Reductions across workers, with collective ops in two groups: the
+  replicas (per-replica values) and the workers' input hosts (other values,
+  the chief's initial values, input sync)."""
 
   def __init__(self, layout, options):
     if not options.timeout_seconds:
@@ -268,9 +262,7 @@ class ClusterCommunicator(Communicator):
     self._groups = {self.cross_device_ops: (layout.num_replicas, layout.replica_offset),
                     self._worker_ops: (layout.num_workers, layout.worker_index)}
 
-  @property
-  def _host(self):
-    return device_util.canonicalize(self.layout.input_host)
+  _host = property(lambda self: device_util.canonicalize(self.layout.input_host))
 
   def reduce_to(self, reduce_op, value, destinations, options):
     if reduce_op == ReduceOp.MEAN and _is_mirrored(value):
@@ -417,9 +409,8 @@ def _mean_in_dtype(total, count):
 
 
 class TPUCommunicator(Communicator):
-  """The reductions of a TPU strategy: inside a TPU step (`tpu_step()`, else
-  None) the step reduces a value every replica traced once; others reduce
-  as on one process's replicas."""
+  """A TPU strategy's reductions: inside a step (`tpu_step()`), the step
+  reduces what every replica traced once."""
 
   def __init__(self, layout, tpu_step):
     super().__init__(layout)

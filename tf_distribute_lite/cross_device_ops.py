@@ -164,8 +164,7 @@ class CrossDeviceOps(StandsFor, stands_for=tf.distribute.CrossDeviceOps):
     value = as_per_replica(per_replica_value)
     devices = devices_of(destinations)
     if len(value.values) == 1 and devices_of(value) == devices:
-      return values_lib.regroup([device_util.on_device(value.values[0], devices[0], copy=True)],
-                                values_lib.Mirrored)
+      return device_util.on_device(value.values[0], devices[0], copy=True)
     return self.reduce_implementation(reduce_op, value, destinations,
                                       options or CommunicationOptions())
 
@@ -175,8 +174,7 @@ class CrossDeviceOps(StandsFor, stands_for=tf.distribute.CrossDeviceOps):
     pairs = _checked_pairs(value_destination_pairs)
     if all(len(v.values) == 1 and devices_of(v) == devices_of(d)
            for v, d in pairs):
-      return [values_lib.regroup([device_util.on_device(v.values[0], v.values[0].device, copy=True)],
-                                 values_lib.Mirrored) for v, _ in pairs]
+      return [device_util.on_device(v.values[0], v.values[0].device, copy=True) for v, _ in pairs]
     return self.batch_reduce_implementation(reduce_op, pairs,
                                             options or CommunicationOptions())
 
@@ -349,13 +347,9 @@ class _PackedByCount(_AllReduce):
 
 class HierarchicalCopyAllReduce(_PackedByCount,
                                 stands_for=tf.distribute.HierarchicalCopyAllReduce):
-  """Sums each half of the devices on a root (rotating), adds the two, and
-  copies the total back. For any number of devices (TF 2.21 drops some
-  values when it is odd).
-
-  Args:
-    num_packs: 0 all-reduces each tensor alone; else those of one dtype
-      together.
+  """Sums each half of the devices on a root, adds the two, copies the total
+  back (TF 2.21 drops values for an odd number of devices). `num_packs`: 0
+  all-reduces each tensor alone, else those of one dtype together.
 
   >>> value = tf_distribute_lite.values.PerReplica([tf.constant(1.0), tf.constant(2.0)])
   >>> HierarchicalCopyAllReduce().reduce("SUM", value, destinations="CPU:0")
@@ -433,15 +427,10 @@ def next_group_key(across_workers=False):
 
 
 class CollectiveAllReduce(_AllReduce):
-  """All-reduce with TensorFlow's collective ops, ordered per device by a
-  token so that they cannot deadlock.
-
-  Args:
-    devices: this process's devices taking part, one per replica.
-    group_size: the devices in the group; by default `len(devices)`.
-    options: default `CommunicationOptions`.
-    group_key: by default the next one (`next_group_key`); processes that
-      all-reduce together use the same.
+  """All-reduce with TensorFlow's collective ops (ordered per device, so
+  they cannot deadlock) among this process's `devices` and others' in a
+  group of `group_size` (default: `len(devices)`) under `group_key` (default:
+  `next_group_key()`), with default `options`.
 
   >>> ops = CollectiveAllReduce(["CPU:0", "CPU:1"])
   >>> per_replica = []

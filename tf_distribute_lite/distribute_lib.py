@@ -140,12 +140,9 @@ class StrategyBase(StandsFor):
 
   def run(self, fn, args=(), kwargs=None, options=None):
     """Calls `fn` once per replica with its components of distributed
-    arguments; returns the results regrouped (`PerReplica`, `Mirrored`, or
-    the one object every replica returned).
-
-    In a `tf.function` no op of the step starts before every replica's input
-    is there, so a step whose input fails applies no update (TensorFlow 2.21
-    may apply some to some replicas).
+    arguments; returns the results regrouped. In a `tf.function`, a step
+    whose input fails updates nothing (TensorFlow 2.21 may update some
+    replicas).
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> strategy.run(lambda x: x + 1, args=(tf.constant(1),))
@@ -607,10 +604,9 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
                            options)
 
   def batch_reduce_to(self, reduce_op, value_destination_pairs, options=None):
-    """`reduce_to` for a list of `(value, destinations)` pairs at once (a
-    tensor for one device, where TensorFlow 2.21 may give a one-component
-    `Mirrored`); a value that is not distributed comes back as it is,
-    copied onto its destinations if they are elsewhere.
+    """`reduce_to` for a list of `(value, destinations)` pairs (one device:
+    a tensor, where TensorFlow 2.21 may give a `Mirrored`); a value not
+    distributed comes back, copied onto its destinations.
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> per_replica = strategy.run(lambda: tf.constant(1.0))
@@ -726,7 +722,6 @@ class StrategyExtendedV1(StrategyExtended, stands_for=tf.compat.v1.distribute.St
   def experimental_make_numpy_dataset(self, numpy_input, session=None):
     """A dataset of the slices of `numpy_input`, held on the input host.
 
-    >>> import numpy as np
     >>> extended = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"]).extended
     >>> int(extended.experimental_make_numpy_dataset(np.arange(3)).cardinality())
     3

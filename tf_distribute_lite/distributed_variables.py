@@ -89,9 +89,7 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
   is_distributed_variable = True
   _splits_per_replica = False  # Each replica picks its component when used.
 
-  @property
-  def _primary(self):
-    return self._values[0]
+  _primary = property(lambda self: self._values[0])
 
   distribute_strategy = property(lambda self: self._distribute_strategy)
   aggregation = property(lambda self: self._aggregation)
@@ -154,9 +152,8 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
   # --- Reading.
 
   def _current_replica_id(self):
-    """The replica whose component a read or write here means, or None; in
-    another strategy's replica, `ValueError` (TensorFlow 2.21 reads some
-    component)."""
+    """The replica whose component is meant here, or None; in another
+    strategy's replica, `ValueError` (TensorFlow 2.21 reads one)."""
     entry = contexts.top()
     if entry is None:
       return None  # no strategy in effect: the variable reads as one value
@@ -180,9 +177,8 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
     return entry.replica_context is not None and entry.strategy is not self._distribute_strategy
 
   def _component_for_attributes(self):
-    """The component whose attributes and handle this shows; in another
-    strategy's replica one of them, as in TensorFlow (Keras then finds the
-    strategies differ)."""
+    """The component whose attributes and handle this shows (in another
+    strategy's replica one of them, as in TensorFlow)."""
     if self._in_foreign_replica():
       return self._on_current_device()
     return self._get_on_device_or_primary()
@@ -572,9 +568,7 @@ class AggregatingVariable(ComponentsVariable):
   def _get_on_device_or_primary(self):
     return self._primary
 
-  @property
-  def device(self):
-    return self._primary.device
+  device = property(lambda self: self._primary.device)
 
   def _update_in_replica(self, update_fn, value, method):
     if "scatter" in method:  # as in TensorFlow: applied as it is

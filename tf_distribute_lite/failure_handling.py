@@ -40,10 +40,8 @@ class PreemptionCheckpointHandler(
 
   Args:
     cluster_resolver: the strategy's `cluster_resolver` (None: one worker).
-    checkpoint_or_checkpoint_manager: a `tf.train.Checkpoint`, saved into
-      `checkpoint_dir` (by non-chiefs into a temporary folder next to it),
-      or a `tf.train.CheckpointManager`.
-    checkpoint_dir: see above; the latest checkpoint there is restored.
+    checkpoint_or_checkpoint_manager: a `tf.train.CheckpointManager`, or a
+      `tf.train.Checkpoint` saved into and restored from `checkpoint_dir`.
     termination_config: a `TerminationConfig`, for the platform's defaults.
 
   Call each step through `run` (or `save_checkpoint_if_preempted` after
@@ -103,10 +101,8 @@ class PreemptionCheckpointHandler(
     else:
       cluster_runtime.on_sigterm(self._claim_lead)
 
-  @property
-  def total_run_calls(self):
-    """How many steps were run, counting those before a restart."""
-    return self._run_counter
+  total_run_calls = property(lambda self: self._run_counter,
+                             doc="How many steps were run, counting those before a restart.")
 
   def run(self, distributed_train_function, *args, **kwargs):
     """Runs one training step, first saving and exiting if a notice calls

@@ -23,12 +23,7 @@ class Layout:
   task_id: int = None
   task: str = ""
 
-  @property
-  def num_replicas(self):
-    """The replicas in sync: this worker's times the workers."""
-    return len(self.devices) * self.num_workers
-
-  @property
-  def replica_offset(self):
-    """The global id of this worker's first replica."""
-    return self.worker_index * len(self.devices)
+  num_replicas = property(lambda self: len(self.devices) * self.num_workers,
+                          doc="The replicas in sync, on every worker.")
+  replica_offset = property(lambda self: self.worker_index * len(self.devices),
+                            doc="The global id of this worker's first replica.")

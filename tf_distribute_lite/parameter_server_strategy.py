@@ -164,10 +164,8 @@ class ParameterServerStrategyV2Extended(distribute_lib.StrategyExtendedV1):
 
 
 class DatasetFromFunction(tf.distribute.DistributedDataset):
-  """A worker's input, made there by `dataset_fn(input_context)`, for
-  `ClusterCoordinator.create_per_worker_dataset`. Made outside a
-  `tf.function`, iterating it raises `ValueError(unbuilt_message)`, as in
-  TensorFlow.
+  """A worker's input, made there by `dataset_fn(input_context)`; made
+  outside a `tf.function`, iterating it raises `ValueError`, as in TensorFlow.
 
   >>> ds = DatasetFromFunction(lambda ctx: tf.data.Dataset.range(3),
   ...                          tf_distribute_lite.InputContext(), "unbuilt")
@@ -193,9 +191,7 @@ class DatasetFromFunction(tf.distribute.DistributedDataset):
       raise ValueError(self._unbuilt_message)
     return iter(self.build())
 
-  @property
-  def element_spec(self):
-    return self.build().element_spec
+  element_spec = property(lambda self: self.build().element_spec)
 
   def reduce(self, initial_state, reduce_func):
     return self.build().reduce(initial_state, reduce_func)

@@ -22,15 +22,10 @@ from tf_distribute_lite.layout import Layout
 
 class ParameterServerStrategyV1(
     strategy_v1.StrategyV1, stands_for=tf.compat.v1.distribute.experimental.ParameterServerStrategy):
-  """Asynchronous training of TF1 graphs by workers, with variables on ps
-  tasks; eagerly, `scope`, `run` and the dataset methods raise
-  `NotImplementedError`, as in TensorFlow. (TensorFlow 2.21's `run` and
-  dataset methods return None, and an evaluator the cluster does not list
-  raises `KeyError`.)
-
-  Args:
-    cluster_resolver: the cluster (with a "ps" job) and this task; by
-      default a `TFConfigClusterResolver`.
+  """Asynchronous training of TF1 graphs, with variables on ps tasks (in
+  graphs only, as in TensorFlow). `cluster_resolver`: by default a
+  `TFConfigClusterResolver`. (TensorFlow 2.21's `run` and dataset methods
+  return None, and an evaluator the cluster does not list raises `KeyError`.)
 
   >>> cluster = tf.train.ClusterSpec({"worker": ["localhost:2222"],
   ...                                 "ps": ["localhost:2223", "localhost:2224"]})

@@ -33,10 +33,8 @@ class PreemptionWatcher(StandsFor, stands_for=tf.distribute.experimental.Preempt
     threading.Thread(target=self._watch, name="PreemptionWatcher", daemon=True).start()
     self._checked.wait(2 * POLL_SECONDS)
 
-  @property
-  def preemption_message(self):
-    """The task a termination notice came to (a string), or None."""
-    return self._preemption_message
+  preemption_message = property(lambda self: self._preemption_message,
+                                doc="The task a termination notice came to, or None.")
 
   def _watch(self):
     try:

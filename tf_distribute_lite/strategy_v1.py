@@ -118,7 +118,5 @@ class TPUStrategyV1(tpu_strategy.TPUMethods, StrategyV1,
     super().__init__(tpu_strategy.TPUExtended(self, tpu_cluster_resolver, steps_per_run,
                                               device_assignment, False))
 
-  @property
-  def steps_per_run(self):
-    """Steps each host loop runs."""
-    return self._extended.steps_per_run
+  steps_per_run = property(lambda self: self._extended.steps_per_run,
+                           doc="Steps each host loop runs.")

@@ -65,8 +65,7 @@ def _ungrouped(result):
 
 class MirroredPolicy(VariablePolicy):
   """A component per replica device, in a `MirroredVariable` or (ON_READ)
-  `SyncOnReadVariable`; `initial_value(value, dtype)` may replace the
-  initial value (with the chief's)."""
+  `SyncOnReadVariable`; `initial_value(value, dtype)` may give the chief's."""
 
   def __init__(self, strategy, initial_value=None):
     super().__init__(strategy)
@@ -200,8 +199,7 @@ class TPUPolicy(MirroredPolicy):
 
 class CentralStoragePolicy(VariablePolicy):
   """Each variable once, on `device` (or a device function; by default the
-  only replica device, else the CPU); for several replicas an
-  `AggregatingVariable`."""
+  only replica device, else the CPU), for several replicas aggregating."""
 
   def __init__(self, strategy, device=None, parameter_devices=None):
     super().__init__(strategy)
@@ -255,9 +253,8 @@ class CentralStoragePolicy(VariablePolicy):
 
 
 class ParameterServerPolicy(VariablePolicy):
-  """Variables (or `partitioner`'s shards, as a `ShardedVariable`) on the
-  `num_ps` ps tasks in turn. A slot goes with its variable, that of a
-  `ShardedVariable` to `coordinator_device`, as in TensorFlow."""
+  """Variables (or a `ShardedVariable`'s shards) on the ps tasks in turn; a
+  slot with its variable (a sharded one's on `coordinator_device`)."""
 
   def __init__(self, strategy, num_ps, partitioner, coordinator_device):
     super().__init__(strategy)
