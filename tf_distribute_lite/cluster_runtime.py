@@ -35,8 +35,7 @@ _COORDINATED_JOBS = ("chief", "worker")
 
 
 def startup_timeout():
-  """Seconds every task has to join: `$TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT`,
-  else 900."""
+  """Seconds every task has to join: `$TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT` or 900."""
   given = os.environ.get(STARTUP_TIMEOUT_VARIABLE)
   if not given:
     return DEFAULT_STARTUP_TIMEOUT_SECONDS
@@ -229,8 +228,7 @@ def _take_back_sigterm(on_sigterm, task_type, task_id):
 
 
 def on_sigterm(callback):
-  """Makes SIGTERM call `callback()` instead of what it did (from the main
-  thread only, as `signal.signal`)."""
+  """Makes SIGTERM call `callback()` (from the main thread only)."""
   signal.signal(signal.SIGTERM, lambda signum, frame: callback())
 
 
@@ -248,8 +246,7 @@ def publish_preemption_notice(task_type, task_id):
 
 
 def configure_collectives(config, cluster_spec=None, task_type=None, task_id=None):
-  """Sets up `config` (in place) for collective ops; in a cluster, also the
-  leader and this task's device filter."""
+  """Sets up `config` in place for collective ops (in a cluster, with its leader)."""
   rewrites = config.graph_options.rewrite_options
   rewrites.scoped_allocator_optimization = rewrites.ON
   del rewrites.scoped_allocator_opts.enable_op[:]

@@ -158,8 +158,7 @@ class CrossDeviceOps(StandsFor, stands_for=tf.distribute.CrossDeviceOps):
   """
 
   def reduce(self, reduce_op, per_replica_value, destinations, options=None):
-    """Reduces `per_replica_value` onto `destinations`: a tensor, or a
-    `Mirrored` value for several devices."""
+    """Reduces `per_replica_value` onto `destinations` (several: `Mirrored`)."""
     reduce_op = ReduceOp.from_any(reduce_op)
     value = as_per_replica(per_replica_value)
     devices = devices_of(destinations)

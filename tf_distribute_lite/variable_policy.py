@@ -1,5 +1,4 @@
-"""Variable policies: how a strategy makes, places and updates variables
-(`extended._variables`)."""
+"""Variable policies: how a strategy makes, places and updates variables."""
 
 import contextlib
 import weakref
