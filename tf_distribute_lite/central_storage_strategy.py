@@ -1,10 +1,5 @@
-"""`CentralStorageStrategy`: replicated compute, variables on one device.
-
-Each step runs once per compute device, as with `MirroredStrategy`, but
-every variable exists once, on the parameter device. Updates made inside
-`strategy.run` are first aggregated across the replicas (by the variable's
-`aggregation`) and then applied once; reductions are computed on the CPU.
-"""
+"""`CentralStorageStrategy`: replicas as in `MirroredStrategy`, each variable
+once, on the parameter device; reductions on the CPU."""
 
 import tensorflow as tf
 
@@ -24,13 +19,10 @@ class CentralStorageStrategy(distribute_lib.Strategy,
   """Synchronous training on one machine with every variable on one device.
 
   Args:
-    compute_devices: the devices to replicate the computation on; by default
-      every local GPU, or the CPU if there is none.
-    parameter_device: the device variables live on; by default the only
-      compute device, or the CPU when there are several.
+    compute_devices: the replicas' devices; by default the GPUs, else the CPU.
+    parameter_device: by default the only compute device, else the CPU.
 
-  `experimental_distribute_dataset` takes `options` here; TensorFlow 2.21
-  raises `AttributeError` for any `options` (a misspelt attribute).
+  Takes dataset `options` (TensorFlow 2.21 raises `AttributeError`).
 
   >>> strategy = CentralStorageStrategy(["CPU:0", "CPU:1"])
   >>> with strategy.scope():
@@ -47,14 +39,10 @@ class CentralStorageStrategy(distribute_lib.Strategy,
 
 
 class ParameterServerStrategyExtended(mirrored_strategy.MirroredExtended):
-  """`strategy.extended` of `CentralStorageStrategy` (named as in
-  TensorFlow): replicas run as in `MirroredStrategy`; variables and updates
-  (`variable_policy.CentralStoragePolicy`) and reductions differ."""
+  """`strategy.extended` of `CentralStorageStrategy` (named as in TensorFlow)."""
 
   _between_graph = True
-  # Read by tf_keras (docs/client_private_names.md): this process's index
-  # in its job; a strategy on one machine has none.
-  _task_id = None
+  _task_id = None  # read by tf_keras (docs/client_private_names.md)
 
   def __init__(self, container_strategy, compute_devices, parameter_device):
     if compute_devices is None:
@@ -74,6 +62,4 @@ class ParameterServerStrategyExtended(mirrored_strategy.MirroredExtended):
         f"`CentralStorageStrategy` runs on one machine and takes no cluster; "
         f"got cluster_spec={cluster_spec.as_dict()}.")
 
-  @property
-  def worker_devices(self):
-    return list(self._devices)
+  worker_devices = property(lambda self: list(self._devices))

@@ -1,29 +1,10 @@
-"""Joining a cluster: TensorFlow's distributed runtime in this process.
+"""Joining a cluster: `join` starts this task's gRPC server with collective
+ops and TensorFlow's coordination service, once per process.
 
-`join` starts this task's gRPC server with collective ops enabled and
-TensorFlow's coordination service configured, so that collective ops reach
-the other tasks. Every wait is bounded:
-
-* start-up: all coordinated tasks (chief and workers) must register within
-  `startup_timeout()` seconds, else `tf.errors.DeadlineExceededError` names
-  the tasks that are missing and their addresses, within that time
-  (TensorFlow 2.21 waits for an hour by default);
-* a task that dies later stops sending heartbeats; after
-  `HEARTBEAT_TIMEOUT_SECONDS` TensorFlow aborts every collective op of the
-  survivors with `tf.errors.UnavailableError` naming the lost task.
-
-This module alone sets SIGTERM's handler. TensorFlow's runtime takes the
-signal when the process joins, and only records a preemption notice in its
-coordination service: a worker of TensorFlow's MultiWorkerMirroredStrategy
-trains on after a SIGTERM. `join` takes the signal back: the process then
-ends as SIGTERM ends any program, once it has recorded the same notice
-(`PREEMPTION_NOTICE_KEY`, which `PreemptionWatcher` reads); a handler the
-program had set for SIGTERM stays. `on_sigterm` replaces the handler
-(`PreemptionCheckpointHandler` calls it).
-
-A process joins one cluster, once: TensorFlow configures its runtime at
-program start. `join` returns the task's `layout.Layout`; `task_layout`
-says where a task stands in a cluster without joining.
+Waits are bounded: tasks must register within `startup_timeout()` (TensorFlow
+2.21 waits an hour); a lost task aborts the others' collectives after
+`HEARTBEAT_TIMEOUT_SECONDS`. This module alone sets SIGTERM's handler: the
+process ends (after recording the notice), where TensorFlow's trains on.
 """
 
 import concurrent.futures
@@ -44,8 +25,7 @@ from tf_distribute_lite.layout import Layout
 STARTUP_TIMEOUT_VARIABLE = "TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT"
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 900.0
 HEARTBEAT_TIMEOUT_SECONDS = 10.0
-# Of the start-up time, at most this is kept for starting this task's server
-# and, when the start fails, asking which tasks' servers answer.
+# Of the start-up time, kept for the server's start and probes on failure.
 _MARGIN_SECONDS = 1.0
 # How long a notice may take to reach the coordination service.
 NOTICE_TIMEOUT_SECONDS = 2.0
@@ -55,12 +35,7 @@ _COORDINATED_JOBS = ("chief", "worker")
 
 
 def startup_timeout():
-  """Seconds every task has to join: `$TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT`,
-  else 900.
-
-  >>> startup_timeout() > 0
-  True
-  """
+  """Seconds every task has to join: `$TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT` or 900."""
   given = os.environ.get(STARTUP_TIMEOUT_VARIABLE)
   if not given:
     return DEFAULT_STARTUP_TIMEOUT_SECONDS
@@ -77,8 +52,7 @@ def startup_timeout():
 # --- Questions about a cluster.
 
 def validate_jobs(cluster_spec):
-  """Raises `ValueError` for a job TensorFlow does not know, or for more than
-  one chief or evaluator task."""
+  """Raises `ValueError` for an unknown job, or several chiefs or evaluators."""
   cluster = cluster_spec.as_dict()
   unknown = [job for job in cluster if job not in _TASK_TYPES]
   if unknown:
@@ -91,8 +65,7 @@ def validate_jobs(cluster_spec):
 
 
 def validate_task(cluster_spec, task_type, task_id):
-  """Raises `ValueError` naming what of the cluster (`validate_jobs`) or of
-  the task does not fit.
+  """Raises `ValueError` naming what of the cluster or the task does not fit.
 
   >>> cluster = tf.train.ClusterSpec({"worker": ["a:1", "b:1"]})
   >>> validate_task(cluster, "worker", 2)
@@ -120,11 +93,8 @@ def validate_task(cluster_spec, task_type, task_id):
 
 
 def task_layout(cluster_spec, task_type, task_id):
-  """Where task `task_id` of job `task_type` stands in `cluster_spec`, as a
-  `Layout` without devices: the chief and the workers train together, the
-  chief first; the chief (else worker 0) writes checkpoints and summaries.
-  An evaluator works alone, a "ps" task serves, as does the only process of
-  no cluster."""
+  """Where a task stands in `cluster_spec`, as a `Layout` without devices
+  (an evaluator or "ps" task stands alone)."""
   if not cluster_spec.jobs:
     return Layout()
   if task_type not in _COORDINATED_JOBS:
@@ -136,23 +106,16 @@ def task_layout(cluster_spec, task_type, task_id):
 
 
 def gpus_per_task(resolver):
-  """How many GPUs each task of `resolver`'s cluster (or this machine, with
-  none) computes on.
-
-  >>> gpus_per_task(tf_distribute_lite.cluster_resolver.SimpleClusterResolver(
-  ...     tf.train.ClusterSpec({}), num_accelerators={"GPU": 2}))
-  2
-  """
+  """How many GPUs each task of `resolver`'s cluster computes on."""
   if isinstance(resolver, TFConfigClusterResolver):
-    # It counts the devices of its task, which this process has only once
-    # it has joined the cluster.
+    # It would count its task's devices, which exist only once joined.
     return len(device_util.local_devices("GPU"))
   return resolver.num_accelerators().get("GPU", 0)
 
 
 def replica_devices(task, gpus):
-  """The canonical device of each replica of task `task` (a task name, ""
-  for this machine): its `gpus` GPUs, else its CPU.
+  """The replicas' devices of task `task` ("": this machine): its GPUs,
+  else its CPU.
 
   >>> replica_devices("/job:worker/task:1", 2)
   ('/job:worker/replica:0/task:1/device:GPU:0', '/job:worker/replica:0/task:1/device:GPU:1')
@@ -189,12 +152,9 @@ _joined = {}
 
 
 def join(resolver):
-  """The `Layout` of the task `resolver` names (its replicas: its GPUs, else
-  its CPU). A chief or worker first starts this process's server and waits,
-  at most `startup_timeout()` seconds, until every training task has joined;
-  a second call for the same task finds it joined, one for another raises
-  `RuntimeError` (a process joins one cluster). Without a cluster, or as an
-  evaluator (which works alone), nothing starts.
+  """The `Layout` of the task `resolver` names. A chief or worker first
+  starts the server and waits until every training task has joined; a
+  process joins one cluster (`RuntimeError` for another).
   """
   cluster_spec = resolver.cluster_spec()
   task_type, task_id = resolver.task_type, resolver.task_id
@@ -213,8 +173,7 @@ def join(resolver):
 
 
 def _start_server(cluster_spec, task_type, task_id, rpc_layer):
-  """Joins the cluster as the task (see `join`); returns its name, such as
-  "/job:worker/replica:0/task:1"."""
+  """Joins the cluster as the task; returns the task's name."""
   key = (repr(cluster_spec.as_dict()), task_type, task_id)
   if _joined:
     if _joined["key"] != key:
@@ -224,9 +183,6 @@ def _start_server(cluster_spec, task_type, task_id, rpc_layer):
           f"{task_name(task_type, task_id)}. Start one process per task.")
     return _joined["task"]
   timeout = startup_timeout()
-  # TensorFlow's registration time starts once the server has started, and
-  # the message of a failed start asks which servers answer: a margin of the
-  # time goes to these, the rest is the time to register.
   margin = min(_MARGIN_SECONDS, timeout / 4)
   probe_seconds = margin / 2
   register_deadline = time.monotonic() + timeout - margin
@@ -258,9 +214,8 @@ def _start_server(cluster_spec, task_type, task_id, rpc_layer):
 
 
 def _take_back_sigterm(on_sigterm, task_type, task_id):
-  """Sets SIGTERM's handler back to `on_sigterm`, the program's, after
-  TensorFlow's runtime took the signal; the default one becomes "record
-  the notice, then end as SIGTERM does"."""
+  """Gives SIGTERM back the program's handler; the default one becomes
+  "record the notice, then end"."""
   if threading.current_thread() is not threading.main_thread():
     return  # signal handlers can only be set from the main thread
 
@@ -273,15 +228,13 @@ def _take_back_sigterm(on_sigterm, task_type, task_id):
 
 
 def on_sigterm(callback):
-  """Makes SIGTERM call `callback()` instead of what it did (from the main
-  thread only, as `signal.signal`)."""
+  """Makes SIGTERM call `callback()` (from the main thread only)."""
   signal.signal(signal.SIGTERM, lambda signum, frame: callback())
 
 
 def publish_preemption_notice(task_type, task_id):
-  """Records in the coordination service that task `task_id` of job
-  `task_type` got a termination notice, as TensorFlow's runtime does (only
-  the first notice stays); waits at most `NOTICE_TIMEOUT_SECONDS`."""
+  """Records the task's termination notice in the coordination service, as
+  TensorFlow does (the first stays); waits at most `NOTICE_TIMEOUT_SECONDS`."""
   def publish():
     try:
       _tf_bridge.coordination_set(PREEMPTION_NOTICE_KEY, f"/job:{task_type}/task:{task_id}")
@@ -293,9 +246,7 @@ def publish_preemption_notice(task_type, task_id):
 
 
 def configure_collectives(config, cluster_spec=None, task_type=None, task_id=None):
-  """Sets up `config` (a `ConfigProto`, changed in place) for collective
-  ops: the scoped allocator packs `CollectiveReduce`'s inputs; in a cluster,
-  also its collective leader and this task's device filter."""
+  """Sets up `config` in place for collective ops (in a cluster, with its leader)."""
   rewrites = config.graph_options.rewrite_options
   rewrites.scoped_allocator_optimization = rewrites.ON
   del rewrites.scoped_allocator_opts.enable_op[:]
@@ -307,8 +258,7 @@ def configure_collectives(config, cluster_spec=None, task_type=None, task_id=Non
 
 
 def _session_config(cluster_spec, task_type, task_id, register_seconds):
-  """The context's config, set up for collective ops in the cluster, and
-  the coordination service with its timeouts."""
+  """The context's config, with collectives and the coordination service."""
   config = _tf_bridge.eager_context_config()
   configure_collectives(config, cluster_spec, task_type, task_id)
   coordination = config.experimental.coordination_config
@@ -327,8 +277,8 @@ def _session_config(cluster_spec, task_type, task_id, register_seconds):
 
 
 def _startup_failure(cluster_spec, task_type, task_id, timeout, probe_seconds, detail):
-  """The message of a failed start: which tasks are missing, where. Their
-  servers are asked at once, each for at most `probe_seconds`."""
+  """The message of a failed start, naming the tasks whose servers do not
+  answer within `probe_seconds`."""
   others = [task for task in _tasks(cluster_spec)
             if task[:2] != (task_type, task_id)]
   with concurrent.futures.ThreadPoolExecutor(max(len(others), 1)) as pool:
@@ -355,23 +305,13 @@ def _tasks(cluster_spec, jobs=_COORDINATED_JOBS):
 
 def unanswered_tasks(cluster_spec, jobs, deadline):
   """`(job, index, address)` of each task of `jobs` whose server does not
-  accept connections before `deadline` (a `time.monotonic()` time).
-
-  >>> spec = tf.train.ClusterSpec({"ps": ["127.0.0.1:1"]})
-  >>> unanswered_tasks(spec, ["ps"], time.monotonic())
-  [('ps', 0, '127.0.0.1:1')]
-  """
+  answer before `deadline` (`time.monotonic()`)."""
   return [task for task in _tasks(cluster_spec, jobs) if not _answers_by(task[2], deadline)]
 
 
 def _answers_by(address, deadline):
-  """Whether something accepts TCP connections at `address` before
-  `deadline` (a `time.monotonic()` time), asking until then.
-
-  TensorFlow's coordination agent retries an unreachable leader with a
-  growing backoff that may sleep seconds past its deadline; waiting here
-  for the leader first keeps the start-up bound.
-  """
+  """Whether `address` accepts TCP connections before `deadline` (checked
+  here, as TensorFlow's backoff may sleep past its deadline)."""
   while True:
     left = deadline - time.monotonic()
     if left <= 0:
@@ -382,7 +322,6 @@ def _answers_by(address, deadline):
 
 
 def _listening(address, timeout):
-  """Whether something accepts TCP connections at "host:port"."""
   host, _, port = address.rpartition(":")
   try:
     with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):

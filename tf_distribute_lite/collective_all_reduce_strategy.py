@@ -1,17 +1,5 @@
-"""`MultiWorkerMirroredStrategy`: synchronous training across machines.
-
-Every worker (one process per machine, each with its own `TF_CONFIG`) runs
-the same program. A worker's replicas (its GPUs, or one replica on its CPU)
-run as in `MirroredStrategy`; reductions add up every replica of every
-worker with TensorFlow's collective ops over its gRPC runtime, which
-`cluster_runtime` starts.
-
-`cluster_runtime.join` gives the strategy its layout; with several workers
-its reductions are a `communicator.ClusterCommunicator`'s, whose collective
-keys need no messages between workers (see `cross_device_ops.next_group_key`).
-
-Without a cluster (no `TF_CONFIG`) the strategy runs on this machine alone.
-"""
+"""`MultiWorkerMirroredStrategy`: `MirroredStrategy` on each worker, its
+reductions across workers (`communicator.ClusterCommunicator`)."""
 
 import copy
 import functools
@@ -40,16 +28,11 @@ class CollectiveAllReduceStrategy(distribute_lib.Strategy,
   """Synchronous training on the devices of several machines.
 
   Args:
-    cluster_resolver: a cluster resolver saying which tasks form the cluster
-      and which one this process is; by default `TF_CONFIG` is read.
-    communication_options: `tf.distribute.experimental.CommunicationOptions`
-      for every reduction (per-call options override them). Across workers a
-      collective times out after `timeout_seconds`, by default
-      `communicator.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS`.
+    cluster_resolver: the cluster and this task; by default `TF_CONFIG`'s.
+    communication_options: `CommunicationOptions` for every reduction (by
+      default timing out after `DEFAULT_COLLECTIVE_TIMEOUT_SECONDS`).
 
-  Create it at the start of the program, before any other TensorFlow op:
-  it starts this task's gRPC server and waits until every task has joined.
-  Each worker has one replica per GPU, or one on its CPU.
+  Make it first: it joins the cluster. A worker has a replica per GPU, else one.
 
   >>> strategy = CollectiveAllReduceStrategy()  # no TF_CONFIG: this machine only
   >>> strategy.num_replicas_in_sync, strategy.extended._in_multi_worker_mode()
@@ -69,10 +52,8 @@ class CollectiveAllReduceStrategy(distribute_lib.Strategy,
 class ExperimentalMultiWorkerMirroredStrategy(
     CollectiveAllReduceStrategy, covers_parent=True,
     stands_for=tf.distribute.experimental.MultiWorkerMirroredStrategy):
-  """Deprecated: `tf.distribute.experimental.MultiWorkerMirroredStrategy`,
-  which takes a `communication` implementation; use
-  `MultiWorkerMirroredStrategy`. Every `MultiWorkerMirroredStrategy` is one
-  to `isinstance`, as in TensorFlow.
+  """Deprecated `tf.distribute.experimental.MultiWorkerMirroredStrategy`;
+  every `MultiWorkerMirroredStrategy` is one to `isinstance`, as in TensorFlow.
 
   >>> strategy = ExperimentalMultiWorkerMirroredStrategy("RING")
   >>> strategy.extended._communication_options.implementation
@@ -108,9 +89,7 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     cluster_resolver_lib.check_resolver(self._cluster_resolver)
     self._communication_options = communication_options
     layout = cluster_runtime.join(self._cluster_resolver)
-    if layout.task:
-      # Read by tf_keras's TF 1.x distribute coordinator, which otherwise
-      # starts a second server for this task (docs/client_private_names.md).
+    if layout.task:  # read by tf_keras (docs/client_private_names.md)
       self._std_server_started = True
     multi_worker = layout.num_workers > 1
     if multi_worker:
@@ -129,19 +108,14 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
     self.experimental_enable_get_next_as_optional = True  # also in TF1 graphs
     self._worker_sync = input_lib.WorkerSync(communicator.any_worker) if multi_worker else None
 
-  # --- The cluster.
-
-  # Read by tf_keras (docs/client_private_names.md): this process's index
-  # in its job, None without a cluster.
+  # Read by tf_keras (docs/client_private_names.md).
   _task_id = property(lambda self: self._layout.task_id)
 
   def _in_multi_worker_mode(self):
     return self._layout.num_workers > 1
 
   def _configure_cluster(self, cluster_spec, task_type, task_id):
-    """The strategy joined its cluster when it was made: `configure` may name
-    that cluster and task again (as TF 1.x's distribute coordinator does),
-    not another one."""
+    """`configure` may name the cluster and task joined again, not others."""
     resolver = self._cluster_resolver
     if (cluster_spec.as_dict() != resolver.cluster_spec().as_dict() or
         (task_type, task_id) != (resolver.task_type, resolver.task_id)):
@@ -165,8 +139,6 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
           self._layout.task_id)
     return updated
 
-  # --- Replicas and input.
-
   def _input_context(self):
     return input_context_lib.InputContext(
         self._layout.num_workers, self._layout.worker_index, self._num_replicas_in_sync)
@@ -177,15 +149,9 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
         dataset, self._devices, self._input_host, options,
         input_context=self._input_context(), workers=self._worker_sync)
 
-  def _distribute_datasets_from_function(self, dataset_fn, options,
-                                         partial_steps=None):
+  def _distribute_datasets_from_function(self, dataset_fn, options, partial_steps=None):
     input_context_lib.refuse_per_replica(options)
-    return input_lib.distribute_datasets_from_function(
-        dataset_fn, self._devices, self._input_host, options,
-        input_context=self._input_context(), workers=self._worker_sync,
-        partial_steps=self._partial_steps(partial_steps))
-
-  # --- Variables: every worker starts from the chief's initial values.
+    return super()._distribute_datasets_from_function(dataset_fn, options, partial_steps)
 
   def _chief_value(self, initial_value, dtype):
     """A callable giving the chief's `initial_value` on every worker."""
@@ -198,8 +164,7 @@ class CollectiveAllReduceExtended(mirrored_strategy.MirroredExtended):
 
 
 class _MirroredReplicaContext(executors._MirroredReplicaContext):  # pylint: disable=protected-access
-  """A replica context whose `replica_id_in_sync_group` counts the replicas
-  of the workers before this one (named as in TensorFlow)."""
+  """A replica context whose id counts the previous workers' replicas."""
 
   def __init__(self, strategy, local_replica_id, runner, first_replica):
     super().__init__(strategy, local_replica_id, runner)
@@ -210,5 +175,4 @@ class _MirroredReplicaContext(executors._MirroredReplicaContext):  # pylint: dis
     """This replica's index in the cluster, a scalar int32 tensor."""
     return tf.constant(self._first_replica + self._replica_id, tf.int32,
                        name="replica_id_in_sync_group")
-
 

@@ -1,14 +1,5 @@
-"""`Communicator`: every reduction of one strategy.
-
-`strategy.reduce`, `ReplicaContext.all_reduce` (through `merge_call`), the
-aggregation of distributed variables, `extended.reduce_to`,
-`batch_reduce_to`, `broadcast_to` and `strategy.gather` all reach the
-strategy's communicator, which knows where the replicas are
-(`layout.Layout`) and the algorithms (`cross_device_ops`) to reduce with:
-`Communicator` on the devices of one process, `ClusterCommunicator` across
-workers, `TPUCommunicator` inside a TPU step. `reduce_along_axis` is
-`strategy.reduce` along an axis of this process's components.
-"""
+"""`Communicator`: every reduction of one strategy, on one process's devices,
+across workers or in a TPU step; and `reduce_along_axis`."""
 
 import numbers
 
@@ -23,9 +14,8 @@ from tf_distribute_lite.collective_util import CommunicationImplementation
 from tf_distribute_lite.collective_util import CommunicationOptions
 from tf_distribute_lite.reduce_util import ReduceOp
 
-# A collective that waits longer than this for other workers raises
-# `tf.errors.DeadlineExceededError`, unless `CommunicationOptions` set a
-# timeout of their own (TensorFlow 2.21 waits forever by default).
+# A collective's timeout unless `CommunicationOptions` set one (TensorFlow
+# 2.21 waits forever).
 DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 1800.0
 
 # The types collective ops add; other integers and booleans go as int64.
@@ -33,17 +23,9 @@ _SUMMABLE = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64
 
 
 class Communicator:
-  """The reductions of the replicas of one process: per-replica values
-  reduce with `cross_device_ops` where they all-reduce in place, else on
-  one device (int32 values, CPU destinations, destinations elsewhere).
-
-  Args:
-    layout: the strategy's `Layout`. Where it has a task, reducing onto
-      another task of its job raises `ValueError`, as in TensorFlow.
-    cross_device_ops: a `CrossDeviceOps`; by default
-      `default_cross_device_ops(layout.devices)`.
-    host_ops: what reduces on one device; by default `ReductionToOneDevice()`.
-  """
+  """One process's reductions: with `cross_device_ops` where they all-reduce
+  in place, else with `host_ops` (int32, CPU or other destinations); onto
+  another task of the job, `ValueError`, as in TensorFlow."""
 
   def __init__(self, layout, cross_device_ops=None, host_ops=None):
     cross_device_ops_lib.check_cross_device_ops(cross_device_ops)
@@ -52,8 +34,6 @@ class Communicator:
     self._host_ops = host_ops or cross_device_ops_lib.ReductionToOneDevice()
 
   def reduce_to(self, reduce_op, value, destinations, options):
-    """`extended.reduce_to`: a tensor for one destination device, else a
-    `Mirrored` value."""
     self._refuse_other_workers(destinations)
     if (type(value) is values_lib.PerReplica and isinstance(destinations, str) and
         len(value.values) == self.layout.num_replicas and
@@ -83,16 +63,14 @@ class Communicator:
     return ops.reduce(reduce_op, value, destinations, options)
 
   def batch_reduce_to(self, reduce_op, value_destination_pairs, options):
-    """`extended.batch_reduce_to`: values that share an algorithm reduce in
-    one batch."""
+    """Values that share an algorithm reduce in one batch."""
     results = [None] * len(value_destination_pairs)
     by_ops = {}
     pairs = []
     for i, (value, destinations) in enumerate(value_destination_pairs):
       self._refuse_other_workers(destinations)
       if not isinstance(value, tf.distribute.DistributedValues):
-        # The same on every replica, so in sync: SUM and MEAN give the value
-        # itself, as in TensorFlow, copied where `destinations` lie elsewhere.
+        # The same on every replica: itself, as in TensorFlow, copied elsewhere.
         shared = destinations is value or not (tf.is_tensor(value) or isinstance(value, tf.Variable))
         results[i] = value if shared else cross_device_ops_lib.simple_broadcast(value, destinations)
         pairs.append(None)
@@ -107,13 +85,11 @@ class Communicator:
     return results
 
   def broadcast_to(self, tensor, destinations):
-    """`extended.broadcast_to`: `tensor` copied onto `destinations`."""
     if isinstance(tensor, (float, int)):
       return tensor
     return self._ops_for(tensor).broadcast(tensor, self._destination_devices(destinations))
 
   def gather_to(self, value, destinations, axis, options=None):
-    """The replicas' components of `value` concatenated along `axis`."""
     del options
     if not isinstance(value, tf.distribute.DistributedValues):
       return value
@@ -133,9 +109,7 @@ class Communicator:
 
   def _placed(self, value, ops):
     """`value` with each component on its replica's device, where `ops`
-    all-reduces in place: components belong to the replicas in order,
-    wherever they were made (a `tf.function` argument has no device; a
-    `value_fn` may make them anywhere)."""
+    all-reduces in place (components may be made anywhere)."""
     if (not cross_device_ops_lib.all_reduces_in_place(ops) or
         not self._is_per_replica(value)):
       return value
@@ -151,9 +125,7 @@ class Communicator:
             len(value.values) == len(self.layout.devices))
 
   def _destination_devices(self, destinations):
-    """The replicas' devices where `destinations` is a distributed value of
-    this strategy (its components belong to the replicas, wherever they
-    were made), else `destinations` itself."""
+    """The replicas' devices for a per-replica `destinations`."""
     return self.layout.devices if self._is_per_replica(destinations) else destinations
 
   def _refuse_other_workers(self, destinations):
@@ -178,15 +150,9 @@ def _is_all_zero(value):
 
 
 def default_cross_device_ops(devices):
-  """The all-reduce algorithm for `devices` when the user names none.
-
-  GPUs all-reduce with NCCL collectives, as in TensorFlow. Other devices of
-  one process (CPUs, or a mix) reduce on one device and share the result:
-  logical CPU devices share memory, so that is all the arithmetic there is
-  (1.3x a plain sum for a 16 MB all-reduce of 50 tensors on 4 logical CPU
-  devices, where TensorFlow's default ring takes 3-4x). Float results are
-  those of TensorFlow with `cross_device_ops=ReductionToOneDevice()`.
-  """
+  """GPUs: NCCL collectives, as in TensorFlow; others reduce on one device
+  (1.3x a plain sum, where TensorFlow's ring takes 3-4x; float results are
+  those of its `ReductionToOneDevice`)."""
   missing = [d for d in devices if not device_util.is_present(d)]
   if missing:
     tf.get_logger().warning(
@@ -207,11 +173,8 @@ def default_cross_device_ops(devices):
 
 
 def reduce_along_axis(reduce_op, components, axis, across=None):
-  """`Strategy.reduce` along `axis` of this process's `components`: on the
-  current device, joined along the first reduced axis where their shapes
-  allow, so it costs what one `reduce_sum` of the batch does. Where other
-  processes hold other replicas' components, `across` sums this process's
-  total and element count over all of them."""
+  """`Strategy.reduce` along `axis` of this process's `components`; `across`
+  sums the total and count over processes holding other replicas."""
   with tf.device(device_util.current() or "/device:CPU:0"):
     tensors = [c if isinstance(c, tf.Tensor) else tf.convert_to_tensor(c)
                for c in components]
@@ -237,8 +200,8 @@ def reduce_along_axis(reduce_op, components, axis, across=None):
 
 
 def _joined(tensors, axes):
-  """`[tf.concat(tensors)]` along the first of `axes` when the tensors agree
-  on every other dimension (statically), else `tensors` unchanged."""
+  """`[tf.concat(tensors)]` along the first of `axes` where the other
+  dimensions agree statically, else `tensors`."""
   if len(tensors) == 1:
     return tensors
   dims = [t.shape.as_list() if t.shape.rank is not None else None for t in tensors]
@@ -280,13 +243,9 @@ def _element_count(tensor, axes):
 
 
 class ClusterCommunicator(Communicator):
-  """The reductions of the replicas of several workers, with collective ops
-  in two groups: the replicas, for per-replica values, and the workers (one
-  member each, on its input host), for other values, variables' initial
-  values and input synchronisation. The groups take the next two keys of
-  groups across workers (`cross_device_ops.next_group_key`). `options` time
-  out after `DEFAULT_COLLECTIVE_TIMEOUT_SECONDS` unless they set a timeout.
-  """
+  """Reductions across workers, with collective ops in two groups: the
+  replicas (per-replica values) and the workers' input hosts (other values,
+  the chief's initial values, input sync)."""
 
   def __init__(self, layout, options):
     if not options.timeout_seconds:
@@ -303,9 +262,7 @@ class ClusterCommunicator(Communicator):
     self._groups = {self.cross_device_ops: (layout.num_replicas, layout.replica_offset),
                     self._worker_ops: (layout.num_workers, layout.worker_index)}
 
-  @property
-  def _host(self):
-    return device_util.canonicalize(self.layout.input_host)
+  _host = property(lambda self: device_util.canonicalize(self.layout.input_host))
 
   def reduce_to(self, reduce_op, value, destinations, options):
     if reduce_op == ReduceOp.MEAN and _is_mirrored(value):
@@ -344,8 +301,7 @@ class ClusterCommunicator(Communicator):
     return self._sum_over_workers(mine) > 0
 
   def from_chief(self, tensor):
-    """The chief's `tensor` on every worker (each worker's own for types
-    that collectives cannot add, such as strings)."""
+    """The chief's `tensor` on every worker (strings: each worker's own)."""
     if not _summable_dtype(tensor.dtype):
       return tensor
     with tf.device(self._host):
@@ -357,9 +313,8 @@ class ClusterCommunicator(Communicator):
     return total
 
   def _collective_inputs(self, value, dense=False):
-    """The group that reduces `value` and its components (tensors, or
-    IndexedSlices unless `dense`), one per member in this process, on the
-    members' devices."""
+    """The collective group of `value` and its components on this process's
+    members' devices (IndexedSlices made dense if `dense`)."""
     def on(component, device):
       if dense and isinstance(component, tf.IndexedSlices):
         with tf.device(device):
@@ -372,9 +327,7 @@ class ClusterCommunicator(Communicator):
     return self._worker_ops, [on(value, self._host)]
 
   def _reduce_indexed_slices(self, reduce_op, ops, components, options):
-    """IndexedSlices summed over the group of `ops` as TensorFlow sums them:
-    every member's indices and values gathered in member order (a dense
-    component counts as slices of all its rows); MEAN scales the values."""
+    """IndexedSlices summed as TensorFlow does: every member's gathered."""
     slices = []
     for c in components:
       with tf.device(c.device):
@@ -388,8 +341,7 @@ class ClusterCommunicator(Communicator):
             for v, i, s in zip(values, indices, slices)]
 
   def _sum_over(self, ops, values, options):
-    """Sums each list of components in `values` over the group of `ops`;
-    returns, per value, the sums on this process's members."""
+    """Per list of components in `values`, its sums over `ops`' group."""
     casts = [[_summable(c) for c in components] for components in values]
     per_replica = [values_lib.PerReplica(components) for components in casts]
     summed = ops.batch_reduce_implementation(
@@ -399,9 +351,8 @@ class ClusterCommunicator(Communicator):
             for total, components in zip(summed, values)]
 
   def _all_gather(self, ops, components, axis, options):
-    """Every member's component of `ops`' group concatenated along `axis`, in
-    member order: each member writes its part into zeros at its offset,
-    and a sum puts the parts together."""
+    """The group's components concatenated along `axis`: each padded with
+    zeros around its place, then summed."""
     axis = axis % components[0].shape.rank if components[0].shape.rank else axis
     group_size, first = self._groups[ops]
     sizes = []
@@ -421,8 +372,7 @@ class ClusterCommunicator(Communicator):
     return self._sum_over(ops, [padded], options)[0]
 
   def _onto(self, per_device, destinations, value):
-    """Results on this process's members placed on `destinations`: a tensor
-    for one device, else a `Mirrored` value."""
+    """This process's results on `destinations` (one: a tensor)."""
     if destinations is value or self._is_per_replica(destinations):
       devices = self.layout.devices
     else:
@@ -438,7 +388,7 @@ def _summable_dtype(dtype):
 
 
 def _summable(tensor):
-  """`tensor` in a dtype collective ops add: integers and booleans as int64."""
+  """`tensor` in a dtype collectives add (other integers, bools: int64)."""
   if tensor.dtype in _SUMMABLE:
     return tensor
   if _summable_dtype(tensor.dtype):
@@ -451,8 +401,7 @@ def _summable(tensor):
 
 
 def _mean_in_dtype(total, count):
-  """The mean of `count` values summing to `total`, in `total`'s dtype:
-  integers are floor-divided."""
+  """`total / count` in `total`'s dtype (integers floor-divided)."""
   with tf.device(total.device):
     if total.dtype.is_floating:
       return total / tf.cast(count, total.dtype)
@@ -460,11 +409,8 @@ def _mean_in_dtype(total, count):
 
 
 class TPUCommunicator(Communicator):
-  """The reductions of a TPU strategy. `tpu_step()` is the replica context
-  of the TPU step being traced (`tpu_replication.enclosing_step`), or None.
-  There a value that is not distributed is every replica's, traced once:
-  the step reduces it (`CrossReplicaSum`; an emulated slice's compile check
-  keeps it). Other values reduce as on the replicas of one process."""
+  """A TPU strategy's reductions: inside a step (`tpu_step()`), the step
+  reduces what every replica traced once."""
 
   def __init__(self, layout, tpu_step):
     super().__init__(layout)

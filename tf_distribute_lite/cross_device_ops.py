@@ -1,20 +1,6 @@
-"""Moving values between devices: reduce, batch reduce, broadcast, gather.
-
-One class per algorithm:
-
-* `ReductionToOneDevice`: copy every component to one device, add there,
-  copy the result back out. Works anywhere; MirroredStrategy's choice for
-  reductions onto CPUs and for int32 values.
-* `HierarchicalCopyAllReduce`: all-reduce in two groups of devices, each
-  summed on a root, then combined between the roots (built for 8-GPU
-  machines; works on any devices).
-* `NcclAllReduce`: NVIDIA NCCL all-reduce between GPUs.
-* `CollectiveAllReduce`: TensorFlow's collective ops (ring or NCCL), the
-  default for MirroredStrategy on CPUs or GPUs.
-
-All-reduce algorithms apply when the destinations are the devices the
-values live on; otherwise they fall back to `ReductionToOneDevice`.
-"""
+"""Cross-device ops: one class per reduction algorithm, and helpers on
+devices and values. All-reduces apply where the destinations are the
+values' devices, else they reduce on one device."""
 
 import itertools
 import threading
@@ -32,11 +18,8 @@ from tf_distribute_lite.tf_classes import StandsFor
 # --- Destinations and values.
 
 def devices_of(destinations):
-  """The canonical devices that `destinations` names.
-
-  `destinations` is a device string, a sequence of device strings, a
-  distributed value or variable (its components' devices), or a tensor or
-  variable (its device).
+  """The canonical devices that `destinations` names: a device string or a
+  sequence of them, or the devices of a (distributed) value or variable.
 
   >>> devices_of("cpu:0")
   ('/job:localhost/replica:0/task:0/device:CPU:0',)
@@ -71,15 +54,13 @@ def as_per_replica(value):
 
 
 class SparseAcrossReplicasError(ValueError, AttributeError):
-  """A `tf.SparseTensor` reduced or gathered across replicas: a
-  `ValueError`, as TensorFlow's CentralStorageStrategy raises, and an
-  `AttributeError`, as its MirroredStrategy fails (on `.device`)."""
+  """A `tf.SparseTensor` reduced across replicas: TensorFlow raises either
+  class, depending on the strategy."""
 
 
 def check_not_sparse(components):
   """Raises `SparseAcrossReplicasError` if several replicas' `components`
-  include a `tf.SparseTensor`: sparse values cannot be reduced or gathered
-  across replicas (one replica's value passes through, as in TensorFlow).
+  include a `tf.SparseTensor` (one replica's passes, as in TensorFlow).
 
   >>> check_not_sparse([tf.sparse.eye(2), tf.sparse.eye(2)])
   Traceback (most recent call last):
@@ -97,12 +78,8 @@ def check_not_sparse(components):
 
 
 def check_cross_device_ops(ops, argument="cross_device_ops"):
-  """Raises `TypeError` unless `ops` is None or a cross-device ops object
-  (an instance of ours or of TensorFlow's `tf.distribute.CrossDeviceOps`,
-  or any object with their `reduce`, `batch_reduce` and `broadcast`).
-
-  TensorFlow 2.21 keeps a string or a class there and fails at the first
-  reduction; this fails at construction.
+  """Raises `TypeError` unless `ops` is None or has `CrossDeviceOps`'s
+  `reduce`, `batch_reduce` and `broadcast` (TensorFlow 2.21 fails later).
 
   >>> check_cross_device_ops("nccl")
   Traceback (most recent call last):
@@ -123,8 +100,7 @@ def check_cross_device_ops(ops, argument="cross_device_ops"):
 
 
 def simple_broadcast(value, destinations, always_mirrored=False):
-  """Copies `value` to every destination device (one already there is
-  returned as it is)."""
+  """`value` copied to every destination device where not there already."""
   devices = devices_of(destinations)
   if len(devices) == 1 and not always_mirrored:
     device = getattr(value, "device", None)
@@ -136,9 +112,8 @@ def simple_broadcast(value, destinations, always_mirrored=False):
 
 
 def mean_from_sum(total, count):
-  """The mean of `count` values that add up to `total` (a tensor, or
-  IndexedSlices whose values are scaled), on its device, by true division:
-  integers give floats, as in TensorFlow's reductions on one device."""
+  """`total / count` on `total`'s device (IndexedSlices too); integers give
+  floats, as in TensorFlow."""
   with tf.device(total.device):
     if isinstance(total, tf.IndexedSlices):
       return tf.IndexedSlices(total.values / count, total.indices, total.dense_shape)
@@ -173,10 +148,8 @@ def reduce_on_device(reduce_op, value, device, accumulation_fn=tf.math.add_n):
 
 
 class CrossDeviceOps(StandsFor, stands_for=tf.distribute.CrossDeviceOps):
-  """Base class of cross-device reduction and broadcast algorithms.
-
-  Subclasses implement `reduce_implementation` and may override
-  `batch_reduce_implementation` and `broadcast_implementation`.
+  """Base class of the reduction algorithms: subclasses implement
+  `reduce_implementation`, and may override the other `*_implementation`s.
 
   >>> ops = ReductionToOneDevice()
   >>> value = tf_distribute_lite.values.PerReplica([tf.constant(1.0), tf.constant(2.0)])
@@ -185,17 +158,12 @@ class CrossDeviceOps(StandsFor, stands_for=tf.distribute.CrossDeviceOps):
   """
 
   def reduce(self, reduce_op, per_replica_value, destinations, options=None):
-    """Reduces `per_replica_value` onto `destinations`.
-
-    Returns a tensor for one destination device, a `Mirrored` value for
-    several.
-    """
+    """Reduces `per_replica_value` onto `destinations` (several: `Mirrored`)."""
     reduce_op = ReduceOp.from_any(reduce_op)
     value = as_per_replica(per_replica_value)
     devices = devices_of(destinations)
     if len(value.values) == 1 and devices_of(value) == devices:
-      return values_lib.regroup([device_util.on_device(value.values[0], devices[0], copy=True)],
-                                values_lib.Mirrored)
+      return device_util.on_device(value.values[0], devices[0], copy=True)
     return self.reduce_implementation(reduce_op, value, destinations,
                                       options or CommunicationOptions())
 
@@ -205,8 +173,7 @@ class CrossDeviceOps(StandsFor, stands_for=tf.distribute.CrossDeviceOps):
     pairs = _checked_pairs(value_destination_pairs)
     if all(len(v.values) == 1 and devices_of(v) == devices_of(d)
            for v, d in pairs):
-      return [values_lib.regroup([device_util.on_device(v.values[0], v.values[0].device, copy=True)],
-                                 values_lib.Mirrored) for v, _ in pairs]
+      return [device_util.on_device(v.values[0], v.values[0].device, copy=True) for v, _ in pairs]
     return self.batch_reduce_implementation(reduce_op, pairs,
                                             options or CommunicationOptions())
 
@@ -242,8 +209,7 @@ class ReductionToOneDevice(CrossDeviceOps, stands_for=tf.distribute.ReductionToO
   """Reduces by copying every component to one device and adding there.
 
   Args:
-    reduce_to_device: the device to reduce on; by default the first
-      destination device.
+    reduce_to_device: where to reduce; by default the first destination.
     accumulation_fn: combines a list of tensors; `tf.math.add_n` by default.
 
   >>> ops = ReductionToOneDevice(reduce_to_device="CPU:0")
@@ -272,17 +238,13 @@ _FALLBACK = ReductionToOneDevice()
 
 
 def all_reduces_in_place(ops):
-  """Whether `ops` all-reduces between the devices the values live on
-  (so values must sit on their replicas' devices to take that path)."""
+  """Whether `ops` all-reduces between the values' own devices."""
   return isinstance(ops, _AllReduce)
 
 
 class _AllReduce(CrossDeviceOps):
-  """Shared structure of the all-reduce algorithms.
-
-  `_all_reduce_dense(per_device)` takes a list over devices of equally
-  shaped tensors and returns their sums, one per device.
-  """
+  """An all-reduce: `_all_reduce_dense(per_device, ...)` sums equally
+  shaped tensors, one per device, onto each device."""
 
   def reduce_implementation(self, reduce_op, per_replica_value, destinations,
                             options):
@@ -355,11 +317,8 @@ def _split_flat(flat, like, device):
 
 
 class _PackedByCount(_AllReduce):
-  """An all-reduce between accelerators, with `num_packs` packing.
-
-  A single reduction onto any CPU uses `ReductionToOneDevice`, as in
-  TensorFlow.
-  """
+  """An all-reduce with `num_packs` packing; a reduction onto a CPU uses
+  `ReductionToOneDevice`, as in TensorFlow."""
 
   def __init__(self, num_packs=1):
     if num_packs < 0:
@@ -387,27 +346,13 @@ class _PackedByCount(_AllReduce):
 
 class HierarchicalCopyAllReduce(_PackedByCount,
                                 stands_for=tf.distribute.HierarchicalCopyAllReduce):
-  """All-reduce in two halves of the devices, then between their roots.
+  """Sums each half of the devices on a root, adds the two, copies the total
+  back (TF 2.21 drops values for an odd number of devices). `num_packs`: 0
+  all-reduces each tensor alone, else those of one dtype together.
 
-  Each half sums its components on a root device (the roots rotate between
-  tensors to spread the load), the two partial sums are added, and every
-  device copies the total from its half's root. Designed for the two GPU
-  islands of 8-GPU machines; correct for any number of devices (TF 2.21
-  drops some devices' values when the count is odd).
-
-  Args:
-    num_packs: 0 all-reduces each tensor on its own; otherwise tensors of
-      one dtype are concatenated and all-reduced together.
-
-  >>> ops = HierarchicalCopyAllReduce()
-  >>> devices = ["CPU:0", "CPU:1", "CPU:2"]
-  >>> per_replica = []
-  >>> for i, d in enumerate(devices):
-  ...   with tf.device(d):
-  ...     per_replica.append(tf.constant([float(i)]))
-  >>> value = tf_distribute_lite.values.PerReplica(per_replica)
-  >>> ops.reduce("SUM", value, destinations=value).values[2]
-  <tf.Tensor: shape=(1,), dtype=float32, numpy=array([3.], dtype=float32)>
+  >>> value = tf_distribute_lite.values.PerReplica([tf.constant(1.0), tf.constant(2.0)])
+  >>> HierarchicalCopyAllReduce().reduce("SUM", value, destinations="CPU:0")
+  <tf.Tensor: shape=(), dtype=float32, numpy=3.0>
   """
 
   def __init__(self, num_packs=1):
@@ -418,31 +363,23 @@ class HierarchicalCopyAllReduce(_PackedByCount,
     n = len(devices)
     if n == 1:
       return [device_util.on_device(per_device[0], devices[0], copy=True)]
-    halves = [list(range(0, (n + 1) // 2)), list(range((n + 1) // 2, n))]
+    halves = [range(0, (n + 1) // 2), range((n + 1) // 2, n)]
     shift = next(self._next_root)
-    roots = [half[shift % len(half)] for half in halves]
+    roots = [devices[half[shift % len(half)]] for half in halves]
     partial = []
     for half, root in zip(halves, roots):
-      with tf.device(devices[root]):
+      with tf.device(root):
         partial.append(tf.math.add_n([per_device[i] for i in half]))
-    with tf.device(devices[roots[0]]):
-      total_0 = tf.math.add_n(partial)
-    with tf.device(devices[roots[1]]):
-      total_1 = tf.identity(total_0)
-    totals = [total_0, total_1]
-    result = []
-    for i in range(n):
-      with tf.device(devices[i]):
-        result.append(tf.identity(totals[0 if i in halves[0] else 1]))
-    return result
+    with tf.device(roots[0]):
+      total = tf.math.add_n(partial)
+    totals = [total, device_util.on_device(total, roots[1], copy=True)]
+    return [device_util.on_device(totals[0 if i in halves[0] else 1], device, copy=True)
+            for i, device in enumerate(devices)]
 
 
 class NcclAllReduce(_PackedByCount, stands_for=tf.distribute.NcclAllReduce):
-  """All-reduce between GPUs with NVIDIA NCCL.
-
-  Reductions onto other devices than the values' own fall back to
-  `ReductionToOneDevice`; an all-reduce between non-GPU devices raises
-  `tf.errors.InvalidArgumentError` before building any op.
+  """All-reduce between GPUs with NVIDIA NCCL; between other devices,
+  `tf.errors.InvalidArgumentError`.
 
   Args:
     num_packs: as for `HierarchicalCopyAllReduce`.
@@ -473,12 +410,8 @@ class NcclAllReduce(_PackedByCount, stands_for=tf.distribute.NcclAllReduce):
     return result
 
 
-# Group keys of collective ops are process-wide: every CollectiveAllReduce
-# takes its own group, so that strategies of different sizes can live in one
-# process. Groups across workers draw from a range of their own, so workers
-# that make the same multi-worker strategies in the same order derive the
-# same keys, whatever groups of their own processes each also makes. Both
-# ranges stay clear of TensorFlow's own keys.
+# Each CollectiveAllReduce takes its own group key; groups across workers
+# count apart, so workers making the same strategies agree on their keys.
 _group_keys = {False: itertools.count(7_000_000), True: itertools.count(8_000_000)}
 _group_key_lock = threading.Lock()
 # Instance keys are counted per group.
@@ -487,26 +420,16 @@ _INSTANCE_KEY_LIMIT = 2**31 - 1
 
 
 def next_group_key(across_workers=False):
-  """The next collective group key of this process, for a group of its
-  own devices or, `across_workers`, one that spans several workers."""
+  """The next collective group key, of a local or `across_workers` group."""
   with _group_key_lock:
     return next(_group_keys[across_workers])
 
 
 class CollectiveAllReduce(_AllReduce):
-  """All-reduce with TensorFlow's collective ops (ring on CPUs, NCCL on GPUs).
-
-  Each device's collective takes an ordering token (a resource on that
-  device), so collectives issued from several devices in one `tf.function`
-  launch in the same order everywhere and cannot deadlock. In eager mode
-  the per-device launches run together inside one `tf.function`.
-
-  Args:
-    devices: the devices taking part, one per replica.
-    group_size: the number of devices in the group; `len(devices)` locally.
-    options: default `CommunicationOptions`.
-    group_key: the collective group's key; by default the next one of this
-      process. Processes that all-reduce together must use the same key.
+  """All-reduce with TensorFlow's collective ops (ordered per device, so
+  they cannot deadlock) among this process's `devices` and others' in a
+  group of `group_size` (default: `len(devices)`) under `group_key` (default:
+  `next_group_key()`), with default `options`.
 
   >>> ops = CollectiveAllReduce(["CPU:0", "CPU:1"])
   >>> per_replica = []
@@ -521,8 +444,7 @@ class CollectiveAllReduce(_AllReduce):
   }
   """
 
-  # All-reduce tensors together in packs of at most this many bytes when the
-  # options leave bytes_per_pack at 0 ("chosen by the implementation").
+  # The pack size where the options' `bytes_per_pack` is 0.
   DEFAULT_BYTES_PER_PACK = 32 * 1024 * 1024
 
   def __init__(self, devices, group_size=None, options=None, group_key=None):
@@ -596,13 +518,8 @@ class CollectiveAllReduce(_AllReduce):
     return [token.handle for token in self._ordering_tokens]
 
   def _next_instance_key(self):
-    """A tensor that takes a fresh instance key each time it is computed.
-
-    Keys are drawn when the collectives run, not when they are traced, from
-    a counter that `ResourceCountUpTo` reads and increments atomically. So
-    concurrent calls of one function, a step inside a loop and a function
-    called from another function's control flow never share a key.
-    """
+    """A fresh instance key each time it is computed (`ResourceCountUpTo`),
+    so that concurrent or looped launches of one trace never share one."""
     if self._instance_counter is None:
       host = tf.DeviceSpec.from_string(self._devices[0]).replace(
           device_type="CPU", device_index=0)

@@ -1,7 +1,5 @@
-"""The default strategy: the one in effect outside every `scope()`, with
-one replica on whatever device is current; and `get_strategy` and
-`get_replica_context`, which return it and its replica context there.
-"""
+"""The default strategy, in effect outside every `scope()` (one replica on
+the current device), and `get_strategy` and `get_replica_context`."""
 
 import threading
 
@@ -22,31 +20,23 @@ class _DefaultReplicaContext(replica_context.ReplicaContext):
     if contexts.top() is not None:
       super()._require_current()
 
-  @property
-  def replica_id_in_sync_group(self):
-    return 0
-
-  @property
-  def devices(self):
-    return (device_util.current(),)
+  replica_id_in_sync_group = property(lambda self: 0)
+  devices = property(lambda self: (device_util.current(),))
 
 
 class _DefaultDistributionExtended(distribute_lib.StrategyExtendedV1):
   """The default strategy: one replica on whatever device is current."""
 
   def variable_created_in_scope(self, v):
-    """Whether `v` was made with no strategy current, as every variable
-    made outside all scopes (or in this strategy's no-op scope) is."""
+    """Whether `v` was made with no strategy current."""
     return _tf_bridge.variable_strategy(v) is None
 
   def non_slot_devices(self, var_list):
-    """Where non-slot variables go: with the variable of `var_list` whose
-    name sorts first, as in TensorFlow."""
+    """With the variable whose name sorts first, as in TensorFlow."""
     return min(var_list, key=lambda v: v.name)
 
   def colocate_vars_with(self, colocate_with_variable):
-    """Places new variables with `colocate_with_variable`, any variable made
-    with no strategy (TF 1.x optimizers ask this of their slots)."""
+    """Places new variables with `colocate_with_variable`."""
     if tf.executing_eagerly():
       return tf.device(colocate_with_variable.device)
     return tf.compat.v1.get_default_graph().colocate_with(colocate_with_variable)
@@ -57,10 +47,8 @@ class _DefaultDistributionExtended(distribute_lib.StrategyExtendedV1):
     return super()._own_replica_context()
 
   def _call_for_each_replica(self, fn, args, kwargs):
-    # As TensorFlow's default strategy, which is what TensorFlow and Keras
-    # find current inside: `tf.distribute.has_strategy()` stays False, so
-    # Keras losses keep their default reduction (`get_strategy()` still
-    # answers this strategy).
+    # Through TensorFlow's default strategy, so that `has_strategy()` stays
+    # False inside and Keras losses keep their default reduction.
     return _tf_bridge.tensorflow_default_strategy().extended.call_for_each_replica(
         _tf_bridge.autograph_convert(fn), args, kwargs)
 
@@ -79,15 +67,12 @@ class _DefaultDistributionStrategy(contexts.DefaultStrategy, distribute_lib.Stra
     super().__init__(_DefaultDistributionExtended(self))
 
   def scope(self):
-    """A no-op scope: the default strategy is already current, in its
-    default replica context (as in TensorFlow, nothing becomes
-    cross-replica). It must not be entered inside another strategy's."""
+    """A no-op scope (nothing becomes cross-replica, as in TensorFlow); not
+    to be entered inside another strategy's."""
     return _DefaultScope(self)
 
 
 class _DefaultScope:
-  """`scope()` of the default strategy."""
-
   __slots__ = ("_strategy",)
 
   def __init__(self, strategy):
@@ -107,7 +92,6 @@ _defaults_lock = threading.Lock()
 
 
 def default_strategy():
-  """The single default strategy object."""
   if "strategy" not in _defaults:
     with _defaults_lock:
       if "strategy" not in _defaults:
@@ -118,8 +102,7 @@ def default_strategy():
 
 
 def get_strategy():
-  """The current `Strategy`: inside `scope()` that strategy, else the default
-  (also where TensorFlow's own default strategy is on the stack).
+  """The current `Strategy`: inside `scope()` that strategy, else the default.
 
   >>> get_strategy().num_replicas_in_sync
   1
@@ -131,9 +114,8 @@ def get_strategy():
 
 
 def get_replica_context():
-  """The current `ReplicaContext`, or None in a cross-replica context.
-
-  Outside any strategy this is the default strategy's replica context.
+  """The current `ReplicaContext` (the default one outside any strategy), or
+  None in a cross-replica context.
 
   >>> get_replica_context().num_replicas_in_sync
   1

@@ -15,9 +15,8 @@ _GRAPH_TASK = "/replica:0/task:0"
 
 def canonicalize(device, default=None):
   """The fully qualified name of `device` (a string, `tf.DeviceSpec` or
-  `tf.config.LogicalDevice`), gaps filled from `default`, then from this
-  process's task and CPU:0. As in TensorFlow, in a TF1 graph names have no
-  job unless `device` or `default` names one.
+  `LogicalDevice`), filled from `default`, then this task's CPU:0 (in a TF1
+  graph, as in TensorFlow, without a job).
 
   >>> canonicalize("/gpu:1")
   '/job:localhost/replica:0/task:0/device:GPU:1'
@@ -30,7 +29,6 @@ def canonicalize(device, default=None):
 
 
 def _full_name(device):
-  """`device` canonicalised with a job, whatever the mode."""
   return _merged(device, None, _local_task[0])
 
 
@@ -54,8 +52,6 @@ def device_type(device):
 
 
 def _parse(device, argument):
-  """`device` (a name, `tf.DeviceSpec`, `tf.config.LogicalDevice` or None)
-  as a `tf.DeviceSpec`."""
   if isinstance(device, tf.DeviceSpec):
     return device
   if device is None:
@@ -74,14 +70,8 @@ def _parse(device, argument):
 
 
 def set_local_task(task):
-  """Makes `task` (such as "/job:worker/replica:0/task:1") the task of
-  device names without one, as after joining a cluster.
-
-  >>> set_local_task("/job:worker/replica:0/task:1")
-  >>> canonicalize("GPU:0")
-  '/job:worker/replica:0/task:1/device:GPU:0'
-  >>> set_local_task("/job:localhost/replica:0/task:0")
-  """
+  """Makes `task` (as "/job:worker/replica:0/task:1") the task of device
+  names without one."""
   _local_task[0] = _merged(task, None, _local_task[0]).rsplit("/device:", 1)[0]
   _local_devices.cache_clear()
 
@@ -97,8 +87,7 @@ def _local_devices():
 
 
 def local_devices(device_type=None):
-  """Canonical names of this process's logical devices, in index order (not
-  those of the other tasks of its cluster)."""
+  """Canonical names of this process's (not its cluster's) logical devices."""
   names = [d.name for d in tf.config.list_logical_devices(device_type)]
   return tuple(canonicalize(n) for n in names
                if _full_name(n).startswith(_local_task[0] + "/"))
@@ -111,9 +100,8 @@ def current():
 
 
 def on_device(value, device, copy=False):
-  """`value` (a tensor, IndexedSlices, variable, or what
-  `tf.convert_to_tensor` takes) on canonical `device`: itself (read, or
-  converted) if it is there already, else (or with `copy`) a copy made there.
+  """`value` (read or converted) on canonical `device`: itself if it is
+  there already (unless `copy`), else a copy made there.
 
   >>> on_device(tf.constant(1.0), canonicalize("CPU:1")).device
   '/job:localhost/replica:0/task:0/device:CPU:1'

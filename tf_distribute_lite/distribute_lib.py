@@ -1,15 +1,5 @@
-"""`Strategy` and `StrategyExtended`: the TF 2.x core of every strategy.
-
-A strategy decides where variables live and how a step runs on several
-replicas. `Strategy` holds the user-facing methods (`scope`, `run`, `reduce`,
-...); `StrategyExtended` the lower-level ones (`reduce_to`, `update`, ...).
-Concrete strategies subclass `StrategyExtended` and fill in its hooks
-(`_call_for_each_replica`, `_reduce_to`, `_batch_reduce_to`, `_gather_to`)
-and give it a variable policy (`variable_policy`), which makes, places and
-updates the variables. Code inside `run` sees a
-`replica_context.ReplicaContext`; the TF 1.x methods that strategies carry
-too are added by `strategy_v1`, which this module never imports.
-"""
+"""`Strategy` and `StrategyExtended`, whose hooks (`_call_for_each_replica`,
+`_reduce_to`, ...) and variable policy each strategy fills in."""
 
 import collections
 import collections.abc
@@ -60,19 +50,12 @@ class ValueContext(StandsFor, stands_for=tf.distribute.experimental.ValueContext
 class RunOptions(collections.namedtuple("RunOptions", [
     "experimental_enable_dynamic_batch_size",
     "experimental_bucketizing_dynamic_shape",
-    "experimental_xla_options"])):
+    "experimental_xla_options"], defaults=(True, False, None))):
   """Options for `strategy.run` (they apply to TPU strategies).
 
   >>> RunOptions()
   RunOptions(experimental_enable_dynamic_batch_size=True, experimental_bucketizing_dynamic_shape=False, experimental_xla_options=None)
   """
-
-  def __new__(cls, experimental_enable_dynamic_batch_size=True,
-              experimental_bucketizing_dynamic_shape=False,
-              experimental_xla_options=None):
-    return super().__new__(cls, experimental_enable_dynamic_batch_size,
-                           experimental_bucketizing_dynamic_shape,
-                           experimental_xla_options)
 
 
 class _StrategyScope:
@@ -115,14 +98,12 @@ class _StrategyScope:
 
 
 def _on_scope_entry(strategy):
-  """What entering a strategy's scope also does: `set_scope_entry_hook`'s."""
   del strategy
 
 
 def set_scope_entry_hook(hook):
-  """Makes `hook(strategy)` run whenever a strategy's scope is entered (not
-  re-entered). Called once, by the package's `__init__`, with the client
-  shims' (`_client_shims.install`), which sit above the core."""
+  """Makes `hook(strategy)` run on each (not nested) scope entry; set once,
+  with the client shims' (`_client_shims.install`), which sit above the core."""
   global _on_scope_entry
   _on_scope_entry = hook
 
@@ -130,10 +111,8 @@ def set_scope_entry_hook(hook):
 class StrategyBase(StandsFor):
   """What the TF 2.x `Strategy` and the TF 1.x `compat.v1.Strategy` share."""
 
-  # Read by TensorFlow's TF 1.x optimizers: losses are not rescaled.
+  # Read by TF 1.x optimizers and tf_keras (docs/client_private_names.md).
   _scale_loss_for_estimator = False
-  # Read by tf_keras: only a parameter-server strategy is driven through a
-  # `ClusterCoordinator`.
   _should_use_with_coordinator = False
 
   def __init__(self, extended):
@@ -151,31 +130,19 @@ class StrategyBase(StandsFor):
 
   @property
   def cluster_resolver(self):
-    """The cluster resolver of a multi-worker strategy (its extended
-    object's `_cluster_resolver`), else None."""
+    """The cluster resolver of a multi-worker strategy, else None."""
     return getattr(self._extended, "_cluster_resolver", None)
 
   def scope(self):
-    """A context manager making this strategy current.
-
-    Inside it `tf.distribute.get_strategy()` returns this strategy, the
-    context is cross-replica, and variables are created by the strategy.
-    """
+    """A context manager making this strategy current (cross-replica), in
+    which the strategy creates the variables."""
     return _StrategyScope(self)
 
   def run(self, fn, args=(), kwargs=None, options=None):
-    """Calls `fn` once per replica with that replica's part of the arguments.
-
-    Distributed values in `args` and `kwargs` give each replica its own
-    component. Returns the results grouped per nest element: `PerReplica`
-    values, `Mirrored` values, or plain values where every replica returned
-    the same object (or there is one replica).
-
-    Inside a `tf.function`, no op of the step starts before every replica's
-    input is there, so a step whose input fails (a dataset that has run out)
-    applies none of its updates. TensorFlow 2.21 may apply some of them
-    (Keras' iteration count, say) to some replicas' copies of a variable and
-    not to others.
+    """Calls `fn` once per replica with its components of distributed
+    arguments; returns the results regrouped. In a `tf.function`, a step
+    whose input fails updates nothing (TensorFlow 2.21 may update some
+    replicas).
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> strategy.run(lambda x: x + 1, args=(tf.constant(1),))
@@ -193,11 +160,8 @@ class StrategyBase(StandsFor):
       return self._extended._run(fn, args, kwargs, options)  # pylint: disable=protected-access
 
   def reduce(self, reduce_op, value, axis):
-    """Reduces `value` across replicas, and along `axis` within each.
-
-    `axis=None` combines the replicas' values elementwise. With an `axis`
-    the values are reduced along it too; MEAN then divides by the true
-    number of elements, so a partial last batch is weighted correctly.
+    """Reduces `value` across replicas, and along `axis` (if not None)
+    within each; MEAN divides by the true element count.
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> parts = strategy.experimental_distribute_values_from_function(
@@ -245,24 +209,15 @@ class StrategyBase(StandsFor):
     return self._extended._local_results(value)  # pylint: disable=protected-access
 
   def unwrap(self, value):
-    """Deprecated: use `experimental_local_results`.
-
-    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> len(strategy.unwrap(strategy.run(lambda: tf.constant(1.0))))
-    2
-    """
+    """Deprecated: use `experimental_local_results`."""
     deprecation.warn_once("Strategy.unwrap",
                           "use `experimental_local_results` instead.")
     return self.experimental_local_results(value)
 
   def experimental_distribute_dataset(self, dataset, options=None):
-    """A `tf.distribute.DistributedDataset` splitting each global batch of
-    `dataset` across the replicas.
-
-    A global batch of `b` gives each replica in turn `ceil(b / replicas)`
-    elements, or what is left, so replicas at the end of a partial batch get
-    empty batches. Across several input workers the dataset is first
-    auto-sharded by its `options().experimental_distribute.auto_shard_policy`.
+    """A `tf.distribute.DistributedDataset` giving each replica in turn
+    `ceil(batch / replicas)` elements of each batch, or what is left;
+    across workers the dataset is auto-sharded first.
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> dataset = tf.data.Dataset.range(6).batch(4)
@@ -275,18 +230,11 @@ class StrategyBase(StandsFor):
         self._extended._experimental_distribute_dataset(dataset, options), self)  # pylint: disable=protected-access
 
   def distribute_datasets_from_function(self, dataset_fn, options=None):
-    """A `tf.distribute.DistributedDataset` of the datasets `dataset_fn`
-    makes, one per input pipeline; each replica dequeues its own batch.
-
-    `dataset_fn` gets a `tf.distribute.InputContext` and returns a dataset
-    batched per replica.
-
-    As in TensorFlow, its `cardinality` counts the batches of the datasets,
-    not the steps, and Keras `fit` takes it for its steps per epoch; so
-    without `steps_per_epoch` an epoch ends at a step that finds no input.
-    That step updates nothing; in TensorFlow 2.21 it may still count one more
-    `optimizer.iterations` per epoch. Repeat the dataset and pass
-    `steps_per_epoch`, as TensorFlow's tutorials do, for the same numbers.
+    """A `tf.distribute.DistributedDataset` of the datasets, batched per
+    replica, that `dataset_fn(InputContext)` makes per input pipeline. Its
+    `cardinality` counts batches, as in TensorFlow: without `steps_per_epoch`
+    a Keras epoch ends at a step with no input, which updates nothing
+    (TensorFlow 2.21 may count it in `optimizer.iterations`).
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> def dataset_fn(context):
@@ -302,22 +250,14 @@ class StrategyBase(StandsFor):
 
   def experimental_distribute_datasets_from_function(self, dataset_fn,
                                                      options=None):
-    """The former name of `distribute_datasets_from_function`.
-
-    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> dist = strategy.experimental_distribute_datasets_from_function(
-    ...     lambda context: tf.data.Dataset.range(2).batch(1))
-    >>> int(dist.cardinality)
-    2
-    """
+    """The former name of `distribute_datasets_from_function`."""
     return self.distribute_datasets_from_function(dataset_fn, options)
 
   # --- The TF 1.x methods, which TensorFlow's TF 2.x strategies keep too.
 
   def experimental_make_numpy_dataset(self, numpy_input):
-    """A `tf.data.Dataset` of the slices of `numpy_input` (a nest of arrays),
-    held on the input host rather than as constants of a graph. (TensorFlow
-    2.21's TF 2.x strategies have it on `extended` only.)"""
+    """A dataset of the slices of `numpy_input`, held on the input host
+    (TensorFlow 2.21 has it on `extended` only)."""
     return self._extended.experimental_make_numpy_dataset(numpy_input)
 
   def update_config_proto(self, config_proto):
@@ -326,9 +266,8 @@ class StrategyBase(StandsFor):
 
   def configure(self, session_config=None, cluster_spec=None, task_type=None,
                 task_id=None):
-    """Deprecated: adjusts `session_config` in place for this strategy
-    (`update_config_proto` gives an adjusted copy) and takes the cluster this
-    task belongs to, where the strategy has one."""
+    """Deprecated: adjusts `session_config` in place and takes this task's
+    cluster, where the strategy has one."""
     if cluster_spec:
       self._extended._configure_cluster(  # pylint: disable=protected-access
           tf.train.ClusterSpec(cluster_spec), task_type, task_id)
@@ -336,17 +275,16 @@ class StrategyBase(StandsFor):
       session_config.CopyFrom(self.update_config_proto(session_config))
 
   def make_dataset_iterator(self, dataset):
-    """An iterator giving each replica its slice of every global batch of
-    `dataset`; in a TF1 graph run its `initializer` first."""
+    """An iterator over `experimental_distribute_dataset(dataset)`; in a
+    TF1 graph run its `initializer` first."""
     with self.scope():
       return input_lib.initializable_iterator(self.experimental_distribute_dataset(dataset))
 
   def make_input_fn_iterator(self, input_fn,
                              replication_mode=input_context_lib.InputReplicationMode.PER_WORKER):
-    """An iterator over the dataset `input_fn(InputContext)` returns for
-    this worker, batched per replica: each replica takes the next element.
-    Of a callable returned instead, each `get_next` calls it once per local
-    replica, as in TensorFlow (whose default strategy fails on one).
+    """An iterator over this worker's dataset `input_fn(InputContext)`,
+    batched per replica; a callable returned instead is called once per
+    local replica by each `get_next`.
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> iterator = strategy.make_input_fn_iterator(
@@ -377,15 +315,13 @@ class StrategyBase(StandsFor):
       return input_lib.initializable_iterator(input_lib.owned_by(distributed, self))
 
   def experimental_run(self, fn, input_iterator=None):
-    """Runs `fn` on every replica with its part of the next input from
-    `input_iterator` (or with no argument)."""
+    """`run(fn)` on the next input of `input_iterator`, if given."""
     with self.scope():
       args = () if input_iterator is None else (input_iterator.get_next(),)
     return self.run(fn, args=args)
 
   def group(self, value, name=None):
-    """One op that runs every component of `value` (a graph's fetch); the
-    component itself where there is one."""
+    """One op running every component of `value` (the component if one)."""
     components = tf.nest.flatten(self.experimental_local_results(value))
     if len(components) == 1 and name is None:
       (component,) = components
@@ -409,12 +345,9 @@ class Strategy(StrategyBase, stands_for=tf.distribute.Strategy):
   """
 
   def gather(self, value, axis):
-    """Concatenates the replicas' components of `value` along `axis`.
-
-    `value` may be a nest; each element is gathered. (TensorFlow 2.21
-    returns replica 0's components of a nest instead.) A `tf.IndexedSlices`
-    raises `NotImplementedError`, as in TensorFlow (where one in a nest
-    comes back ungathered); a distributed value of them is gathered dense.
+    """Concatenates the replicas' components of each element of `value`
+    along `axis` (TensorFlow 2.21 returns replica 0's of a nest). A
+    `tf.IndexedSlices` raises `NotImplementedError`, as in TensorFlow.
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> parts = strategy.experimental_distribute_values_from_function(
@@ -449,7 +382,6 @@ class Strategy(StrategyBase, stands_for=tf.distribute.Strategy):
 
 
 def _check_run_arguments(args, kwargs):
-  """TF's checks of `run`'s `args` and `kwargs`, with clearer messages."""
   if not isinstance(args, (list, tuple)):
     raise ValueError(
         f"positional args must be a list or tuple, got {type(args)}: the "
@@ -462,8 +394,8 @@ def _check_run_arguments(args, kwargs):
 
 
 def check_count(value, argument, minimum):
-  """Raises `TypeError` unless `value` is an int, `ValueError` if it is
-  below `minimum`: for counts such as `num_gpus` or `steps_per_run`.
+  """Raises `TypeError` unless count `value` is an int, `ValueError` if it
+  is below `minimum`.
 
   >>> check_count(-1, "num_gpus", 0)
   Traceback (most recent call last):
@@ -480,16 +412,13 @@ def check_count(value, argument, minimum):
 
 def _check_replica_counts(strategy, structure, argument):
   expected = strategy.extended._num_local_replicas  # pylint: disable=protected-access
-  for leaf in tf.nest.flatten(structure):
-    if _replica_count(leaf) not in (None, expected):
-      break
-  else:
+  counts = [_replica_count(leaf) for leaf in tf.nest.flatten(structure)]
+  if all(count in (None, expected) for count in counts):
     return
   count, path = next(
-      ((_replica_count(value), path) for path, value in
-       values_lib.flatten_with_paths(structure)
+      ((_replica_count(value), path) for path, value in values_lib.flatten_with_paths(structure)
        if _replica_count(value) not in (None, expected)),
-      (max(_replica_count(leaf) or 0 for leaf in tf.nest.flatten(structure)), ""))
+      (max(count or 0 for count in counts), ""))
   raise ValueError(
       f"`{argument}`{path} of strategy.run holds {count} "
       f"per-replica values, but the strategy has {expected} replicas: "
@@ -497,7 +426,6 @@ def _check_replica_counts(strategy, structure, argument):
 
 
 def _replica_count(value):
-  """How many per-replica components `value` has, None if not distributed."""
   return len(value.values) if values_lib.is_split(value) else None
 
 
@@ -511,48 +439,31 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
 
   def __init__(self, container_strategy, variables=None):
     self._container_strategy_ref = weakref.ref(container_strategy)
-    # How variables are made, placed and updated (`variable_policy`).
     self._variables = variables or variable_policy.VariablePolicy(container_strategy)
 
   def _container_strategy(self):
     return self._container_strategy_ref()
 
-  # Read by TensorFlow's tf.function cache: one trace per device when True.
+  # Read by TensorFlow and tf_keras (docs/client_private_names.md).
   _retrace_functions_for_each_device = False
+  _global_batch_size = True
 
   def _use_merge_call(self):
-    """Read by Keras: replica-context updates go through `merge_call`."""
     return True
 
   def _in_multi_worker_mode(self):
     return False
 
-  # Where ops made in `scope()` go unless placed (one task of a cluster, whose
-  # graph this process builds); None: wherever the caller's device says.
+  # Where ops made in `scope()` go unless placed; None: the caller's device.
   _default_device = None
-
-  # Read by tf_keras: datasets are batched by the global batch size (every
-  # TensorFlow strategy answers True).
-  _global_batch_size = True
-
-  # --- What multi-worker code asks of a strategy; one worker answers alike.
-
   _between_graph = False
 
-  @property
-  def experimental_between_graph(self):
-    """Whether each worker builds its own graph (between-graph replication)."""
-    return self._between_graph
+  experimental_between_graph = property(
+      lambda self: self._between_graph, doc="Whether each worker builds its own graph.")
+  experimental_require_static_shapes = property(
+      lambda self: False, doc="Whether the input must have static shapes.")
 
-  @property
-  def experimental_require_static_shapes(self):
-    """Whether the input must have static shapes."""
-    return False
-
-  # The chief of a cluster writes checkpoints and summaries; a strategy of
-  # one task is its own chief. Every task initializes its variables.
-  _is_chief = True
-
+  _is_chief = True  # the chief writes checkpoints and summaries
   experimental_should_init = property(
       lambda self: True, doc="Whether this task initializes the variables.")
   should_checkpoint = property(
@@ -622,6 +533,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     return self._call_for_each_replica(fn, args, kwargs)
 
   def _call_for_each_replica(self, fn, args, kwargs):
+    fn = _tf_bridge.autograph_convert(fn)
     with replica_context.ReplicaContext(self._container_strategy(), 0):
       return fn(*args, **kwargs)
 
@@ -629,16 +541,8 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     return value_fn(ValueContext())
 
   def _replica_ctx_all_reduce(self, reduce_op, value, options=None):
-    """Read by the Model Garden's `grad_utils` (explicit gradient
-    all-reduce) and TensorFlow's bundled Keras: `value` (a nest of tensors)
-    reduced across the replicas, from a replica context, as
-    `get_replica_context().all_reduce` does.
-
-    >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
-    >>> strategy.run(lambda: strategy.extended._replica_ctx_all_reduce(
-    ...     "SUM", tf.constant(2.0))).values[1]
-    <tf.Tensor: shape=(), dtype=float32, numpy=4.0>
-    """
+    """`get_replica_context().all_reduce`, for the Model Garden's explicit
+    gradient all-reduce (docs/client_private_names.md)."""
     if contexts.in_cross_replica_context():  # TensorFlow asserts
       raise AssertionError("`StrategyExtended._replica_ctx_all_reduce` must be "
                            "called in a replica context")
@@ -648,26 +552,18 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     return replica.all_reduce(reduce_op, value, options)
 
   def _own_replica_context(self):
-    """The current replica context if it is one of this strategy's, else
-    None. (With no strategy entered, the default strategy's is current,
-    which its `extended` answers.)"""
+    """The current replica context if it is this strategy's, else None."""
     replica = getattr(contexts.top(), "replica_context", None)
     return replica if getattr(replica, "strategy", None) is self._container_strategy() else None
 
   def _get_local_replica_id(self, replica_id_in_sync_group):
-    """Read by `tf.distribute.ReplicaContext(strategy, replica_id)`: the
-    index among this worker's replicas of replica `replica_id_in_sync_group`
-    (the same on one worker)."""
+    """Read by TensorFlow's `ReplicaContext`: the index among this worker's
+    replicas."""
     return replica_id_in_sync_group
 
-  @property
-  def _num_replicas_in_sync(self):
-    return 1
-
-  @property
-  def _num_local_replicas(self):
-    """How many of the replicas run in this process (all, on one worker)."""
-    return self._num_replicas_in_sync
+  _num_replicas_in_sync = property(lambda self: 1)
+  # The replicas this process runs.
+  _num_local_replicas = property(lambda self: self._num_replicas_in_sync)
 
   @property
   def worker_devices(self):
@@ -675,15 +571,11 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     raise RuntimeError(
         "worker_devices() method unsupported by default tf.distribute.Strategy.")
 
-  @property
-  def parameter_devices(self):
-    """The devices variables are placed on."""
-    return self._variables.parameter_devices
-
-  @property
-  def worker_devices_by_replica(self):
-    """Each replica's devices, one list per replica."""
-    return [[device] for device in self.worker_devices]
+  parameter_devices = property(lambda self: self._variables.parameter_devices,
+                               doc="The devices variables are placed on.")
+  worker_devices_by_replica = property(
+      lambda self: [[device] for device in self.worker_devices],
+      doc="Each replica's devices, one list per replica.")
 
   def non_slot_devices(self, var_list):
     """The devices for non-slot variables (such as an optimizer's step)."""
@@ -695,12 +587,9 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
   # --- Reductions.
 
   def reduce_to(self, reduce_op, value, destinations, options=None):
-    """Reduces `value` across replicas onto `destinations`.
-
-    The result is a tensor on the destination device, or a `Mirrored` value
-    with one component on each destination device. (Onto the devices of a
-    distributed value, TensorFlow 2.21 puts every component of a MEAN on the
-    first device.)
+    """Reduces `value` across replicas onto `destinations`: a tensor for
+    one device, else a `Mirrored` value (TensorFlow 2.21 puts every
+    component of a MEAN onto a distributed value's devices on the first).
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> per_replica = strategy.run(lambda: tf.constant(1.0))
@@ -715,13 +604,9 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
                            options)
 
   def batch_reduce_to(self, reduce_op, value_destination_pairs, options=None):
-    """`reduce_to` for a list of `(value, destinations)` pairs at once.
-
-    Each result is a tensor where its destinations are one device (even when
-    TensorFlow 2.21 would wrap it in a one-component `Mirrored`), else a
-    `Mirrored` value. A value that is not distributed is the same on every
-    replica, so it is already reduced: it comes back unchanged, copied onto
-    its destinations if they are elsewhere.
+    """`reduce_to` for a list of `(value, destinations)` pairs (one device:
+    a tensor, where TensorFlow 2.21 may give a `Mirrored`); a value not
+    distributed comes back, copied onto its destinations.
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> per_replica = strategy.run(lambda: tf.constant(1.0))
@@ -746,8 +631,6 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
         reduce_op, value, self._reduce_destination(), None))[0]
 
   def _reduce_destination(self):
-    """Where `strategy.reduce` puts its result: on the current device, else
-    on the strategy's default device, else on the CPU."""
     return device_util.current() or self._default_device or "/device:CPU:0"
 
   def broadcast_to(self, tensor, destinations):
@@ -766,10 +649,8 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
   # --- Updates.
 
   def update(self, var, fn, args=(), kwargs=None, group=True):
-    """Runs `fn(component, *args, **kwargs)` on each component of `var`.
-
-    In a replica context this first waits for all replicas (`merge_call`)
-    and passes `fn` their arguments grouped.
+    """Runs `fn(component, *args, **kwargs)` on each component of `var`
+    (in a replica context, through `merge_call`).
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> with strategy.scope():
@@ -779,7 +660,6 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     3.0
     """
     kwargs = {} if kwargs is None else kwargs
-    strategy = self._container_strategy()
     fn = _tf_bridge.autograph_convert(fn)
     replica_context = self._own_replica_context()
     if replica_context is not None:
@@ -787,25 +667,22 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
         return merged_strategy.extended.update(var, fn, merged_args,
                                                merged_kwargs, group)
       return replica_context.merge_call(merge_fn, args=args, kwargs=kwargs)
-    with strategy.scope():
-      return self._update(var, fn, args, kwargs, group)
-
-  def _update(self, var, fn, args, kwargs, group):
-    return self._variables.update(var, fn, args, kwargs, group)
+    with self._container_strategy().scope():
+      return self._variables.update(var, fn, args, kwargs, group)
 
   def update_non_slot(self, colocate_with, fn, args=(), kwargs=None, group=True):
     """Runs `fn(*args, **kwargs)` once per device of `colocate_with`."""
     with self._container_strategy().scope():
-      return self._update_non_slot(colocate_with, _tf_bridge.autograph_convert(fn),
-                                   args, kwargs or {}, group)
+      return self._variables.update_non_slot(
+          colocate_with, _tf_bridge.autograph_convert(fn), args, kwargs or {}, group)
 
-  def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
-    return self._variables.update_non_slot(colocate_with, fn, args, kwargs, group)
+  _input_host = property(lambda self: device_util.canonicalize("/device:CPU:0"))
 
-  @property
-  def _input_host(self):
-    """The device input pipelines run on."""
-    return device_util.canonicalize("/device:CPU:0")
+  # Input functions across workers: this worker's `InputContext`, a `WorkerSync`.
+  _worker_sync = None
+
+  def _input_context(self):
+    return None
 
   def _experimental_distribute_dataset(self, dataset, options):
     if input_context_lib.is_per_replica(options):
@@ -817,21 +694,17 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
 
   def _distribute_datasets_from_function(self, dataset_fn, options,
                                          partial_steps=None):
-    """`partial_steps`: whether a last step on which some replicas' pipelines
-    have ended gives them empty batches; by default this strategy's
-    `experimental_enable_get_next_as_optional` (see `input_lib`)."""
+    """`partial_steps` (see `input_lib`) defaults to the strategy's
+    `experimental_enable_get_next_as_optional`."""
+    if partial_steps is None:
+      partial_steps = getattr(self, "experimental_enable_get_next_as_optional", False)
     return input_lib.distribute_datasets_from_function(
         dataset_fn, self.worker_devices, self._input_host, options,
-        partial_steps=self._partial_steps(partial_steps))
-
-  def _partial_steps(self, partial_steps=None):
-    if partial_steps is None:
-      return getattr(self, "experimental_enable_get_next_as_optional", False)
-    return partial_steps
+        input_context=self._input_context(), workers=self._worker_sync,
+        partial_steps=partial_steps)
 
 class StrategyExtendedV1(StrategyExtended, stands_for=tf.compat.v1.distribute.StrategyExtended):
-  """`StrategyExtended` with its TF 1.x methods
-  (`tf.compat.v1.distribute.StrategyExtended`): the base of every
+  """`StrategyExtended` with the TF 1.x methods: the base of every
   strategy's `extended`, as in TensorFlow.
 
   >>> extended = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"]).extended
@@ -840,8 +713,7 @@ class StrategyExtendedV1(StrategyExtended, stands_for=tf.compat.v1.distribute.St
   """
 
   def _configure_cluster(self, cluster_spec, task_type, task_id):
-    """Takes the cluster `strategy.configure` was given; ignored, as by
-    TensorFlow's OneDevice and TPU strategies, by a strategy of one task."""
+    """`strategy.configure`'s cluster: ignored by a strategy of one task."""
     del cluster_spec, task_type, task_id
 
   def _update_config_proto(self, config_proto):
@@ -850,7 +722,6 @@ class StrategyExtendedV1(StrategyExtended, stands_for=tf.compat.v1.distribute.St
   def experimental_make_numpy_dataset(self, numpy_input, session=None):
     """A dataset of the slices of `numpy_input`, held on the input host.
 
-    >>> import numpy as np
     >>> extended = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"]).extended
     >>> int(extended.experimental_make_numpy_dataset(np.arange(3)).cardinality())
     3
@@ -860,27 +731,19 @@ class StrategyExtendedV1(StrategyExtended, stands_for=tf.compat.v1.distribute.St
 
   def experimental_run_steps_on_iterator(self, fn, iterator, iterations=1,
                                          initial_loop_values=None):
-    """Runs `fn(ctx, inputs)` for `iterations` steps, each on the next
-    element of `iterator`, in a `tf.while_loop`; returns the
-    `MultiStepContext` `ctx` with the last step's outputs and `run_op`.
-
-    In a graph only what `fn` returns runs each step: an op, a tensor or
-    (where TensorFlow 2.21 takes only one) a nest of them and of distributed
-    values. The outputs recorded with `ctx.set_last_step_output` are the
-    loop's variables, each as its components (one if reduced), in the order
-    of their names, which `initial_loop_values` starts in the same order.
-    """
+    """Runs `fn(ctx, inputs)` on the next `iterations` elements of
+    `iterator` in a `tf.while_loop`; returns the `MultiStepContext` `ctx`.
+    In a graph only what `fn` returns (a nest, where TensorFlow 2.21 takes
+    one op) runs; `initial_loop_values` start `ctx`'s outputs by name."""
     strategy = self._container_strategy()
     contexts.require_cross_replica_or_default(strategy)
-    # Where TensorFlow's TF 1.x metrics make their value ops, outside the
-    # loop (docs/client_private_names.md); set only while it is built.
+    # Read by TF 1.x metrics while the loop is built (docs/client_private_names.md).
     self._outer_control_flow_context = _tf_bridge.control_flow_context()
     try:
       with strategy.scope():
         return multi_step.run_steps(strategy, fn, iterator, iterations, initial_loop_values)
     finally:
       del self._outer_control_flow_context
-
 
 
 _global_scopes = weakref.WeakKeyDictionary()

@@ -1,18 +1,5 @@
-"""Distributed variables: one `tf.Variable` per replica behind one `tf.Variable`.
-
-`MirroredVariable` (synchronization ON_WRITE or AUTO) keeps its components
-equal: an update in the cross-replica context is applied to every component,
-and an update inside `strategy.run` is first aggregated across replicas by
-the variable's `aggregation`. `SyncOnReadVariable` lets each replica update
-its own component and aggregates only when read in the cross-replica context.
-
-To the rest of TensorFlow both are real variables: they subclass
-`tf.Variable`, convert to tensors, take part in gradients, checkpoints and
-SavedModels (saved as the single variable they stand for). Their common
-base, `ComponentsVariable`, also serves `CentralStorageStrategy`'s
-`AggregatingVariable`, which has one component and is not a distributed
-value.
-"""
+"""Distributed variables: real `tf.Variable`s standing for their components,
+saved as the one variable they stand for."""
 
 import contextlib
 import copy
@@ -28,16 +15,13 @@ from tf_distribute_lite.reduce_util import ReduceOp
 VARIABLE_VALUE = "VARIABLE_VALUE"  # the checkpoint key plain variables use
 _OWN_ATTRIBUTES = frozenset(
     ["_values", "_distribute_strategy", "_aggregation", "_common_name",
-     # Not taken from a component, as in TensorFlow: Keras tells a
-     # distributed variable by `_distributed_container` on its handle.
+     # Not a component's: Keras looks for `_distributed_container` on its handle.
      "_distributed_container", "_use_resource_variables", "_attribute_sentinel"])
 
 
 class SavedAsOneVariable:
-  """What variables kept in parts (`ComponentsVariable`, `ShardedVariable`)
-  share: checkpoints store the one variable they stand for, as a plain one;
-  `scatter_*` go through `_update(method, value, **kwargs)`. Subclasses give
-  `_saved_value()` and `_assign_restored(value)`."""
+  """A variable kept in parts, checkpointed as one plain variable
+  (`_saved_value`, `_assign_restored`); `scatter_*` go through `_update`."""
 
   def _serialize_to_tensors(self):
     return {VARIABLE_VALUE: self._saved_value()}
@@ -67,11 +51,8 @@ for _method in ("scatter_sub", "scatter_add", "scatter_mul", "scatter_div",
 
 
 class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase):
-  """A `tf.Variable` that stands for its component variables (`_values`)
-  under a strategy: reads, updates, checkpoints and SavedModels. Subclasses
-  say which component a read uses (`_get`, `_get_on_device_or_primary`,
-  `_on_current_device`) and how an update in a replica is applied
-  (`_update_in_replica`)."""
+  """A `tf.Variable` standing for its components (`_values`); subclasses
+  say which component a read uses and how a replica's update applies."""
 
   def __init__(self, strategy, components, aggregation):
     if (aggregation == tf.VariableAggregation.MEAN and
@@ -89,8 +70,7 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
       _tf_bridge.set_distributed_container(component, self)
 
   def __getattr__(self, name):
-    # What this class does not define comes from the component a read here
-    # would use, as in TensorFlow (e.g. `_save_slice_info`, `sparse_read`).
+    # The rest comes from the component a read would use, as in TensorFlow.
     if name.startswith(("__", "_self_")) or name in _OWN_ATTRIBUTES:
       raise AttributeError(name)
     return getattr(self._component_for_attributes(), name)
@@ -109,31 +89,19 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
   is_distributed_variable = True
   _splits_per_replica = False  # Each replica picks its component when used.
 
-  @property
-  def _primary(self):
-    return self._values[0]
+  _primary = property(lambda self: self._values[0])
 
-  @property
-  def distribute_strategy(self):
-    return self._distribute_strategy
-
-  @property
-  def aggregation(self):
-    return self._aggregation
-
-  @property
-  def synchronization(self):
-    return self._primary.synchronization
-
+  distribute_strategy = property(lambda self: self._distribute_strategy)
+  aggregation = property(lambda self: self._aggregation)
+  synchronization = property(lambda self: self._primary.synchronization)
   name = property(lambda self: self._primary.name)
   dtype = property(lambda self: self._primary.dtype)
   shape = property(lambda self: self._primary.shape)
 
   @property
   def device(self):
-    """The device of the current replica's component, as in TensorFlow:
-    outside any strategy that is the first; in a cross-replica context the
-    one on the current device."""
+    """The current replica's component's device (else the one on the
+    current device), as in TensorFlow."""
     replica_id = contexts.current_replica_id()
     if replica_id is None or replica_id >= len(self._values):
       return self._on_current_device().device
@@ -147,9 +115,7 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
   _unique_id = property(lambda self: _tf_bridge.variable_key(self._primary, "_unique_id"))
   _graph_key = property(lambda self: _tf_bridge.variable_key(self._primary, "_graph_key"))
 
-  # In a TF1 graph, TensorFlow's SavedModel loader sets this to the op that
-  # restores the loaded value, the variable's initializer from then on
-  # (docs/client_private_names.md).
+  # Set by TensorFlow's TF1 SavedModel loader (docs/client_private_names.md).
   _initializer_op = None
 
   @property
@@ -162,9 +128,8 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
 
   @property
   def op(self):
-    """The op of the current replica's component; in a cross-replica
-    context (an `extended.update` included) the first component's, as in
-    TensorFlow, whose TF 1.x helpers find variables by `op.name`."""
+    """The current replica's component's op; across replicas the first's,
+    as in TensorFlow."""
     if contexts.in_cross_replica_context():
       return self._primary.op
     return self._get_on_device_or_primary().op
@@ -178,8 +143,7 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
     return (self._component_for_attributes() if local is None else local).handle
 
   def is_initialized(self, name=None):
-    """A boolean tensor: whether every component is initialized; `name`
-    names the op that combines them."""
+    """Whether every component is initialized, a boolean tensor."""
     return tf.reduce_all([v.is_initialized() for v in self._values], name=name)
 
   def _should_act_as_resource_variable(self):
@@ -188,12 +152,8 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
   # --- Reading.
 
   def _current_replica_id(self):
-    """The replica whose component a read or write here means, or None.
-
-    In a replica of another strategy it raises `ValueError`, where
-    TensorFlow 2.21 reads the component of that strategy's replica id,
-    which is no replica of this variable's strategy.
-    """
+    """The replica whose component is meant here, or None; in another
+    strategy's replica, `ValueError` (TensorFlow 2.21 reads one)."""
     entry = contexts.top()
     if entry is None:
       return None  # no strategy in effect: the variable reads as one value
@@ -211,18 +171,14 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
     return None  # a default strategy's replica
 
   def _in_foreign_replica(self):
-    """Whether this runs in a replica of a strategy other than this
-    variable's."""
     if not contexts.has_strategy():
       return False
     entry = contexts.top()
     return entry.replica_context is not None and entry.strategy is not self._distribute_strategy
 
   def _component_for_attributes(self):
-    """The component whose attributes (and handle) this variable shows: the
-    current replica's; in a replica of another strategy, as in TensorFlow,
-    one of them, so that clients probing attributes (Keras keying its
-    optimizer's slots) reach their own checks of the variable's strategy."""
+    """The component whose attributes and handle this shows (in another
+    strategy's replica one of them, as in TensorFlow)."""
     if self._in_foreign_replica():
       return self._on_current_device()
     return self._get_on_device_or_primary()
@@ -241,9 +197,8 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
     return tf.identity(self.value())
 
   def eval(self, session=None):
-    """In a TF 1.x graph: the value of the component on this device (or the
-    primary) in `session`, as in TensorFlow (not aggregated, even when
-    on-read); tf_keras's `backend.get_value` asks for it."""
+    """The value, in `session`, of the component on this device (never
+    aggregated, as in TensorFlow)."""
     return self._get_on_device_or_primary().eval(session)
 
   def numpy(self):
@@ -257,9 +212,8 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
     return values_lib.as_tensor(self.value(), dtype, name)
 
   def __array__(self, dtype=None, copy=None):
-    """The value as a numpy array, a 0-d one for a scalar (TensorFlow 2.21
-    fails on an on-read scalar, so Keras prints a metric's total without
-    its value). Every read is a fresh array, so any `copy` is already met."""
+    """The value as a (fresh) numpy array; TensorFlow 2.21 fails on an
+    on-read scalar."""
     del copy
     return np.asarray(self.numpy(), dtype=dtype)
 
@@ -310,12 +264,8 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
     return self._distribute_strategy.extended.update(
         self, update_fn, args=(value,), group=True)
 
-  def _update_in_replica(self, update_fn, value, method):
-    raise NotImplementedError
-
   def _update_aggregated(self, update_fn, value):
-    """Waits for every replica (`merge_call`), aggregates their `value`s by
-    the variable's aggregation and applies the result as an update."""
+    """Applies the replicas' `value`s aggregated, through `merge_call`."""
     def merge_fn(strategy, value):
       aggregated = aggregate(strategy, value, self._aggregation, self)
       return strategy.extended.update(self, update_fn, args=(aggregated,), group=True)
@@ -328,12 +278,7 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
     return self._distribute_strategy.scope()
 
   def _check_assignable(self, value):
-    """Raises a clear error for a value of the wrong dtype or shape.
-
-    The error classes are those a plain variable raises: TypeError for a
-    Python value that does not fit the dtype, ValueError for a tensor of
-    another dtype or shape.
-    """
+    """Raises what a plain variable raises for a wrong dtype or shape."""
     for component in values_lib.local_results(value, 1):
       if isinstance(component, (tf.IndexedSlices, tf.Operation)):
         continue
@@ -369,8 +314,7 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
     return restored
 
   def _copy_trackable_to_cpu(self, object_map):
-    # An asynchronous checkpoint saves a copy made on the host's CPU, as for
-    # a plain variable: one variable holding the value a checkpoint stores.
+    # An asynchronous checkpoint's copy: one plain variable on the host CPU.
     value = self._saved_value()
     if self not in object_map:
       host_cpu = tf.DeviceSpec.from_string(self._primary.device).replace(
@@ -421,8 +365,7 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
 
 
 class DistributedVariable(ComponentsVariable, values_lib.DistributedValues):
-  """Base of `MirroredVariable` and `SyncOnReadVariable`: a distributed
-  value with one component per replica."""
+  """A distributed value with one component per replica."""
 
   # A distributed value's, not tf.Variable's.
   __repr__ = values_lib.DistributedValues.__repr__
@@ -434,9 +377,7 @@ class DistributedVariable(ComponentsVariable, values_lib.DistributedValues):
 
 
 def _unsaveable_when_traced(variable, action):
-  """Marks the `tf.function` being traced (not by `tf.saved_model.save`) as
-  one a SavedModel cannot hold, as TensorFlow does: it `action`s
-  distributed `variable` across its replicas."""
+  """Marks the function being traced unsaveable, as TensorFlow does."""
   _tf_bridge.mark_function_unsaveable(
       f"It {action} the distributed variable '{variable.name}' across its "
       f"replicas, which a SavedModel cannot hold: the function was traced "
@@ -497,8 +438,7 @@ class MirroredVariable(DistributedVariable, tf.types.experimental.distributed.Mi
     return self._get_on_device_or_primary()
 
   def _update(self, method, value, **kwargs):
-    # As in TensorFlow, in every context: replicas' sparse updates combined
-    # by SUM or MEAN mean nothing to these.
+    # As in TensorFlow: sparse updates combined by SUM or MEAN mean nothing.
     if method == "batch_scatter_update":
       raise NotImplementedError(
           f"`batch_scatter_update` is not supported for MirroredVariable "
@@ -519,10 +459,8 @@ class MirroredVariable(DistributedVariable, tf.types.experimental.distributed.Mi
 
 
 def checked_aggregation(aggregation, name):
-  """The `aggregation` a variable named `name` is created with, as given: a
-  `tf.compat.v1.VariableAggregation` stays one, as in TensorFlow (the two
-  enums compare equal value for value); None means TF 1.x's NONE, the
-  default of any `tf.Variable`.
+  """`aggregation` checked, as given (a TF 1.x enum stays one, as in
+  TensorFlow); None is TF 1.x's NONE.
 
   >>> checked_aggregation(tf.VariableAggregation.SUM, "v")
   <VariableAggregationV2.SUM: 1>
@@ -546,10 +484,8 @@ def aggregate(strategy, value, aggregation, destinations):
 
 
 class SyncOnReadVariable(DistributedVariable):
-  """A variable each replica updates on its own, aggregated when read.
-
-  Reading it in a cross-replica context combines the components by its
-  `aggregation` (SUM, MEAN or ONLY_FIRST_REPLICA).
+  """A variable each replica updates on its own, aggregated by its
+  `aggregation` when read across replicas.
 
   >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
   >>> with strategy.scope():
@@ -573,7 +509,6 @@ class SyncOnReadVariable(DistributedVariable):
     for component in self._values:
       with tf.device(component.device):
         reads.append(component.read_value())
-    # As `strategy.reduce` does (across workers too, where the strategy has several).
     return self._distribute_strategy.extended._reduce(  # pylint: disable=protected-access
         ReduceOp.from_variable_aggregation(self._aggregation), values_lib.PerReplica(reads))
 
@@ -581,13 +516,11 @@ class SyncOnReadVariable(DistributedVariable):
     local = super()._get()
     runner = getattr(getattr(contexts.top(), "replica_context", None), "_runner", None)
     if runner is not None and isinstance(local, tf.Variable) and not tf.executing_eagerly():
-      # A replica's own value: a merge_call in a tf.cond on it is one that
-      # only some replicas may reach.
+      # A merge_call in a tf.cond on it may be reached by some replicas only.
       runner.note_replica_local(local.handle)
     return local
 
   def _as_graph_element(self):
-    # A Session fetching it in a cross-replica context gets the aggregate.
     return _tf_bridge.graph_element(self._get())
 
   def _update_in_replica(self, update_fn, value, method):
@@ -612,12 +545,11 @@ class SyncOnReadVariable(DistributedVariable):
     done = tf.group([u for u in updates if u is not None])
     if all(u is None or isinstance(u, tf.Operation) for u in updates):
       return done  # read_value=False
-    # As TensorFlow does: the value now read in the cross-replica context.
     with tf.control_dependencies([done] if done is not None else []):
       return self.read_value()
 
   def _component_restore_value(self, restored):
-    # Each component holds its share, so that the components sum to `restored`.
+    # With SUM, each component holds its share.
     if self._aggregation == tf.VariableAggregation.SUM:
       replicas = self._distribute_strategy.num_replicas_in_sync
       return tf.cast(restored / replicas, self.dtype)
@@ -625,16 +557,10 @@ class SyncOnReadVariable(DistributedVariable):
 
 
 class AggregatingVariable(ComponentsVariable):
-  """The one variable of `CentralStorageStrategy` with several replicas.
-
-  Every replica reads the same variable. An update inside `strategy.run`
-  waits for all replicas, combines their values by the variable's
-  `aggregation` and applies the result once; a variable with aggregation
-  NONE cannot be updated there. Its repr is that of the variable it wraps.
-  As in TensorFlow it is not a `tf.distribute.DistributedValues`: it has no
-  `values`, `strategy.reduce` takes it as a value every replica shares
-  (MEAN gives it back, SUM raises `ValueError`). See `CentralStorageStrategy`.
-  """
+  """`CentralStorageStrategy`'s variable for several replicas: an update in
+  `strategy.run` applies the replicas' values once, aggregated (not with
+  aggregation NONE). As in TensorFlow, not a `DistributedValues`; its repr
+  is its variable's."""
 
   def _get(self):
     return self._primary
@@ -642,9 +568,7 @@ class AggregatingVariable(ComponentsVariable):
   def _get_on_device_or_primary(self):
     return self._primary
 
-  @property
-  def device(self):
-    return self._primary.device
+  device = property(lambda self: self._primary.device)
 
   def _update_in_replica(self, update_fn, value, method):
     if "scatter" in method:  # as in TensorFlow: applied as it is
@@ -669,7 +593,7 @@ def _on_the_variable(method):
   def call(self, *args, **kwargs):
     return getattr(self._primary, method)(*args, **kwargs)
   call.__name__ = method
-  call.__doc__ = f"`tf.Variable.{method}` of the one variable, applied as it is (as in TensorFlow)."
+  call.__doc__ = f"`tf.Variable.{method}` of the one variable, as in TensorFlow."
   return call
 
 

@@ -1,23 +1,10 @@
 """`PreemptionCheckpointHandler`: on a termination notice at any worker,
-every worker saves a checkpoint at the same step, then exits; a restarted
-job restores it.
+every worker saves a checkpoint at the same step, then exits.
 
-How the workers agree (several workers, through the coordination service's
-key-value store of the cluster's runtime):
-
-1. the first worker to get a notice claims the lead (`_LEAD_KEY`; a later
-   claim finds the key set and leaves the lead to it);
-2. before its next step the leader publishes the step to save after, one
-   past the steps it has run (`_STEP_KEYS`), and waits until every worker
-   has acknowledged it; in synchronous training no worker is more than one
-   step apart, so none has passed it;
-3. every worker's watcher thread reads the step and acknowledges it; each
-   worker saves once it has run that many steps, then exits through
-   `exit_fn`. With a grace period, they save, train on, and the leader
-   publishes a second, final step shortly before the period ends.
-
-One worker alone (MirroredStrategy, OneDeviceStrategy, TPUStrategy, whose
-single client drives every TPU host) skips the store.
+Workers agree through the coordination service: the first with a notice
+leads (`_LEAD_KEY`), publishes the step after its next (`_STEP_KEYS`; no
+worker is more than a step apart) and waits for every worker's ack. With a
+grace period, a final step follows shortly before it ends.
 """
 
 import contextlib
@@ -38,11 +25,9 @@ from tf_distribute_lite.tf_classes import StandsFor
 _PREFIX = "TF_DISTRIBUTE_LITE_PREEMPTION"
 _LEAD_KEY = f"{_PREFIX}_LEADER"
 _STEP_KEYS = (f"{_PREFIX}_STEP", f"{_PREFIX}_FINAL_STEP")
-# The name under which the checkpoint keeps the number of `run` calls, as
-# TensorFlow's handler names it: checkpoints of either restore in the other.
+# The checkpoint's count of `run` calls, named as by TensorFlow's handler.
 _RUN_COUNT_NAME = "checkpointed_runs"
-# How often a custom watcher is called, and how long one wait of the watcher
-# thread on the store lasts before it checks whether to stop.
+# How often a custom watcher is called, and how long one wait on the store lasts.
 POLL_SECONDS = 1.0
 # How long the leader waits for every worker to acknowledge the step.
 AGREEMENT_TIMEOUT_SECONDS = 60.0
@@ -54,25 +39,15 @@ class PreemptionCheckpointHandler(
   gets a termination notice (SIGTERM by default), then exits.
 
   Args:
-    cluster_resolver: the strategy's `cluster_resolver` (None, or an empty
-      cluster, for one worker).
-    checkpoint_or_checkpoint_manager: a `tf.train.Checkpoint`, saved into
-      `checkpoint_dir`, or a `tf.train.CheckpointManager`.
-    checkpoint_dir: where a `tf.train.Checkpoint` is saved and restored
-      from. Workers other than the chief save into a temporary folder next
-      to it and remove it.
-    termination_config: a `TerminationConfig` for what the platform's
-      defaults do not fit.
+    cluster_resolver: the strategy's `cluster_resolver` (None: one worker).
+    checkpoint_or_checkpoint_manager: a `tf.train.CheckpointManager`, or a
+      `tf.train.Checkpoint` saved into and restored from `checkpoint_dir`.
+    termination_config: a `TerminationConfig`, for the platform's defaults.
 
-  The latest checkpoint in the folder is restored at once. Call each
-  training step through `run` (or call `save_checkpoint_if_preempted` after
-  each): when a notice has come, the workers save at the first step every
-  one of them can reach, the one after the notice, and exit through
-  `exit_fn` (`sys.exit(42)` by default, 143 on Google Cloud).
-
-  Unlike TensorFlow 2.21, which turns the handler off on a Google Cloud VM
-  without GPUs (its `run` only calls the function and a SIGTERM ends the job
-  unsaved), the handler works there too, on SIGTERM.
+  Call each step through `run` (or `save_checkpoint_if_preempted` after
+  it): after a notice the workers save after the next step and exit through
+  `exit_fn`. (TensorFlow 2.21 turns the handler off on a Google Cloud VM
+  without GPUs; this one works there too.)
 
   >>> import tempfile
   >>> step = tf.Variable(0)
@@ -126,18 +101,12 @@ class PreemptionCheckpointHandler(
     else:
       cluster_runtime.on_sigterm(self._claim_lead)
 
-  @property
-  def total_run_calls(self):
-    """How many times `run` (or `save_checkpoint_if_preempted`) was called,
-    counting those before a restart, restored from the checkpoint."""
-    return self._run_counter
+  total_run_calls = property(lambda self: self._run_counter,
+                             doc="How many steps were run, counting those before a restart.")
 
   def run(self, distributed_train_function, *args, **kwargs):
-    """`distributed_train_function(*args, **kwargs)`, one training step,
-    first saving and exiting if a termination notice calls for it. Its
-    result and errors pass through unchanged; on several workers an error
-    also fails the others' waits at once.
-    """
+    """Runs one training step, first saving and exiting if a notice calls
+    for it; an error also fails the other workers' waits."""
     with self.watch_preemption_scope():
       self._check_preemption_and_maybe_checkpoint()
       start = time.monotonic()
@@ -148,17 +117,15 @@ class PreemptionCheckpointHandler(
     return result
 
   def save_checkpoint_if_preempted(self, *args, **kwargs):
-    """Saves a checkpoint and exits if a termination notice calls for it;
-    call it after each training step instead of using `run`. `args` and
-    `kwargs` go to `tf.train.CheckpointManager.save` (or to `save_fn`)."""
+    """Saves and exits if a notice calls for it; call it after each step
+    instead of `run`. The arguments go to the save."""
     self._check_preemption_and_maybe_checkpoint(*args, **kwargs)
     self._run_counter += 1
     self._estimated_run_time = 0.0
 
   @contextlib.contextmanager
   def watch_preemption_scope(self):
-    """A scope in which a TensorFlow error, on several workers, is also
-    reported to the others (their waits fail at once), then raised."""
+    """A scope reporting a TensorFlow error to the other workers."""
     try:
       yield
     except tf.errors.OpError as error:
@@ -182,7 +149,6 @@ class PreemptionCheckpointHandler(
       self._stop.wait(POLL_SECONDS)
 
   def _claim_lead(self):
-    """This worker got a notice: it leads, unless another one already does."""
     if self._task.task_type is not None:
       cluster_runtime.publish_preemption_notice(self._task.task_type, self._task.task_id)
       try:
@@ -193,7 +159,6 @@ class PreemptionCheckpointHandler(
     self._own_notice.set()
 
   def _watch_step_keys(self):
-    """Reads each step to save at from the store and acknowledges it."""
     for key in _STEP_KEYS[:2 if self._termination.grace_period > 0 else 1]:
       value = self._wait_for_key(key)
       if value is None:
@@ -268,8 +233,7 @@ class PreemptionCheckpointHandler(
         tf.io.gfile.rmtree(temporary)
 
   def _write_checkpoint_manager(self):
-    """The chief's manager, or one that writes into a temporary folder (the
-    others' saves read the same distributed variables, so they must save)."""
+    """The chief's manager, else one writing into a temporary folder."""
     if self._task.is_chief:
       return self._read_checkpoint_manager
     given = self._read_checkpoint_manager.directory.rstrip("/")
@@ -294,7 +258,6 @@ class PreemptionCheckpointHandler(
 
 
 def _checkpoint_of(checkpoint_or_checkpoint_manager, checkpoint_dir):
-  """The checkpoint the handler saves, with a clear error for bad input."""
   if isinstance(checkpoint_or_checkpoint_manager, tf.train.CheckpointManager):
     return checkpoint_or_checkpoint_manager.checkpoint
   if not isinstance(checkpoint_or_checkpoint_manager, tf.train.Checkpoint):
@@ -311,14 +274,12 @@ def _checkpoint_of(checkpoint_or_checkpoint_manager, checkpoint_dir):
 
 
 class MissingCheckpointDirError(tf.errors.InvalidArgumentError, TypeError):
-  """A `tf.train.Checkpoint` came without `checkpoint_dir`: TensorFlow means
-  to raise `InvalidArgumentError` and, through a bug, raises `TypeError`; this
-  error is both."""
+  """No `checkpoint_dir`: TensorFlow means `InvalidArgumentError` and raises
+  `TypeError`; this is both."""
 
 
 def _task_layout(resolver):
-  """Where this worker stands among those that agree on a step to save at;
-  a TPU's single client, or a process without a cluster, stands alone."""
+  """This worker among those that agree on a step (a TPU client: alone)."""
   if resolver is None or hasattr(resolver, "get_tpu_system_metadata"):
     return Layout()
   spec = resolver.cluster_spec()

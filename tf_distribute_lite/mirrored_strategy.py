@@ -1,9 +1,5 @@
-"""`MirroredStrategy`: synchronous data parallelism on one machine's devices.
-
-Every variable is mirrored on all devices; each step runs once per device
-(replica) on that replica's share of the batch, and the replicas' gradients
-are all-reduced so the copies stay equal.
-"""
+"""`MirroredStrategy`: synchronous data parallelism on one machine's
+devices, with every variable mirrored on each."""
 
 import tensorflow as tf
 
@@ -11,7 +7,6 @@ from tf_distribute_lite import communicator as communicator_lib
 from tf_distribute_lite import device_util
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import executors
-from tf_distribute_lite import values as values_lib
 from tf_distribute_lite import variable_policy
 from tf_distribute_lite.layout import Layout
 
@@ -20,21 +15,15 @@ class MirroredStrategy(distribute_lib.Strategy, stands_for=tf.distribute.Mirrore
   """Synchronous training across the devices of one machine.
 
   Args:
-    devices: device names, e.g. `["GPU:0", "GPU:1"]`. None or empty means
-      every GPU, or every CPU device if there is no GPU.
+    devices: device names; None or empty: every GPU, else every CPU.
     cross_device_ops: a `CrossDeviceOps` for reductions; by default
-      collective all-reduce (ring on CPUs, NCCL on GPUs), as TensorFlow.
+      `communicator.default_cross_device_ops`.
 
   >>> strategy = MirroredStrategy(["CPU:0", "CPU:1"])
-  >>> strategy.num_replicas_in_sync
-  2
   >>> with strategy.scope():
   ...   v = tf.Variable(1.0)
-  >>> v
-  MirroredVariable:{
-    0: <tf.Variable 'Variable:0' shape=() dtype=float32, numpy=1.0>,
-    1: <tf.Variable 'Variable/replica_1:0' shape=() dtype=float32, numpy=1.0>
-  }
+  >>> [component.device[-5:] for component in v.values]
+  ['CPU:0', 'CPU:1']
   """
 
   def __init__(self, devices=None, cross_device_ops=None):
@@ -42,17 +31,14 @@ class MirroredStrategy(distribute_lib.Strategy, stands_for=tf.distribute.Mirrore
 
 
 def make_extended(strategy, devices, cross_device_ops):
-  """The extended object of a `MirroredStrategy` on `devices`."""
   layout = Layout(resolve_devices(devices))
   return MirroredExtended(strategy, layout,
                           communicator_lib.Communicator(layout, cross_device_ops))
 
 
 class MirroredExtended(distribute_lib.StrategyExtendedV1):
-  """`strategy.extended` of `MirroredStrategy`, made of where the replicas
-  are (`layout.Layout`), what reduces their values
-  (`communicator.Communicator`), how variables are made (`variable_policy`)
-  and what runs the replicas (`executors`)."""
+  """`strategy.extended` of `MirroredStrategy`: a `Layout`, a
+  `Communicator`, a variable policy and an executor."""
 
   def __init__(self, container_strategy, layout, communicator, variables=None, executor=None):
     super().__init__(container_strategy,
@@ -62,48 +48,27 @@ class MirroredExtended(distribute_lib.StrategyExtendedV1):
     self._executor = executor or executors.LocalReplicas(
         container_strategy, layout.devices, first_replica=layout.replica_offset,
         num_replicas=layout.num_replicas)
-    # As in TensorFlow: a strategy made in a TF1 graph ends the input at a
-    # partial last step of its input functions' pipelines. Users may set it.
+    # As in TensorFlow: False when made in a TF1 graph. Users may set it.
     self.experimental_enable_get_next_as_optional = (
         tf.compat.v1.executing_eagerly_outside_functions())
-
-  # --- Devices and the cluster, from the layout.
 
   _devices = property(lambda self: self._layout.devices)
   _retrace_functions_for_each_device = property(lambda self: len(self._layout.devices) > 1)
   _is_chief = property(lambda self: self._layout.is_chief)
 
-  @property
-  def worker_devices(self):
-    return self._devices
-
-  @property
-  def _num_replicas_in_sync(self):
-    return self._layout.num_replicas
-
-  @property
-  def _num_local_replicas(self):
-    return len(self._devices)
+  worker_devices = property(lambda self: self._devices)
+  _num_replicas_in_sync = property(lambda self: self._layout.num_replicas)
+  _num_local_replicas = property(lambda self: len(self._devices))
+  _input_host = property(lambda self: device_util.canonicalize(self._layout.input_host))
 
   def _get_local_replica_id(self, replica_id_in_sync_group):
     return replica_id_in_sync_group - self._layout.replica_offset
-
-  @property
-  def _input_host(self):
-    return device_util.canonicalize(self._layout.input_host)
-
-  def _local_results(self, value):
-    return values_lib.local_results(value, len(self._devices))
-
-  # --- Running replicas.
 
   def _call_for_each_replica(self, fn, args, kwargs):
     return self._executor.run(fn, args, kwargs)
 
   def _distribute_values_from_function(self, value_fn):
     return self._executor.distribute_values_from_function(value_fn)
-
-  # --- Reductions: all through the communicator.
 
   def _reduce_to(self, reduce_op, value, destinations, options):
     return self._communicator.reduce_to(reduce_op, value, destinations, options)
@@ -118,25 +83,22 @@ class MirroredExtended(distribute_lib.StrategyExtendedV1):
     return self._communicator.gather_to(value, destinations, axis, options)
 
   def _configure_cluster(self, cluster_spec, task_type, task_id):
-    # TensorFlow 2.21 replicates in-graph onto the cluster's tasks, which
-    # needs a Session on a remote master (picking its default cross-device
-    # ops there raises this error; for one worker, an AssertionError).
+    # TensorFlow 2.21 replicates in-graph, which needs a remote master's
+    # Session (and fails on one worker with an AssertionError).
     del task_type, task_id
     raise ValueError(
         f"In-graph multi-worker training with `MirroredStrategy` is not "
         f"supported; got cluster_spec={cluster_spec.as_dict()}. Run "
         f"`MultiWorkerMirroredStrategy` on every worker instead.")
 
-
   def _update_config_proto(self, config_proto):
-    updated = type(config_proto)()
-    updated.CopyFrom(config_proto)
+    updated = super()._update_config_proto(config_proto)
     updated.isolate_session_state = True
     return updated
 
 
 def resolve_devices(devices):
-  """Validated, canonical device names; all local devices when none given."""
+  """Validated, canonical device names; by default the local GPUs, else CPUs."""
   if devices is None or (isinstance(devices, (list, tuple)) and not devices):
     devices = device_util.local_devices("GPU") or device_util.local_devices("CPU")
   if isinstance(devices, str):

@@ -1,8 +1,5 @@
-"""The TF 1.x multi-step loop every `strategy.extended` has:
-`experimental_run_steps_on_iterator` runs a step function several times in
-one `tf.while_loop`, and its `MultiStepContext` carries the last step's
-outputs out of the loop.
-"""
+"""The loop of `extended.experimental_run_steps_on_iterator` (TF 1.x) and
+its `MultiStepContext`."""
 
 import tensorflow as tf
 
@@ -12,8 +9,8 @@ from tf_distribute_lite.reduce_util import ReduceOp
 
 
 class MultiStepContext:
-  """What `extended.experimental_run_steps_on_iterator` gives its `fn` and
-  returns: the outputs of the last step, and the op running all of them."""
+  """What the loop gives its `fn` and returns: the last step's outputs and
+  `run_op`."""
 
   def __init__(self, strategy=None):
     self._strategy = strategy  # the loop's: with none entered, the default
@@ -28,13 +25,8 @@ class MultiStepContext:
                                 doc="The outputs `set_non_tensor_output` recorded.")
 
   def set_last_step_output(self, name, output, reduce_op=None, aggregation=None):
-    """Records `output` of this step as `name`, reduced across replicas by
-    `reduce_op` if given (required in a replica context).
-
-    TF 1.11-1.12 code passes `aggregation` (a `tf.VariableAggregation` or
-    `tf.compat.v1.VariableAggregation`) instead: SUM and MEAN reduce,
-    ONLY_FIRST_REPLICA takes replica 0's value, NONE keeps every replica's.
-    """
+    """Records `output` as `name`, reduced by `reduce_op` if given (required
+    in a replica context), or by TF 1.11's `aggregation`."""
     combine = _combiner(reduce_op, aggregation)
     if contexts.in_cross_replica_context():
       self._record(contexts.top().strategy, name, output, combine)
@@ -68,8 +60,7 @@ class MultiStepContext:
 
 
 def _combiner(reduce_op, aggregation):
-  """How `set_last_step_output` combines the replicas' output: a function of
-  `(strategy, output)`, or None to keep every replica's."""
+  """A function of `(strategy, output)` combining the replicas', or None."""
   if reduce_op is not None and aggregation is not None:
     raise ValueError(
         f"`set_last_step_output` takes `reduce_op` or `aggregation` (its TF "
@@ -85,8 +76,7 @@ def _combiner(reduce_op, aggregation):
 
 
 def run_steps(strategy, fn, iterator, iterations, initial_loop_values):
-  """The loop of `extended.experimental_run_steps_on_iterator`: `fn(ctx,
-  inputs)` `iterations` times in a `tf.while_loop`; returns `ctx`."""
+  """`experimental_run_steps_on_iterator`'s loop; returns `ctx`."""
   ctx = MultiStepContext(strategy)
   initial = tf.nest.flatten({} if initial_loop_values is None else initial_loop_values)
   structure = []
@@ -124,7 +114,6 @@ def run_steps(strategy, fn, iterator, iterations, initial_loop_values):
 
 
 def _ops_of(structure):
-  """The graph tensors and ops in `structure` (none eagerly)."""
   if tf.executing_eagerly():
     return []
   return [t for t in tf.nest.flatten(structure, expand_composites=True)

@@ -1,9 +1,4 @@
-"""`OneDeviceStrategy`: everything on one device, through the strategy API.
-
-Code written for several replicas runs unchanged on one: variables are plain
-`tf.Variable`s placed on the device, `run` calls the function once there, and
-reductions return their input.
-"""
+"""`OneDeviceStrategy`: plain variables and one replica on one device."""
 
 import tensorflow as tf
 
@@ -43,10 +38,7 @@ class OneDeviceExtended(distribute_lib.StrategyExtendedV1):
                      variable_policy.VariablePolicy(container_strategy, self._device))
 
   _device = property(lambda self: self._layout.devices[0])
-
-  @property
-  def worker_devices(self):
-    return self._layout.devices
+  worker_devices = property(lambda self: self._layout.devices)
 
   def _call_for_each_replica(self, fn, args, kwargs):
     fn = _tf_bridge.autograph_convert(fn)

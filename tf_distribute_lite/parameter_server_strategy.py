@@ -1,15 +1,5 @@
-"""`ParameterServerStrategy`: asynchronous training with variables on ps tasks.
-
-The process that makes the strategy is the coordinator (the "chief" job):
-it connects to the cluster's `worker` and `ps` tasks, which only run
-`tf.distribute.Server(...).join()`, through TensorFlow's gRPC runtime
-(`tf.config.experimental_connect_to_cluster`). Variables made in `scope()`
-go to the ps tasks in turn; with a `variable_partitioner` a variable it
-splits becomes a `ShardedVariable` whose shards go to successive ps tasks.
-Training steps are `tf.function`s that a `ClusterCoordinator` sends to idle
-workers; inside them `strategy.run` calls the step once (one replica per
-worker, on its CPU) and `strategy.reduce` returns its value.
-"""
+"""`ParameterServerStrategy`: a coordinator (this process) sends steps to
+workers, with variables on the ps tasks."""
 
 import logging
 import time
@@ -22,7 +12,6 @@ from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import input_lib
-from tf_distribute_lite import replica_context
 from tf_distribute_lite import variable_policy
 from tf_distribute_lite.cluster_resolver import cluster_resolver as cluster_resolver_lib
 
@@ -36,16 +25,11 @@ class ParameterServerStrategyV2(distribute_lib.Strategy,
   parameter servers.
 
   Args:
-    cluster_resolver: a cluster resolver whose cluster has at least one
-      "worker" and one "ps" task (and at most one "chief", this process).
+    cluster_resolver: a cluster with "worker" and "ps" tasks (and at most
+      one "chief", this process), whose servers are running.
     variable_partitioner: a `tf.distribute.experimental.partitioners`
-      partitioner deciding into how many shards each variable made in
-      `scope()` is split along its first axis; None: no variable is split.
+      partitioner splitting variables along their first axis, or None.
 
-  The cluster's tasks must be running. With servers in this process, as in
-  TensorFlow's tutorial:
-
-  >>> import portpicker  # doctest: +SKIP
   >>> cluster = tf.train.ClusterSpec({"worker": ["localhost:2223"],
   ...                                 "ps": ["localhost:2224"]})  # doctest: +SKIP
   >>> servers = [tf.distribute.Server(cluster, job, 0, start=True)
@@ -70,28 +54,24 @@ class ParameterServerStrategyV2(distribute_lib.Strategy,
         self, cluster_spec, variable_partitioner))
     self._cluster_resolver = cluster_resolver
     self._coordinator = None  # the ClusterCoordinator made for it
-    # Read by tf_keras: steps go through a ClusterCoordinator, and exact
-    # evaluation shards the data by the number of workers.
+    # Read by tf_keras (docs/client_private_names.md).
     self._should_use_with_coordinator = True
     self._num_workers = self._extended._num_workers  # pylint: disable=protected-access
 
   @property
   def _cluster_coordinator(self):
-    """This strategy's `ClusterCoordinator`, made on first use. TensorFlow's
-    `ClusterCoordinator(strategy)`, which tf_keras calls, returns what this
-    answers: tfd's coordinator."""
+    """This strategy's `ClusterCoordinator`, made on first use (TensorFlow's
+    `ClusterCoordinator(strategy)` returns it)."""
     if self._coordinator is None:
       cluster_coordinator.ClusterCoordinator(self)
     return self._coordinator
 
   def _reconnect(self):
-    """Connects this process to the cluster again: what the coordinator does
-    once a lost worker is back."""
+    """Connects to the cluster again (once a lost worker is back)."""
     _connect(self._extended._cluster_spec, self._cluster_resolver.rpc_layer or "grpc")  # pylint: disable=protected-access
 
 
 def _checked_cluster(cluster_resolver):
-  """The resolver's cluster, if it can serve parameter-server training."""
   cluster_spec = cluster_resolver.cluster_spec()
   if not cluster_spec.jobs:
     raise ValueError("Cluster spec must be non-empty in "
@@ -107,8 +87,7 @@ def _checked_cluster(cluster_resolver):
 
 def _wait_for_servers(cluster_spec):
   """Waits, at most `cluster_runtime.startup_timeout()` seconds, until every
-  worker and ps task's server answers; `tf.errors.DeadlineExceededError`
-  names those that do not."""
+  worker and ps task's server answers."""
   deadline = time.monotonic() + cluster_runtime.startup_timeout()
   missing = cluster_runtime.unanswered_tasks(cluster_spec, ("worker", "ps"), deadline)
   if missing:
@@ -122,9 +101,8 @@ def _wait_for_servers(cluster_spec):
 
 
 def _connect(cluster_spec, protocol):
-  """Connects this process, as the coordinator, to the cluster. Workers see
-  only the ps tasks and the coordinator, and ps tasks only the workers and
-  the coordinator, as in TensorFlow."""
+  """Connects this process, as the coordinator, to the cluster; workers and
+  ps tasks see each other and the coordinator only, as in TensorFlow."""
   filters = tf.config.experimental.ClusterDeviceFilters()
   for job, visible in (("worker", "/job:ps"), ("ps", "/job:worker")):
     for index in range(cluster_spec.num_tasks(job)):
@@ -147,22 +125,14 @@ class ParameterServerStrategyV2Extended(distribute_lib.StrategyExtendedV1):
     # Set by the ClusterCoordinator while it traces a function to schedule.
     self._being_scheduled = False
 
-  @property
-  def worker_devices(self):
-    """The device a step runs on, on whichever worker runs it."""
-    return ("/device:CPU:0",)
-
-  @property
-  def _num_replicas_in_sync(self):
-    return 1
+  # A step runs on the CPU of whichever worker runs it.
+  worker_devices = property(lambda self: ("/device:CPU:0",))
 
   # --- Replicas and input.
 
   def _call_for_each_replica(self, fn, args, kwargs):
     self._warn_unless_scheduled()
-    fn = _tf_bridge.autograph_convert(fn)
-    with replica_context.ReplicaContext(self._container_strategy(), 0):
-      return fn(*args, **kwargs)
+    return super()._call_for_each_replica(fn, args, kwargs)
 
   def _reduce_to(self, reduce_op, value, destinations, options):
     self._warn_unless_scheduled()
@@ -181,30 +151,21 @@ class ParameterServerStrategyV2Extended(distribute_lib.StrategyExtendedV1):
     input_lib.check_dataset(dataset)
     remade = cluster_coordinator.dataset_remaker(dataset)
     return DatasetFromFunction(
-        lambda _: remade(), self._input_context(),
+        lambda _: remade(), input_context_lib.InputContext(),
         "To use this dataset, you need to pass this dataset to "
         "ClusterCoordinator.create_per_worker_dataset.")
 
   def _distribute_datasets_from_function(self, dataset_fn, options, partial_steps=None):
     del options, partial_steps
-    return DatasetFromFunction(
-        dataset_fn, self._input_context(),
-        "You need to use this dataset in ClusterCoordinator.create_per_worker_dataset.")
-
-  def _input_context(self):
     # Each worker reads its own pipeline, as one of one (as in TensorFlow).
-    return input_context_lib.InputContext(
-        num_input_pipelines=1, input_pipeline_id=0,
-        num_replicas_in_sync=self._num_replicas_in_sync)
+    return DatasetFromFunction(
+        dataset_fn, input_context_lib.InputContext(),
+        "You need to use this dataset in ClusterCoordinator.create_per_worker_dataset.")
 
 
 class DatasetFromFunction(tf.distribute.DistributedDataset):
-  """The input of a step on a worker, made by `dataset_fn(input_context)`
-  there: what `experimental_distribute_dataset` and
-  `distribute_datasets_from_function` return under `ParameterServerStrategy`,
-  for `ClusterCoordinator.create_per_worker_dataset`. Made outside a
-  `tf.function`, it cannot be iterated on the coordinator (`ValueError`,
-  with `unbuilt_message`), as in TensorFlow.
+  """A worker's input, made there by `dataset_fn(input_context)`; made
+  outside a `tf.function`, iterating it raises `ValueError`, as in TensorFlow.
 
   >>> ds = DatasetFromFunction(lambda ctx: tf.data.Dataset.range(3),
   ...                          tf_distribute_lite.InputContext(), "unbuilt")
@@ -222,8 +183,7 @@ class DatasetFromFunction(tf.distribute.DistributedDataset):
     self._unbuilt_message = None if tf.inside_function() else unbuilt_message
 
   def build(self):
-    """The dataset, made where this is called (on a worker, in the
-    function the coordinator runs there)."""
+    """The dataset, made where this is called."""
     return self._dataset_fn(self._input_context)
 
   def __iter__(self):
@@ -231,9 +191,7 @@ class DatasetFromFunction(tf.distribute.DistributedDataset):
       raise ValueError(self._unbuilt_message)
     return iter(self.build())
 
-  @property
-  def element_spec(self):
-    return self.build().element_spec
+  element_spec = property(lambda self: self.build().element_spec)
 
   def reduce(self, initial_state, reduce_func):
     return self.build().reduce(initial_state, reduce_func)

@@ -1,8 +1,6 @@
-"""TF 1.x's `ParameterServerStrategy` (`tf.compat.v1.distribute.experimental`):
-between-graph training, each worker running its own graph, with variables
-placed on the ps tasks by `tf.compat.v1.train.replica_device_setter` and
-updated asynchronously. Without a cluster, `CentralStorageStrategy`.
-"""
+"""TF 1.x's `ParameterServerStrategy`: between-graph training, variables on
+the ps tasks (`replica_device_setter`), updated asynchronously. Without a
+cluster, `CentralStorageStrategy`."""
 
 import copy
 
@@ -15,7 +13,6 @@ from tf_distribute_lite import cross_device_ops as cross_device_ops_lib
 from tf_distribute_lite import device_util
 from tf_distribute_lite import executors
 from tf_distribute_lite import input_context as input_context_lib
-from tf_distribute_lite import input_lib
 from tf_distribute_lite import strategy_v1
 from tf_distribute_lite import variable_policy
 from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
@@ -25,15 +22,10 @@ from tf_distribute_lite.layout import Layout
 
 class ParameterServerStrategyV1(
     strategy_v1.StrategyV1, stands_for=tf.compat.v1.distribute.experimental.ParameterServerStrategy):
-  """Asynchronous training of TF1 graphs by workers, with variables on ps
-  tasks. Graphs only, as in TensorFlow (eagerly, `scope`, `run` and the
-  dataset methods raise `NotImplementedError`). TensorFlow 2.21's `run` and
-  dataset methods return None, these their result; an evaluator the cluster
-  does not list reads its own input (TF 2.21 raises `KeyError`).
-
-  Args:
-    cluster_resolver: the cluster (with a "ps" job) and this task; by
-      default a `TFConfigClusterResolver`. No cluster: this machine only.
+  """Asynchronous training of TF1 graphs, with variables on ps tasks (in
+  graphs only, as in TensorFlow). `cluster_resolver`: by default a
+  `TFConfigClusterResolver`. (TensorFlow 2.21's `run` and dataset methods
+  return None, and an evaluator the cluster does not list raises `KeyError`.)
 
   >>> cluster = tf.train.ClusterSpec({"worker": ["localhost:2222"],
   ...                                 "ps": ["localhost:2223", "localhost:2224"]})
@@ -44,8 +36,6 @@ class ParameterServerStrategyV1(
   ...   a, b = tf.Variable(1.0), tf.Variable(2.0)
   >>> a.device, b.device
   ('/job:ps/task:0', '/job:ps/task:1')
-  >>> strategy.extended.worker_devices
-  ['/job:worker/replica:0/task:0/device:CPU:0']
   """
 
   def __init__(self, cluster_resolver=None):
@@ -55,12 +45,10 @@ class ParameterServerStrategyV1(
     super().__init__(ParameterServerStrategyExtended(self, cluster_resolver))
 
   def scope(self):
-    """Makes this strategy current in a graph (variables to the ps tasks)."""
     _refuse_eager_execution()
     return super().scope()
 
   def run(self, fn, args=(), kwargs=None, options=None):
-    """Calls `fn` once per replica of this worker, in a graph."""
     _refuse_eager_execution()
     return super().run(fn, args, kwargs, options)
 
@@ -82,7 +70,7 @@ def _refuse_eager_execution():
 
 class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerStrategyExtended):
   """`strategy.extended` of `ParameterServerStrategyV1`: without a cluster,
-  `CentralStorageStrategy`'s; in one, one worker's.
+  `CentralStorageStrategy`'s.
 
   >>> strategy = ParameterServerStrategyV1(
   ...     tf_distribute_lite.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec({})))
@@ -102,8 +90,6 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
       self._configure_cluster(cluster_spec, cluster_resolver.task_type, cluster_resolver.task_id)
 
   def _configure_cluster(self, cluster_spec, task_type, task_id):
-    """Makes this the strategy of task `task_type`:`task_id` of
-    `cluster_spec`."""
     if not task_type or task_id is None:
       raise ValueError("When `cluster_spec` is given, you must also specify "
                        f"`task_type` and `task_id`; got task_type={task_type!r}, "
@@ -114,8 +100,7 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
                        f"{cluster_spec.as_dict()}.")
     cluster_runtime.validate_task(cluster_spec, task_type, task_id)
     task = f"/job:{task_type}/task:{task_id}"
-    # The compute devices and reductions `CentralStorageStrategy` has, on the
-    # task. Workers train asynchronously: the replicas in sync are its own.
+    # Central storage's parts, on the task; its own replicas are in sync.
     self._layout = Layout(
         cluster_runtime.replica_devices(task, self._num_gpus_per_worker),
         input_host=task, task_type=task_type, task_id=task_id,
@@ -150,14 +135,9 @@ class ParameterServerStrategyExtended(central_storage_strategy.ParameterServerSt
       updated.device_filters.append(self._default_device)
     return updated
 
-  # --- Input: this worker's own pipeline.
-
   def _distribute_datasets_from_function(self, dataset_fn, options, partial_steps=None):
     input_context_lib.refuse_per_replica(options)
-    return input_lib.distribute_datasets_from_function(
-        dataset_fn, self._devices, self._input_host, options,
-        input_context=self._input_context(),
-        partial_steps=self._partial_steps(partial_steps))
+    return super()._distribute_datasets_from_function(dataset_fn, options, partial_steps)
 
   def _input_context(self):
     """This worker's pipeline among those of every training task."""

@@ -1,5 +1,4 @@
-"""`PreemptionWatcher`: a termination notice of a task of the cluster,
-through its coordination service, and waiting until that task is gone."""
+"""`PreemptionWatcher`: a task's termination notice, from the coordination service."""
 
 import logging
 import threading
@@ -17,10 +16,9 @@ EXIT_TIMEOUT_SECONDS = 3 * cluster_runtime.HEARTBEAT_TIMEOUT_SECONDS
 
 
 class PreemptionWatcher(StandsFor, stands_for=tf.distribute.experimental.PreemptionWatcher):
-  """Watches the cluster, once joined, for a termination notice: a task that
-  gets SIGTERM (or a `PreemptionCheckpointHandler`'s notice) is then named
-  by `preemption_message`, such as "/job:worker/task:1" (TensorFlow 2.21's
-  stays None off Google's internal TPU platform). Without a cluster, None.
+  """Watches the joined cluster for a termination notice: `preemption_message`
+  then names the task, such as "/job:worker/task:1" (TensorFlow 2.21's
+  stays None off Google's TPU platform).
 
   >>> watcher = PreemptionWatcher()  # no cluster here
   >>> watcher.preemption_message is None
@@ -35,10 +33,8 @@ class PreemptionWatcher(StandsFor, stands_for=tf.distribute.experimental.Preempt
     threading.Thread(target=self._watch, name="PreemptionWatcher", daemon=True).start()
     self._checked.wait(2 * POLL_SECONDS)
 
-  @property
-  def preemption_message(self):
-    """The task a termination notice came to (a string), or None."""
-    return self._preemption_message
+  preemption_message = property(lambda self: self._preemption_message,
+                                doc="The task a termination notice came to, or None.")
 
   def _watch(self):
     try:
@@ -59,9 +55,8 @@ class PreemptionWatcher(StandsFor, stands_for=tf.distribute.experimental.Preempt
       self._checked.set()
 
   def block_until_worker_exit(self):
-    """After a notice, waits (at most `EXIT_TIMEOUT_SECONDS`, then
-    `tf.errors.DeadlineExceededError`) until the preempted task no longer
-    answers; else returns at once."""
+    """After a notice, waits (at most `EXIT_TIMEOUT_SECONDS`) until the
+    preempted task no longer answers."""
     if not self._has_service.is_set() or self._preemption_message is None:
       return
     job, _, index = self._preemption_message.strip("/").replace("job:", "").partition("/task:")

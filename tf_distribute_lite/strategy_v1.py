@@ -1,12 +1,6 @@
-"""The compat.v1 adapter: `tf.compat.v1.distribute`'s `Strategy`
-(`StrategyV1`, not a TF 2.x `Strategy`: `reduce`'s `axis` defaults to None,
-no `gather`), its strategies over the same parts as the TF 2.x ones (each
-a constructor of its TF 1.x signature), `ReplicaContext` and
-`get_loss_reduction`. The core never imports this module; the TF 1.x methods
-TensorFlow's TF 2.x strategies keep too (`configure`, `make_dataset_iterator`,
-`experimental_run_steps_on_iterator`, ...) are in the core.
-All work eagerly and in a TF 1.x graph run by a `tf.compat.v1.Session`.
-"""
+"""The compat.v1 adapter: `StrategyV1` (`reduce`'s `axis` defaults to None,
+no `gather`), the `compat.v1` strategies (TF 1.x constructors over the TF
+2.x strategies' parts), `ReplicaContextV1` and `get_loss_reduction`."""
 
 import tensorflow as tf
 
@@ -24,8 +18,7 @@ from tf_distribute_lite.reduce_util import ReduceOp
 
 class StrategyV1(distribute_lib.StrategyBase,
                  stands_for=tf.compat.v1.distribute.Strategy):
-  """The TF 1.x form of `Strategy` (`tf.compat.v1.distribute.Strategy`):
-  `reduce`'s `axis` defaults to None, and input comes from iterators too.
+  """`tf.compat.v1.distribute.Strategy`: `reduce`'s `axis` defaults to None.
 
   >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
   >>> iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(4).batch(4))
@@ -37,14 +30,13 @@ class StrategyV1(distribute_lib.StrategyBase,
     return super().reduce(reduce_op, value, axis)
 
   def experimental_make_numpy_dataset(self, numpy_input, session=None):
-    """A dataset of the slices of `numpy_input`, held on the input host."""
     return self._extended.experimental_make_numpy_dataset(numpy_input, session)
 
 
 class ReplicaContextV1(replica_context.ReplicaContextBase,
                        stands_for=tf.compat.v1.distribute.ReplicaContext):
-  """`tf.compat.v1.distribute.ReplicaContext` (no `all_gather`); strategies'
-  replica contexts are TF 2.x ones, as in TensorFlow.
+  """`tf.compat.v1.distribute.ReplicaContext` (no `all_gather`); strategies
+  use TF 2.x ones, as in TensorFlow.
 
   >>> isinstance(tf_distribute_lite.get_replica_context(), ReplicaContextV1)
   False
@@ -52,8 +44,7 @@ class ReplicaContextV1(replica_context.ReplicaContextBase,
 
 
 def get_loss_reduction():
-  """How a TF 1.x optimizer combines the replicas' gradients: `SUM` (the
-  loss is already scaled by the global batch size).
+  """How TF 1.x optimizers combine the replicas' gradients: always `SUM`.
 
   >>> get_loss_reduction()
   <ReduceOp.SUM: 'SUM'>
@@ -62,7 +53,7 @@ def get_loss_reduction():
 
 
 class MirroredStrategyV1(StrategyV1, stands_for=tf.compat.v1.distribute.MirroredStrategy):
-  """`MirroredStrategy` with the TF 1.x API (`tf.compat.v1.distribute`).
+  """`MirroredStrategy` with the TF 1.x API.
 
   >>> strategy = MirroredStrategyV1(["CPU:0", "CPU:1"])
   >>> strategy.reduce("MEAN", strategy.run(lambda: tf.constant(3.0)))
@@ -74,7 +65,7 @@ class MirroredStrategyV1(StrategyV1, stands_for=tf.compat.v1.distribute.Mirrored
 
 
 class OneDeviceStrategyV1(StrategyV1, stands_for=tf.compat.v1.distribute.OneDeviceStrategy):
-  """`OneDeviceStrategy` with the TF 1.x API (`tf.compat.v1.distribute`).
+  """`OneDeviceStrategy` with the TF 1.x API.
 
   >>> OneDeviceStrategyV1("/cpu:0").reduce("SUM", tf.constant(1.0))
   <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
@@ -86,8 +77,7 @@ class OneDeviceStrategyV1(StrategyV1, stands_for=tf.compat.v1.distribute.OneDevi
 
 class CentralStorageStrategyV1(
     StrategyV1, stands_for=tf.compat.v1.distribute.experimental.CentralStorageStrategy):
-  """`CentralStorageStrategy` with the TF 1.x API
-  (`tf.compat.v1.distribute.experimental.CentralStorageStrategy`).
+  """`CentralStorageStrategy` with the TF 1.x API.
 
   >>> strategy = CentralStorageStrategyV1(["CPU:0", "CPU:1"])
   >>> strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.0)))
@@ -101,8 +91,7 @@ class CentralStorageStrategyV1(
 
 class CollectiveAllReduceStrategyV1(
     StrategyV1, stands_for=tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy):
-  """`MultiWorkerMirroredStrategy` with the TF 1.x API
-  (`tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy`).
+  """`MultiWorkerMirroredStrategy` with the TF 1.x API.
 
   >>> strategy = CollectiveAllReduceStrategyV1()
   >>> strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.0)))
@@ -117,8 +106,7 @@ class CollectiveAllReduceStrategyV1(
 
 class TPUStrategyV1(tpu_strategy.TPUMethods, StrategyV1,
                     stands_for=tf.compat.v1.distribute.experimental.TPUStrategy):
-  """`TPUStrategy` with the TF 1.x API
-  (`tf.compat.v1.distribute.experimental.TPUStrategy`).
+  """`TPUStrategy` with the TF 1.x API.
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> TPUStrategyV1(resolver, steps_per_run=5).steps_per_run
@@ -130,7 +118,5 @@ class TPUStrategyV1(tpu_strategy.TPUMethods, StrategyV1,
     super().__init__(tpu_strategy.TPUExtended(self, tpu_cluster_resolver, steps_per_run,
                                               device_assignment, False))
 
-  @property
-  def steps_per_run(self):
-    """Steps each host loop runs."""
-    return self._extended.steps_per_run
+  steps_per_run = property(lambda self: self._extended.steps_per_run,
+                           doc="Steps each host loop runs.")

@@ -1,5 +1,4 @@
-"""`TerminationConfig`: how a `PreemptionCheckpointHandler` learns of a
-termination, saves and exits, with each platform's defaults."""
+"""`TerminationConfig` and each platform's defaults."""
 
 import dataclasses
 import numbers
@@ -16,18 +15,13 @@ class TerminationConfig(StandsFor, stands_for=tf.distribute.experimental.Termina
   """Customizes `PreemptionCheckpointHandler` for a platform.
 
   Args:
-    termination_watcher_fn: called about once a second, True once a notice
-      has come; by default SIGTERM (a Google Cloud GPU VM's maintenance notice).
-    exit_fn: called after saving; by default `sys.exit(42)` (143 on Google Cloud).
-    grace_period: seconds from notice to termination; if positive the handler
-      saves at once, trains on, and saves and exits just before it ends.
-      By default 0 (3600 on a Google Cloud GPU VM).
-    save_fn: called with `save_checkpoint_if_preempted`'s arguments
-      instead of the handler's own save.
+    termination_watcher_fn: polled each second, True after a notice; by
+      default SIGTERM (a Google Cloud GPU VM's maintenance notice).
+    exit_fn: by default `sys.exit(42)` (143 on Google Cloud).
+    grace_period: seconds from notice to termination (by default 0; 3600 on
+      a Google Cloud GPU VM); if positive, the handler saves twice.
+    save_fn: replaces the handler's own save.
 
-  >>> config = TerminationConfig(grace_period=30)
-  >>> config.grace_period, config.exit_fn
-  (30, None)
   >>> TerminationConfig(grace_period=-1)
   Traceback (most recent call last):
   ...
@@ -54,8 +48,7 @@ class TerminationConfig(StandsFor, stands_for=tf.distribute.experimental.Termina
 
 @dataclasses.dataclass(frozen=True)
 class Termination:
-  """A `TerminationConfig` completed for a platform (`watcher_fn` None:
-  SIGTERM)."""
+  """A `TerminationConfig` completed (`watcher_fn` None: SIGTERM)."""
   watcher_fn: Optional[Callable[[], bool]]
   exit_fn: Callable[[], None]
   grace_period: float
@@ -63,18 +56,15 @@ class Termination:
 
 
 def exit_for_restart():
-  """Exits with TensorFlow's restart code off Google Cloud."""
   sys.exit(gce_metadata.RESTART_EXIT_CODE)
 
 
 def exit_for_restart_on_google_cloud():
-  """Exits with TensorFlow's restart code on Google Cloud."""
   sys.exit(gce_metadata.GCE_RESTART_EXIT_CODE)
 
 
 def complete(config, platform):
-  """`config` (or None) completed with `platform`'s defaults; on a Google
-  Cloud VM without GPUs (where TensorFlow's handler is off), SIGTERM.
+  """`config` (or None) completed with `platform`'s defaults.
 
   >>> done = complete(None, gce_metadata.Platform.OTHER)
   >>> done.watcher_fn, done.exit_fn.__name__, done.grace_period

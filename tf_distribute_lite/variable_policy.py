@@ -1,6 +1,4 @@
-"""Variable policies: how a strategy makes, places and updates variables
-(`extended._variables`, to which `extended` delegates variable creation,
-updates and parameter devices)."""
+"""Variable policies: how a strategy makes, places and updates variables."""
 
 import contextlib
 import weakref
@@ -30,7 +28,6 @@ class VariablePolicy:
     return (self._device,)
 
   def non_slot_devices(self, var_list):
-    """Where variables of no other go (an optimizer's step)."""
     del var_list
     return self.parameter_devices
 
@@ -40,12 +37,10 @@ class VariablePolicy:
       return next_creator(**kwargs)
 
   def update(self, var, fn, args, kwargs, group):
-    """`extended.update`, in the cross-replica context."""
     return self.update_non_slot(var, fn, (var, *args), kwargs, group)
 
   def update_non_slot(self, colocate_with, fn, args, kwargs, group):
-    """`fn` once, in TensorFlow's update context; ungrouped, each value as
-    a tuple, as in TensorFlow."""
+    """`fn` once, in TensorFlow's update context (ungrouped: in tuples)."""
     with _on(self._update_device(colocate_with)), contexts.UpdateContext(0):
       result = fn(*args, **kwargs)
     return result if group else _ungrouped(result)
@@ -55,7 +50,6 @@ class VariablePolicy:
     return self._device
 
   def replica_local_variable(self, variable):
-    """What a replica uses for distributed `variable`, if not a component."""
     del variable
     return None
 
@@ -70,8 +64,7 @@ def _ungrouped(result):
 
 class MirroredPolicy(VariablePolicy):
   """A component per replica device, in a `MirroredVariable` or (ON_READ)
-  `SyncOnReadVariable`. `initial_value`, if given, maps an initial value
-  and dtype to the components' (`MultiWorkerMirroredStrategy`: the chief's)."""
+  `SyncOnReadVariable`; `initial_value(value, dtype)` may give the chief's."""
 
   def __init__(self, strategy, initial_value=None):
     super().__init__(strategy)
@@ -129,9 +122,8 @@ class MirroredPolicy(VariablePolicy):
 
 
 def _update_each(devices, fn, leading_args, args, kwargs, group):
-  """Each device's update in its replica's update context (in a graph, in
-  name scope `update_<i>`, as TensorFlow's helpers expect); with `group`,
-  one value that runs them all."""
+  """Each device's update in its replica's update context (and in a graph,
+  name scope `update_<i>`, as TensorFlow's); `group`ed into one value."""
   results = []
   in_graph = not tf.executing_eagerly()
   for i, device in enumerate(devices):
@@ -159,8 +151,7 @@ def _update_each(devices, fn, leading_args, args, kwargs, group):
 
 
 def _collect_instead(components, variable):
-  """Puts `variable` in place of its components in a TF1 graph's
-  collections."""
+  """Puts `variable` in place of its components in the graph's collections."""
   graph = tf.compat.v1.get_default_graph()
   for key in graph.get_all_collection_keys():
     collection = graph.get_collection_ref(key)
@@ -172,8 +163,7 @@ def _collect_instead(components, variable):
 
 
 def _copy_of(primary):
-  """The initial value of components i > 0: the primary's value, read once
-  per graph; in a TF1 graph, its initial value tensor."""
+  """The other components' initial value: the primary's, read once per graph."""
   if not tf.executing_eagerly() and not tf.compat.v1.get_default_graph().building_function:
     return primary.initial_value
   reads = {}
@@ -208,8 +198,7 @@ class TPUPolicy(MirroredPolicy):
 
 class CentralStoragePolicy(VariablePolicy):
   """Each variable once, on `device` (or a device function; by default the
-  only replica device, or the CPU), an `AggregatingVariable` for several
-  replicas."""
+  only replica device, else the CPU), for several replicas aggregating."""
 
   def __init__(self, strategy, device=None, parameter_devices=None):
     super().__init__(strategy)
@@ -241,8 +230,8 @@ class CentralStoragePolicy(VariablePolicy):
 
   @contextlib.contextmanager
   def _placement(self, colocate_with):
-    """Next to `colocate_with`, else on the variable device, ignoring the
-    caller's colocation, as TensorFlow does."""
+    """Next to `colocate_with`, else on the variable device (ignoring the
+    caller's colocation, as TensorFlow does)."""
     if colocate_with is not None:
       with tf.device(colocate_with.device):
         yield
@@ -263,9 +252,8 @@ class CentralStoragePolicy(VariablePolicy):
 
 
 class ParameterServerPolicy(VariablePolicy):
-  """Variables (or `partitioner`'s shards, as a `ShardedVariable`) on the
-  `num_ps` ps tasks in turn. A slot goes with its variable, that of a
-  `ShardedVariable` to `coordinator_device`, as in TensorFlow."""
+  """Variables (or a `ShardedVariable`'s shards) on the ps tasks in turn; a
+  slot with its variable (a sharded one's on `coordinator_device`)."""
 
   def __init__(self, strategy, num_ps, partitioner, coordinator_device):
     super().__init__(strategy)
