@@ -5,11 +5,11 @@ the slice has cores, in one process.
 
     python benchmarks/tpu_emulation.py [--repeats N] [--quick] [--pods]
 
-By default the slice is a v3-8 (one host, 8 cores, in the benchmark's
+By default the slice is a v3-8 (one host, 8 cores, emulated in the worker's
 process). `--pods` measures how the step's cost grows with hosts instead:
 v4-8 (1 host, 4 cores), v4-16 (2 hosts, 8 cores), v4-32 (4 hosts, 16
 cores) and v3-32 (4 hosts, 32 cores); a multi-host slice's hosts are local
-processes and the benchmark's process is their client. Each repeat runs each
+processes and the worker's process is their client. Each repeat runs each
 (slice, strategy) in a fresh process, taking turns. The step is the
 benchmarks' MLP step (784-256-10, SGD, global batch 256, gradients
 all-reduced, the loss fetched); cells are median ms per step across repeats,
