@@ -12,8 +12,7 @@ from tf_distribute_lite.tf_classes import StandsFor
 
 
 def _collective_results(xs, merged, gradient):
-  """`merged`, a collective's results over `xs`, with gradient `gradient(dys)`
-  (not through the merge); a result that is its input comes back as a copy."""
+  """`merged`, a collective's results over `xs`, with gradient `gradient(dys)`."""
   ys = [tf.identity(y) if y is x else y for x, y in zip(xs, merged)]
   if tf.executing_eagerly() and not _tf_bridge.gradient_tape_active():
     return ys
@@ -140,9 +139,8 @@ class ReplicaContext(ReplicaContextBase, stands_for=tf.distribute.ReplicaContext
   """
 
   def all_gather(self, value, axis, options=None):
-    """Concatenates every replica's `value` (a nest of tensors) along `axis`;
-    a value shared by every replica comes back as it is. (TF 2.21 fails on
-    gradients of shared values or of several ranks gathered at once.)"""
+    """Concatenates every replica's `value` (a nest of tensors) along `axis`. (TF
+    2.21 fails on gradients of shared values or of several ranks at once.)"""
     refuse_indexed_slices(value, "all_gather")
     flat = tf.nest.flatten(value)
     if self.num_replicas_in_sync == 1:

@@ -1,10 +1,6 @@
-"""`ShardedVariable`: one variable kept as shards along its first axis.
-
-It reads as its shards concatenated; `tf.nn.embedding_lookup` gathers from
-the shards; a checkpoint stores it as one whole variable, so it restores
-into any number of shards. `shard_arguments` makes the shards' creation
-arguments for `ParameterServerStrategy`'s `variable_partitioner`.
-"""
+"""`ShardedVariable`: one variable kept as shards along its first axis, saved as
+one whole variable (restored into any number of shards); `shard_arguments`
+splits a variable for `ParameterServerStrategy`'s `variable_partitioner`."""
 
 import itertools
 
@@ -29,8 +25,7 @@ def shard_sizes(length, num_shards):
 
 
 def shard_arguments(kwargs, partitioner):
-  """Each shard's creation arguments for the variable `kwargs` describe, as
-  `partitioner` splits it; None where it stays whole."""
+  """Each shard's creation arguments, as `partitioner` splits `kwargs`' variable."""
   if partitioner is None:
     return None
   initial_value, shape, dtype = (kwargs.get(key) for key in ("initial_value", "shape", "dtype"))

@@ -223,8 +223,7 @@ def _sequence_like(sequence, items):
 
 
 def is_split(value):
-  """Whether each replica sees its own component of `value`: as in
-  TensorFlow, any `tf.distribute.DistributedValues` but a variable."""
+  """Whether each replica sees its own component of `value` (not a variable)."""
   split = getattr(type(value), "_splits_per_replica", None)
   if split is None:
     return (isinstance(value, tf.distribute.DistributedValues) and
