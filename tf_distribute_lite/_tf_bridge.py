@@ -193,7 +193,6 @@ def update_context(replica_id):
 
 
 def update_replica_id():
-  """The replica an enclosing `update_context` updates, or None."""
   return _tf_distribute_lib.get_update_replica_id()
 
 
@@ -243,7 +242,6 @@ def control_flow_context():
 
 
 def is_function_graph(graph):
-  """Whether `graph` is a traced function's (or control-flow branch's)."""
   return isinstance(graph, tf.__internal__.FuncGraph)
 
 
@@ -304,7 +302,6 @@ class ThreadState:
 
 
 def eager_device_name():
-  """The device named by the innermost eager `tf.device` scope, or ""."""
   return _context.context().device_name or ""
 
 
@@ -326,7 +323,6 @@ def clone_function(function, python_function):
 
 
 def is_jit_compiled(function):
-  """Whether `tf.function` `function` was made with `jit_compile=True`."""
   return bool(function.function_spec.jit_compile)
 
 
@@ -366,7 +362,6 @@ def add_error_note(error, note):
 
 
 def gradient_tape_active():
-  """Whether any `tf.GradientTape` is recording on this thread."""
   return _record.could_possibly_record()
 
 
@@ -469,7 +464,6 @@ def variable_key(variable, name):
 
 
 def variable_strategy(variable):
-  """The strategy `variable` was created under, or None."""
   return getattr(variable, "_distribute_strategy", None)
 
 
@@ -522,7 +516,6 @@ TENSORFLOW_SHARDED_VARIABLE = tf.__internal__.distribute.ShardedVariable
 
 
 def in_save_context():
-  """Whether a `tf.saved_model.save` is in progress."""
   return _save_context.in_save_context()
 
 

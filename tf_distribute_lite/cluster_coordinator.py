@@ -29,8 +29,7 @@ _WORKER_ERROR_TYPES = (tf.errors.UnavailableError, tf.errors.AbortedError,
 
 
 class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.ClusterCoordinator):
-  """Schedules `tf.function`s on the workers of a `ParameterServerStrategy`
-  (one per strategy: making another returns the first).
+  """Schedules `tf.function`s on the workers of a `ParameterServerStrategy`.
 
   >>> ClusterCoordinator(tf_distribute_lite.OneDeviceStrategy("/cpu:0"))
   Traceback (most recent call last):

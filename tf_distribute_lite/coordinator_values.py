@@ -150,8 +150,7 @@ class _WorkerResource:
 
 
 class PerWorkerDataset:
-  """A dataset on every worker; `iter()` gives a `PerWorkerIterator`. A bad
-  `dataset_fn` raises `ValueError` at once (TF 2.21: at `iter()`)."""
+  """A dataset on every worker. A bad `dataset_fn` fails at once (TF: at `iter()`)."""
 
   def __init__(self, coordinator, dataset_fn):
     self._coordinator = coordinator

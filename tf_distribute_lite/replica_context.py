@@ -88,8 +88,7 @@ class ReplicaContextBase(StandsFor):
                        f"{entry.strategy} is not {self._strategy}.")
 
   def merge_call(self, merge_fn, args=(), kwargs=None):
-    """Runs `merge_fn(strategy, *args, **kwargs)` once all replicas call it,
-    cross-replica, on their grouped arguments; each gets its part back."""
+    """Runs `merge_fn(strategy, *args, **kwargs)` once all replicas call it."""
     self._require_current()
     kwargs = {} if kwargs is None else kwargs
     merge_fn = _tf_bridge.autograph_convert(merge_fn)
@@ -99,8 +98,7 @@ class ReplicaContextBase(StandsFor):
       return merge_fn(self._strategy, *args, **kwargs)
 
   def all_reduce(self, reduce_op, value, options=None):
-    """Reduces `value` (a nest of tensors) across replicas. A value that is
-    one object in every replica is in sync: SUM and MEAN give it back.
+    """Reduces `value` (a nest of tensors) across replicas (a shared one is in sync).
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> shared = tf.constant(5.0)

@@ -196,7 +196,6 @@ class ReplicaRunner:
     return results
 
   def call_replica(self, replica_id):
-    """Runs `fn` as replica `replica_id` on the current thread."""
     args, kwargs = self._inputs[replica_id]
     replica_context = self._make_replica_context(replica_id, self)
     self._running.replica_id = replica_id
@@ -379,7 +378,6 @@ class ReplicaRunner:
     return False
 
   def note_replica_local(self, tensor):
-    """Notes that `tensor` holds a value of its replica's own."""
     self._replica_local.add(tensor.ref())
 
   @contextlib.contextmanager

@@ -83,8 +83,7 @@ def _shard_initial_value(initial_value, shape, offset, size):
 class ShardedVariable(distributed_variables.SavedAsOneVariable, _tf_bridge.Trackable,
                       _tf_bridge.CompositeTensor,
                       StandsFor, stands_for=_tf_bridge.TENSORFLOW_SHARDED_VARIABLE):
-  """A variable stored as `variables` (of one dtype, same shapes but for the
-  first axis), shards along its first axis; TensorFlow's to `isinstance`.
+  """A variable stored as `variables`, shards along its first axis.
 
   >>> v = ShardedVariable([tf.Variable([[1.0], [2.0]]), tf.Variable([[3.0]])])
   >>> v.shape, [s.shape.as_list() for s in v.variables]
@@ -279,7 +278,6 @@ values_lib.forward_operators(ShardedVariable, tf.Tensor.OVERLOADABLE_OPERATORS -
 
 
 def _starts(variables):
-  """Where each of `variables` starts along the first axis, then the end."""
   return [0] + list(itertools.accumulate(v.shape[0] for v in variables))
 
 
