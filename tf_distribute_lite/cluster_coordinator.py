@@ -18,7 +18,6 @@ from tf_distribute_lite.tf_classes import StandsFor
 
 COORDINATOR_JOB = "chief"
 COORDINATOR_CPU = f"/job:{COORDINATOR_JOB}/replica:0/task:0/device:CPU:0"
-dataset_remaker = auto_shard.dataset_remaker  # as `parameter_server_strategy` reads it
 WORKER_RECOVERY_SECONDS = 600.0
 _POLL_SECONDS = 0.25
 _LOG = logging.getLogger("tensorflow")
