@@ -1,10 +1,6 @@
-"""The package's only contact with TensorFlow's private names.
-
-`_REQUIRED` and `_OPTIONAL` list every one; importing the package checks
-them: a missing required name refuses the release, a missing optional one
-makes its feature's operations raise ImportError. Each has a contract test
-in `tests/test_tf_bridge.py`. The package is exempt from AutoGraph.
-"""
+"""The package's only contact with TensorFlow's private names, all listed in
+`_REQUIRED` and `_OPTIONAL` (checked at import; each has a contract test in
+`tests/test_tf_bridge.py`). The package is exempt from AutoGraph."""
 
 import functools
 import importlib
@@ -88,8 +84,8 @@ def _names_in_code(member, name):
 
 
 def has_name(module, path):
-  """Whether `module` has `path`: attributes "A.b"; "A()._b", an attribute
-  class `A`'s methods set; "f(NAME)", a function whose code uses `NAME`."""
+  """Whether `module` has `path`: "A.b"; "A()._b", set by `A`'s methods;
+  "f(NAME)", a function whose code uses `NAME`."""
   try:
     found = importlib.import_module(module)
   except ImportError:
@@ -192,13 +188,11 @@ def register_type_spec(name):
 
 
 def update_context(replica_id):
-  """A context manager: inside it, updates go to replica `replica_id`'s
-  components (TensorFlow's state, which `assign_moving_average` reads)."""
+  """Inside it, updates go to replica `replica_id`'s components (TF's state)."""
   return _tf_distribute_lib.UpdateContext(replica_id)
 
 
 def update_replica_id():
-  """The replica an enclosing `update_context` updates, or None."""
   return _tf_distribute_lib.get_update_replica_id()
 
 
@@ -219,8 +213,7 @@ def _set_creator_stack(graph, stack):
 
 
 class VariableCreatorScope:
-  """`tf.variable_creator_scope(creator)` on the default graph, without its
-  generator context managers (as costly as the rest of an eager `run`)."""
+  """`tf.variable_creator_scope(creator)`, without its costly generator scopes."""
 
   _PRIORITY = 100
 
@@ -249,7 +242,6 @@ def control_flow_context():
 
 
 def is_function_graph(graph):
-  """Whether `graph` is a traced function's (or control-flow branch's)."""
   return isinstance(graph, tf.__internal__.FuncGraph)
 
 
@@ -283,8 +275,8 @@ class RecordSummariesIf:
 
 
 class ThreadState:
-  """A context manager giving the current thread the variable creators and
-  `tf.summary` state of the thread that made it (several threads at once)."""
+  """Gives the current thread the variable creators and `tf.summary` state of
+  the thread that made it (several threads at once)."""
 
   def __init__(self):
     self._state = self._read()
@@ -310,7 +302,6 @@ class ThreadState:
 
 
 def eager_device_name():
-  """The device named by the innermost eager `tf.device` scope, or ""."""
   return _context.context().device_name or ""
 
 
@@ -332,7 +323,6 @@ def clone_function(function, python_function):
 
 
 def is_jit_compiled(function):
-  """Whether `tf.function` `function` was made with `jit_compile=True`."""
   return bool(function.function_spec.jit_compile)
 
 
@@ -345,8 +335,7 @@ def autograph_convert(fn):
 
 
 class TraceMapperGuard:
-  """Restores this thread's stack-trace mappers if replica code fails:
-  AutoGraph may leave an entry there that breaks later conversions."""
+  """Restores this thread's stack-trace mappers (AutoGraph's) if code fails."""
 
   def __init__(self):
     key = threading.get_ident()
@@ -373,7 +362,6 @@ def add_error_note(error, note):
 
 
 def gradient_tape_active():
-  """Whether any `tf.GradientTape` is recording on this thread."""
   return _record.could_possibly_record()
 
 
@@ -403,8 +391,7 @@ def enable_collective_ops(server_def):
 
 
 def remote_ops_run_synchronously():
-  """Makes remote ops run one request at a time, so an error reaches the
-  call that caused it (environment variables TensorFlow's runtime reads)."""
+  """Makes remote ops run one at a time, so an error reaches its own call."""
   _require("cluster runtime")
   os.environ["TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"] = "False"
   os.environ["TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY"] = "True"
@@ -420,8 +407,7 @@ def parse_topology_proto(serialized):
 
 
 def xla_sharding_annotation(tensor, kind, detail):
-  """`tensor` behind an XLA sharding op: "maximal" (on device `detail`),
-  "tiled" (`detail` pieces per dimension) or "replicated"."""
+  """`tensor` sharded "maximal" (on device `detail`), "tiled" or "replicated"."""
   _require("XLA sharding ops")
   from tensorflow.python.compiler.xla.experimental import xla_sharding  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -478,7 +464,6 @@ def variable_key(variable, name):
 
 
 def variable_strategy(variable):
-  """The strategy `variable` was created under, or None."""
   return getattr(variable, "_distribute_strategy", None)
 
 
@@ -505,7 +490,7 @@ def replace_capture(concrete_function, value, placeholder):
 
 
 def _container_holder(component):
-    return component.handle if isinstance(component, CompositeTensor) else component
+  return component.handle if isinstance(component, CompositeTensor) else component
 
 
 def set_distributed_container(component, container):
@@ -531,7 +516,6 @@ TENSORFLOW_SHARDED_VARIABLE = tf.__internal__.distribute.ShardedVariable
 
 
 def in_save_context():
-  """Whether a `tf.saved_model.save` is in progress."""
   return _save_context.in_save_context()
 
 

@@ -1,5 +1,5 @@
-"""Sharding one dataset across input workers with tf.data's
-`AutoShardDataset`, as the dataset's `auto_shard_policy` says."""
+"""Sharding one dataset across input workers with tf.data's `AutoShardDataset`,
+and remaking a dataset elsewhere from its graph."""
 
 import tensorflow as tf
 
@@ -28,9 +28,8 @@ def auto_shard(dataset, num_workers, worker_index, num_replicas_in_sync):
 
 
 def worker_share(dataset, num_workers, worker_index, num_replicas_in_sync):
-  """The pieces of `dataset` (batched globally) worker `worker_index` feeds
-  its replicas, as TensorFlow cuts them: each global batch in one piece per
-  replica of the cluster, sizes differing by at most one, then auto-sharded.
+  """The pieces of `dataset` (batched globally) worker `worker_index` feeds its
+  replicas: each global batch cut as TensorFlow does, then auto-sharded.
 
   >>> dataset = tf.data.Dataset.range(16).batch(8)
   >>> [x.numpy().tolist() for x in worker_share(dataset, 2, 1, 2)]
@@ -63,21 +62,32 @@ def worker_share(dataset, num_workers, worker_index, num_replicas_in_sync):
                     worker_index, num_replicas_in_sync)
 
 
-def rebuilt_on(device, dataset):
-  """`dataset` rebuilt on `device` (another host's) from its serialized
-  graph, as tf.data replicates a pipeline; its external state (a generator,
-  a resource) is dropped with a warning, as in TensorFlow."""
+def dataset_remaker(dataset):
+  """A function remaking `dataset` from its graph (e.g. on a worker); external
+  state (a generator, a resource) is dropped with a warning, as in TensorFlow.
+
+  >>> remake = dataset_remaker(tf.data.Dataset.range(3).map(lambda x: 2 * x))
+  >>> [int(x) for x in remake()]
+  [0, 2, 4]
+  """
   graph = tf.raw_ops.DatasetToGraphV2(
       input_dataset=tf.data.experimental.to_variant(dataset), strip_device_assignment=True,
       external_state_policy=int(tf.data.experimental.ExternalStatePolicy.WARN.value))
+  element_spec = dataset.element_spec
+  return lambda: tf.data.experimental.from_variant(
+      tf.raw_ops.DatasetFromGraph(graph_def=graph), element_spec)
+
+
+def rebuilt_on(device, dataset):
+  """`dataset` rebuilt on `device` (another host's) from its graph."""
+  remake = dataset_remaker(dataset)
   with tf.device(device):
-    variant = tf.raw_ops.DatasetFromGraph(graph_def=graph)
-    return tf.data.experimental.from_variant(variant, dataset.element_spec)
+    return remake()
 
 
 def piece_sizes(global_batch_size, num_workers, replicas_per_worker, worker_index):
-  """The sizes worker `worker_index` cuts each global batch into, the larger
-  first, rotated so that the workers' pieces add up to the global batch.
+  """The sizes worker `worker_index` cuts each global batch into (the workers'
+  pieces add up to the global batch).
 
   >>> piece_sizes(7, num_workers=2, replicas_per_worker=2, worker_index=1)
   [2, 1, 2, 2]

@@ -1,15 +1,7 @@
-"""HTTP GETs of the GCE metadata server and the Cloud TPU API (standard
-library only), each try with a timeout, retried with backoff.
-
-Environment settings, read at each call: `GCE_METADATA_HOST`, else
-`GCE_METADATA_IP` (the metadata server, as Google's libraries read it);
-`TF_DISTRIBUTE_LITE_HTTP_TIMEOUT` (seconds per try, default 5);
-`TF_DISTRIBUTE_LITE_HTTP_RETRIES` (retries of a server error or timeout,
-default 2, waits doubling from 0.2 s); `TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT`
-(the Cloud TPU API's root URL); `TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS` (how
-long a READY TPU node's addresses are reused, default 10; 0 asks at every
-call, as TensorFlow does); `TPU_API_DISCOVERY_URL` (as in TensorFlow).
-"""
+"""HTTP GETs of the GCE metadata server and the Cloud TPU API (standard library
+only), each try with a timeout, retried with backoff. Settings, read at each
+call: the `*_VARIABLE` environment variables below and `GCE_METADATA_HOST`
+(else `GCE_METADATA_IP`), as Google's libraries read them."""
 
 import json
 import os
@@ -51,10 +43,9 @@ def metadata_root():
 
 
 def tpu_api_root(discovery_url=None):
-  """The Cloud TPU API's root URL: `$TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT`,
-  else the `rootUrl` of the discovery document at `$TPU_API_DISCOVERY_URL`
-  or `discovery_url` (a URL, or a template with `{api}` and `{apiVersion}`
-  as for Google's API client), else Google's."""
+  """The Cloud TPU API's root URL: `$TF_DISTRIBUTE_LITE_TPU_API_ENDPOINT`, else
+  the `rootUrl` of the discovery document at `$TPU_API_DISCOVERY_URL` or
+  `discovery_url` (may have `{api}` and `{apiVersion}`), else Google's."""
   if os.environ.get(ENDPOINT_VARIABLE):
     return os.environ[ENDPOINT_VARIABLE].rstrip("/")
   discovery_url = os.environ.get(DISCOVERY_VARIABLE) or discovery_url
@@ -66,10 +57,8 @@ def tpu_api_root(discovery_url=None):
 
 
 def get(url, headers=None, timeout=None, retries=None):
-  """The body of a GET of `url` as text; `timeout` (seconds per try) and
-  `retries` override the settings. Server errors (5xx), timeouts and dropped
-  connections are retried; then, or for other errors, `HTTPError`, `URLError`
-  (unreachable host) or `TimeoutError` names the URL."""
+  """The body of a GET of `url` as text. Server errors (5xx), timeouts and dropped
+  connections are retried (waits doubling from 0.2 s); errors name the URL."""
   if timeout is None:
     timeout = _setting(TIMEOUT_VARIABLE, 5.0, float)
   if retries is None:
@@ -98,8 +87,7 @@ def get(url, headers=None, timeout=None, retries=None):
 
 
 def get_json(url, headers=None):
-  """`get(url)` parsed as JSON; a body that is not JSON raises `ValueError`
-  quoting its start."""
+  """`get(url)` parsed as JSON (else `ValueError` quoting the body)."""
   text = get(url, headers)
   try:
     return json.loads(text)

@@ -1,7 +1,5 @@
-"""`ClusterCoordinator`: a dispatch thread per worker runs queued functions.
-A lost worker requeues its function and, once back (within
-`WORKER_RECOVERY_SECONDS`), rebuilds its resources; any other error is the
-function's, raised once by `join()`, `done()` or `schedule()`."""
+"""`ClusterCoordinator`: a dispatch thread per worker runs queued functions; a
+lost worker requeues its function and rebuilds its resources once back."""
 
 import collections.abc
 import contextlib
@@ -13,14 +11,13 @@ import weakref
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import auto_shard
 from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import coordinator_values
 from tf_distribute_lite.tf_classes import StandsFor
 
 COORDINATOR_JOB = "chief"
 COORDINATOR_CPU = f"/job:{COORDINATOR_JOB}/replica:0/task:0/device:CPU:0"
-# Stateful ops in a dataset copied to workers: copied with a warning, as in TF.
-_WARN_ON_EXTERNAL_STATE = 0
 WORKER_RECOVERY_SECONDS = 600.0
 _POLL_SECONDS = 0.25
 _LOG = logging.getLogger("tensorflow")
@@ -31,8 +28,7 @@ _WORKER_ERROR_TYPES = (tf.errors.UnavailableError, tf.errors.AbortedError,
 
 
 class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.ClusterCoordinator):
-  """Schedules `tf.function`s on the workers of a `ParameterServerStrategy`
-  (one per strategy: making another returns the first).
+  """Schedules `tf.function`s on the workers of a `ParameterServerStrategy`.
 
   >>> ClusterCoordinator(tf_distribute_lite.OneDeviceStrategy("/cpu:0"))
   Traceback (most recent call last):
@@ -125,7 +121,7 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
   def create_per_worker_dataset(self, dataset_fn):
     """A dataset on each worker, from `dataset_fn()` or a `tf.data.Dataset`."""
     if isinstance(dataset_fn, tf.data.Dataset):
-      dataset_fn = dataset_remaker(dataset_fn)
+      dataset_fn = auto_shard.dataset_remaker(dataset_fn)
     return coordinator_values.PerWorkerDataset(self, dataset_fn)
 
   def _per_worker_resource(self, index, create):
@@ -157,19 +153,6 @@ class ClusterCoordinator(StandsFor, stands_for=tf.distribute.coordinator.Cluster
         resource.rebuild()
 
 
-def dataset_remaker(dataset):
-  """A function remaking `dataset` from its graph, e.g. on a worker.
-
-  >>> remake = dataset_remaker(tf.data.Dataset.range(3).map(lambda x: 2 * x))
-  >>> [int(x) for x in remake()]
-  [0, 2, 4]
-  """
-  graph_def = tf.raw_ops.DatasetToGraphV2(
-      input_dataset=tf.data.experimental.to_variant(dataset),
-      external_state_policy=_WARN_ON_EXTERNAL_STATE, strip_device_assignment=True)
-  element_spec = dataset.element_spec
-  return lambda: tf.data.experimental.from_variant(
-      tf.raw_ops.DatasetFromGraph(graph_def=graph_def), element_spec)
 
 
 def _spec_for_tracing(value):
@@ -203,8 +186,7 @@ class _Closure:
           lambda x: tf.identity(x) if isinstance(x, tf.Tensor) else x, outputs)
 
   def set_value(self, copies, outputs):
-    """Sets the `RemoteValue`, if held, keeping the worker's `outputs` alive
-    (releasing them here would cost an RPC)."""
+    """Sets the `RemoteValue`, if held, keeping the worker's `outputs` alive."""
     remote_value = self._remote_value()
     if remote_value is not None:
       remote_value._set(copies, keep_alive=outputs)  # pylint: disable=protected-access

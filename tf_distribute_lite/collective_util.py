@@ -24,8 +24,7 @@ CollectiveCommunication = CommunicationImplementation
 
 
 class Options(StandsFor, stands_for=tf.distribute.experimental.CommunicationOptions):
-  """`CommunicationOptions` (named `Options`, as TensorFlow's): pack size
-  (0: any), timeout (None or 0: none) and `CommunicationImplementation`.
+  """`CommunicationOptions` (named `Options`, as TensorFlow's).
 
   >>> options = CommunicationOptions(bytes_per_pack=1024, implementation="ring")
   >>> print(options)

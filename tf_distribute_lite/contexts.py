@@ -1,7 +1,5 @@
-"""Reads TensorFlow's per-thread strategy stack: which strategy is current,
-in its cross-replica context (`scope()`) or a replica context (`run`). An
-empty stack (`top()` is None) is the default strategy's replica context.
-"""
+"""Reads TensorFlow's per-thread strategy stack: which strategy is current, in
+which context (an empty stack: the default strategy's replica context)."""
 
 from tf_distribute_lite import _tf_bridge
 
@@ -26,8 +24,6 @@ class ContextEntry:
 
 
 class Entered:
-  """Pushes a `ContextEntry` for the duration of a `with` block."""
-
   __slots__ = ("_entry",)
 
   def __init__(self, entry):

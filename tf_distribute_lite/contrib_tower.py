@@ -1,7 +1,5 @@
-"""The TF 1.x contrib "tower" API (`tf.contrib.distribute`): a facade over
-the `compat.v1` strategies, towers being replicas; `reduce` takes a
-`tf.VariableAggregation`. It works eagerly and in a TF1 graph.
-"""
+"""The TF 1.x contrib "tower" API (`tf.contrib.distribute`): a facade over the
+`compat.v1` strategies, towers being replicas."""
 
 import tensorflow as tf
 
@@ -100,8 +98,7 @@ class DistributionStrategy:
     self._strategy.configure(session_config, cluster_spec, task_type, task_id)
 
   def distribute_dataset(self, dataset_fn):
-    """`dataset_fn()`'s dataset, tower `i` taking element `i` of each group
-    of `num_towers` (a last, partial group ends the input, as in contrib)."""
+    """`dataset_fn()`'s dataset, tower `i` taking element `i` of each group."""
     return PerDeviceDataset(self._strategy.extended._distribute_datasets_from_function(  # pylint: disable=protected-access
         lambda input_context: dataset_fn(), None, partial_steps=False))
 
@@ -278,8 +275,7 @@ class TowerContext:
 
 
 def get_tower_context():
-  """The current tower's context (outside any strategy, the default one), or
-  None in a cross-tower context.
+  """The current tower's context, or None in a cross-tower context.
 
   >>> get_tower_context().tower_id
   0

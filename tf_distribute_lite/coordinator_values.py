@@ -1,5 +1,4 @@
-"""What a `ClusterCoordinator` hands out: `RemoteValue`s, `PerWorkerValues`
-and `experimental_get_current_worker_index()`."""
+"""What a `ClusterCoordinator` hands out: `RemoteValue`s and `PerWorkerValues`."""
 
 import contextlib
 import threading
@@ -30,8 +29,7 @@ def running_on(worker_index):
 
 
 def experimental_get_current_worker_index():
-  """The index of the worker running the current scheduled function (or
-  per-worker `dataset_fn`), an int64 scalar tensor.
+  """The index of the worker running the current scheduled function (int64).
 
   >>> experimental_get_current_worker_index()
   Traceback (most recent call last):
@@ -152,8 +150,7 @@ class _WorkerResource:
 
 
 class PerWorkerDataset:
-  """A dataset on every worker; `iter()` gives a `PerWorkerIterator`. A bad
-  `dataset_fn` raises `ValueError` at once (TF 2.21: at `iter()`)."""
+  """A dataset on every worker. A bad `dataset_fn` fails at once (TF: at `iter()`)."""
 
   def __init__(self, coordinator, dataset_fn):
     self._coordinator = coordinator

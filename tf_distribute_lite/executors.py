@@ -1,8 +1,6 @@
-"""Executors: how a strategy runs a function once per replica, for `run`
-and `experimental_distribute_values_from_function`. A step's `RunOptions`
-are an argument of `run` and a traced TPU step's state lives in its replica
-context, so threads may run steps with other options at once.
-"""
+"""Executors: how a strategy runs a function once per replica, for `run` and
+`experimental_distribute_values_from_function` (stateless: threads may run
+steps with other `RunOptions` at once)."""
 
 import os
 import weakref
@@ -30,10 +28,8 @@ class _MirroredReplicaContext(replica_context.ReplicaContext):
 
 
 class LocalReplicas:
-  """Runs a function once per replica of this process, each on its device of
-  `devices` in a `context_class(strategy, replica_id, runner)`, through a
-  `replica_runner.ReplicaRunner`. The replicas are `first_replica`, ... of
-  `num_replicas` (by default the local ones)."""
+  """Runs a function once per local replica (`first_replica`, ... of
+  `num_replicas`), each on its device in a `context_class`."""
 
   def __init__(self, strategy, devices, context_class=_MirroredReplicaContext,
                first_replica=0, num_replicas=None):
@@ -50,8 +46,7 @@ class LocalReplicas:
     return self._context_class(self._strategy(), replica_id, runner)
 
   def run(self, fn, args, kwargs, options=None):
-    """`fn(*args, **kwargs)` on every replica, with its components of
-    distributed arguments, the results regrouped; a `tf.function` as one
+    """`fn(*args, **kwargs)` on every replica, regrouped; a `tf.function` as one
     function running every replica. Only TPUs take `options`."""
     if isinstance(fn, _TF_FUNCTION):
       return self._one_function(fn, options)(*args, **kwargs)
@@ -118,9 +113,7 @@ class TPUReplicate(LocalReplicas):
     return self._made_once(fn, options, lambda: tf.function(replicated_step))
 
   def refuse_pure_eager(self, fn):
-    """Raises TensorFlow's NotImplementedError for an eager `run` of `fn`
-    that is not a `tf.function`, a concrete function or an object whose
-    `__call__` is a `tf.function`: a TPU runs only compiled steps."""
+    """Raises TF's NotImplementedError for an eager `run` of a non-`tf.function`."""
     if (not tf.executing_eagerly() or
         isinstance(fn, (_TF_FUNCTION, tf.types.experimental.ConcreteFunction)) or
         isinstance(getattr(fn, "__call__", None), _TF_FUNCTION)):
@@ -133,11 +126,9 @@ class TPUReplicate(LocalReplicas):
 
 
 class EmulatedTPU(TPUReplicate):
-  """Runs an emulated slice's replicas as local replicas on its CPU devices,
-  in one traced step, which fails where XLA cannot compile it, as on a TPU
-  (`tpu_replication.check_compiles`). A replica function with
-  `jit_compile=True` runs as its Python function: one XLA program cannot
-  span the CPU devices standing for the cores."""
+  """Runs an emulated slice's replicas as local replicas on its CPU devices, in
+  one traced step that fails where XLA cannot compile it; a `jit_compile=True`
+  function runs as its Python function (XLA cannot span those devices)."""
 
   _pure_eager_hint = (f" (For debugging, an emulated slice runs it where the "
                       f"environment variable {EAGER_RUN_VARIABLE}=1.)")
@@ -164,8 +155,7 @@ class EmulatedTPU(TPUReplicate):
     return result
 
   def refuse_pure_eager(self, fn):
-    """As on a TPU, unless the environment variable `TFD_EMULATED_TPU_EAGER`
-    is `1`."""
+    """As on a TPU, unless `$TFD_EMULATED_TPU_EAGER` is `1`."""
     if os.environ.get(EAGER_RUN_VARIABLE) != "1":
       super().refuse_pure_eager(fn)
 
@@ -174,10 +164,8 @@ class _EmulatedReplicaContext(tpu_replication.LogicalDevices, replica_context.Re
   """A replica's context on an emulated slice."""
 
   def merge_call(self, merge_fn, args=(), kwargs=None):
-    """As `ReplicaContext.merge_call`, but `merge_fn` gets replica 0's of
-    each Python object (not a tensor or variable) the replicas pass: a TPU
-    traces the replica function once, so there is one, which `merge_fn` may
-    consume (the Model Garden's EMA optimizer passes a `zip`)."""
+    """As `ReplicaContext.merge_call`, but `merge_fn` gets replica 0's of each
+    Python object passed, as a TPU's one trace would (a `zip` is consumed once)."""
     def merge_traced_once(strategy, *grouped_args, **grouped_kwargs):
       grouped_args, grouped_kwargs = tf.nest.map_structure(
           _replica_0_object, (grouped_args, grouped_kwargs))

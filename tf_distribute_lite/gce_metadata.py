@@ -1,7 +1,5 @@
-"""Where a job runs (a Google Cloud VM with or without GPUs, or elsewhere)
-and whether its host announces a stopping maintenance. The metadata server
-(`GCE_METADATA_IP`) is asked with short timeouts and no retry; "is this
-Google Cloud?" once per server, in a thread bounded by `PROBE_SECONDS`."""
+"""Where a job runs (a Google Cloud VM with or without GPUs, or elsewhere) and
+whether its host announces a stopping maintenance (short timeouts, no retry)."""
 
 import enum
 import threading
@@ -72,8 +70,7 @@ def detect_platform():
 
 
 def maintenance_imminent():
-  """Whether the host announces a maintenance that stops this (GPU) VM; no
-  answer counts as no."""
+  """Whether the host announces a maintenance that stops this (GPU) VM."""
   try:
     event = cloud_http.metadata("instance/maintenance-event",
                                 timeout=PROBE_SECONDS / 2, retries=0)

@@ -1,5 +1,4 @@
-"""What input functions are told (`InputContext`) and how input is placed
-(`InputOptions`, `InputReplicationMode`)."""
+"""What input functions are told (`InputContext`) and how input is placed."""
 
 import collections
 import enum
@@ -56,8 +55,7 @@ class InputOptions(collections.namedtuple("InputOptions", [
     "experimental_fetch_to_device", "experimental_replication_mode",
     "experimental_place_dataset_on_device",
     "experimental_per_replica_buffer_size"])):
-  """How a distributed dataset places and prefetches its batches
-  (`experimental_fetch_to_device` None means True).
+  """How a distributed dataset places and prefetches its batches.
 
   >>> InputOptions(experimental_fetch_to_device=False)
   InputOptions(experimental_fetch_to_device=False, experimental_replication_mode=<InputReplicationMode.PER_WORKER: 'PER_WORKER'>, experimental_place_dataset_on_device=False, experimental_per_replica_buffer_size=1)

@@ -7,6 +7,7 @@ import time
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import auto_shard
 from tf_distribute_lite import cluster_coordinator
 from tf_distribute_lite import cluster_runtime
 from tf_distribute_lite import distribute_lib
@@ -149,7 +150,7 @@ class ParameterServerStrategyV2Extended(distribute_lib.StrategyExtendedV1):
   def _experimental_distribute_dataset(self, dataset, options):
     del options
     input_lib.check_dataset(dataset)
-    remade = cluster_coordinator.dataset_remaker(dataset)
+    remade = auto_shard.dataset_remaker(dataset)
     return DatasetFromFunction(
         lambda _: remade(), input_context_lib.InputContext(),
         "To use this dataset, you need to pass this dataset to "

@@ -1,9 +1,5 @@
-"""Partitioners: a shard count per axis of a variable, 1 but on `axis`.
-
-Where TF 2.21 answers 0 shards or divides by zero, these answer one shard;
-an unknown length raises `ValueError`; an axis out of range, an error both
-`ValueError` and `IndexError` (TF raises either).
-"""
+"""Partitioners: a shard count per axis of a variable, 1 but on `axis`. Where
+TF 2.21 answers 0 shards or divides by zero, these answer one shard."""
 
 import math
 import numbers
@@ -36,8 +32,7 @@ class Partitioner(StandsFor, stands_for=tf.distribute.experimental.partitioners.
 
 class FixedShardsPartitioner(
     Partitioner, stands_for=tf.distribute.experimental.partitioners.FixedShardsPartitioner):
-  """Splits `axis` into `num_shards` (a positive integer; TF 2.21 takes 0 or
-  2.5) shards, or one per element if it is shorter.
+  """Splits `axis` into `num_shards` shards (at most one per element).
 
   >>> FixedShardsPartitioner(num_shards=2)(tf.TensorShape([10, 3]), tf.float32)
   [2, 1]
@@ -54,8 +49,7 @@ class FixedShardsPartitioner(
 
 class MinSizePartitioner(
     Partitioner, stands_for=tf.distribute.experimental.partitioners.MinSizePartitioner):
-  """`ceil(variable bytes / min_shard_bytes)` shards, capped by `max_shards`
-  and the length of `axis` (a `tf.string` element: `bytes_per_string`).
+  """`ceil(variable bytes / min_shard_bytes)` shards, at most `max_shards`.
 
   >>> MinSizePartitioner(min_shard_bytes=4, max_shards=2)(tf.TensorShape([6, 1]), tf.float32)
   [2, 1]
@@ -75,8 +69,7 @@ class MinSizePartitioner(
 
 class MaxSizePartitioner(
     Partitioner, stands_for=tf.distribute.experimental.partitioners.MaxSizePartitioner):
-  """As few shards as possible of at most `max_shard_bytes` each (at least
-  one slice along `axis`), but no more than `max_shards` (None or 0: any).
+  """As few shards as possible of at most `max_shard_bytes`, up to `max_shards`.
 
   >>> MaxSizePartitioner(max_shard_bytes=4)(tf.TensorShape([6, 1]), tf.float32)
   [6, 1]

@@ -35,8 +35,7 @@ class ReduceOp(enum.Enum):
 
   @staticmethod
   def from_any(reduce_op):
-    """Our `ReduceOp` for ours, TensorFlow's, or a string in any case, else
-    `ValueError` (TF 2.21: `AssertionError` or `TypeError`).
+    """Our `ReduceOp` for ours, TensorFlow's, or a string, else `ValueError`.
 
     >>> ReduceOp.from_any("max")
     Traceback (most recent call last):

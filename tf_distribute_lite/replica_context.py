@@ -12,8 +12,7 @@ from tf_distribute_lite.tf_classes import StandsFor
 
 
 def _collective_results(xs, merged, gradient):
-  """`merged`, a collective's results over `xs`, with gradient `gradient(dys)`
-  (not through the merge); a result that is its input comes back as a copy."""
+  """`merged`, a collective's results over `xs`, with gradient `gradient(dys)`."""
   ys = [tf.identity(y) if y is x else y for x, y in zip(xs, merged)]
   if tf.executing_eagerly() and not _tf_bridge.gradient_tape_active():
     return ys
@@ -89,8 +88,7 @@ class ReplicaContextBase(StandsFor):
                        f"{entry.strategy} is not {self._strategy}.")
 
   def merge_call(self, merge_fn, args=(), kwargs=None):
-    """Runs `merge_fn(strategy, *args, **kwargs)` once all replicas call it,
-    cross-replica, on their grouped arguments; each gets its part back."""
+    """Runs `merge_fn(strategy, *args, **kwargs)` once all replicas call it."""
     self._require_current()
     kwargs = {} if kwargs is None else kwargs
     merge_fn = _tf_bridge.autograph_convert(merge_fn)
@@ -100,8 +98,7 @@ class ReplicaContextBase(StandsFor):
       return merge_fn(self._strategy, *args, **kwargs)
 
   def all_reduce(self, reduce_op, value, options=None):
-    """Reduces `value` (a nest of tensors) across replicas. A value that is
-    one object in every replica is in sync: SUM and MEAN give it back.
+    """Reduces `value` (a nest of tensors) across replicas (a shared one is in sync).
 
     >>> strategy = tf_distribute_lite.MirroredStrategy(["CPU:0", "CPU:1"])
     >>> shared = tf.constant(5.0)
@@ -140,9 +137,8 @@ class ReplicaContext(ReplicaContextBase, stands_for=tf.distribute.ReplicaContext
   """
 
   def all_gather(self, value, axis, options=None):
-    """Concatenates every replica's `value` (a nest of tensors) along `axis`;
-    a value shared by every replica comes back as it is. (TF 2.21 fails on
-    gradients of shared values or of several ranks gathered at once.)"""
+    """Concatenates every replica's `value` (a nest of tensors) along `axis`. (TF
+    2.21 fails on gradients of shared values or of several ranks at once.)"""
     refuse_indexed_slices(value, "all_gather")
     flat = tf.nest.flatten(value)
     if self.num_replicas_in_sync == 1:

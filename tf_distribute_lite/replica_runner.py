@@ -115,8 +115,8 @@ def conversion_guard():
 
 
 def _input_barrier(replica_inputs):
-  """In a `tf.function`, `[op]` waiting for every replica's input, so that an
-  input failing (end of data) updates no variable half-way; none in TF 1.x."""
+  """In a `tf.function`, `[op]` waiting for every replica's input (so that the
+  end of data updates no variable half-way)."""
   if not _tf_bridge.is_function_graph(tf.compat.v1.get_default_graph()):
     return []
   tensors = _tensors(replica_inputs)
@@ -133,8 +133,7 @@ def _symbolic_tensors(value):
 
 
 def _branch_condition(branch):
-  """The condition (or index) of the `tf.cond` (`tf.switch_case`) whose
-  branch is graph `branch`, or None."""
+  """The condition (or index) of the `tf.cond` (`tf.switch_case`) `branch` is of."""
   for op in branch.outer_graph.get_operations():
     if op.type in ("If", "StatelessIf"):
       names = [op.get_attr("then_branch").name, op.get_attr("else_branch").name]
@@ -197,7 +196,6 @@ class ReplicaRunner:
     return results
 
   def call_replica(self, replica_id):
-    """Runs `fn` as replica `replica_id` on the current thread."""
     args, kwargs = self._inputs[replica_id]
     replica_context = self._make_replica_context(replica_id, self)
     self._running.replica_id = replica_id
@@ -230,8 +228,7 @@ class ReplicaRunner:
     return error
 
   def _share_variable(self, next_creator, **kwargs):
-    """Replica 0 creates variables; each other replica gets, in turn, those
-    replica 0 created under the same canonical name, as in TensorFlow."""
+    """Replica 0 creates variables; the others get replica 0's, by canonical name."""
     replica_id = getattr(self._running, "replica_id", None)
     name = _canonical_name(kwargs.get("name"))
     if not replica_id:
@@ -296,8 +293,7 @@ class ReplicaRunner:
     return results[0]
 
   def _check_where_replicas_meet(self, replica_id, graph):
-    """Raises TensorFlow's RuntimeError for a `merge_call` in a graph each
-    replica traces alone (a nested `tf.function`, a `tf.while_loop` body)."""
+    """Raises TF's RuntimeError for a `merge_call` in a nested function or loop."""
     while graph is not self._state.graph and _tf_bridge.is_function_graph(graph):
       kind = _tf_bridge.control_flow_kind(graph)
       if kind == "while":
@@ -317,8 +313,7 @@ class ReplicaRunner:
           f"so the replicas cannot meet there. Move the synchronization out of it, or {fix}.")
 
   def _check_readable(self, requests, graph):
-    """Raises TensorFlow's RuntimeError where a replica hands `merge_call` a
-    tensor of its own `tf.cond` branch, which replica 0's `graph` cannot read."""
+    """Raises TF's RuntimeError for a tensor of a replica's own `tf.cond` branch."""
     if self._state.eager:
       return
     readable = [graph]
@@ -335,8 +330,8 @@ class ReplicaRunner:
               "branch, or the control flow out of the function passed to strategy.run.")
 
   def _check_branch_conditions(self, complete=True, cause=None):
-    """Raises TensorFlow's RuntimeError for a `merge_call` in a `tf.cond` branch
-    whose condition depends on the replica (unless `complete`: if built)."""
+    """Raises TF's RuntimeError for a `merge_call` in a replica-dependent branch
+    (unless `complete`: only if the condition is built)."""
     for call, graphs in self._merges_in_branches:
       for replica_id, graph in enumerate(graphs):
         while graph is not self._state.graph:
@@ -354,8 +349,7 @@ class ReplicaRunner:
           graph = graph.outer_graph
 
   def _depends_on_the_replica(self, tensor, replica_id):
-    """Whether `tensor` may differ between replicas: computed, not through a merge,
-    from the replica id, its own input or a sync-on-read variable."""
+    """Whether `tensor` may differ between replicas (not through a merge)."""
     others = {t.ref() for i, inputs in enumerate(self._inputs) if i != replica_id
               for t in _tensors(inputs)}
     own = {t.ref() for t in _tensors(self._inputs[replica_id])} - others
@@ -384,7 +378,6 @@ class ReplicaRunner:
     return False
 
   def note_replica_local(self, tensor):
-    """Notes that `tensor` holds a value of its replica's own."""
     self._replica_local.add(tensor.ref())
 
   @contextlib.contextmanager

@@ -1,9 +1,6 @@
-"""`tf.distribute.experimental.rpc` on TensorFlow's RPC ops (interoperable
-with TF's). Unlike TF 2.21's: `get_value()` without `output_specs` gives the
-flat outputs, and keeps a None in a structure; `NAME_blocking` raises
-readable errors; a client lives while its methods or an unawaited call do;
-same-named clients stay apart; a call traced in a `tf.function` is released
-there; bad arguments fail at once."""
+"""`tf.distribute.experimental.rpc` on TensorFlow's RPC ops. Unlike TF 2.21's:
+`get_value()` without `output_specs` gives the flat outputs; a client lives
+while its methods or an unawaited call do; bad arguments fail at once."""
 
 import inspect
 import itertools
@@ -74,14 +71,12 @@ class Client(StandsFor, stands_for=tf.distribute.experimental.rpc.Client):
 
   @staticmethod
   def create(rpc_layer, address, name="", timeout_in_ms=0):
-    """A client (made eagerly) of the server at `address`, its methods as
-    attributes; `timeout_in_ms` (0: none) is also each call's deadline."""
+    """A client (made eagerly) of the server at `address`, its methods as attributes."""
     _check_rpc_layer(rpc_layer)
     return GrpcClient(address, name=name, timeout_in_ms=timeout_in_ms)
 
   def call(self, method_name, args=None, output_specs=None, timeout_in_ms=0):
-    """Calls `method_name` with `args` without waiting: a `StatusOrResult`
-    whose `get_value()` is structured as `output_specs` (None: flat)."""
+    """Calls `method_name` with `args` without waiting: a `StatusOrResult`."""
     raise NotImplementedError(_ABSTRACT.format("Client"))
 
 

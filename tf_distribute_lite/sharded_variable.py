@@ -1,10 +1,6 @@
-"""`ShardedVariable`: one variable kept as shards along its first axis.
-
-It reads as its shards concatenated; `tf.nn.embedding_lookup` gathers from
-the shards; a checkpoint stores it as one whole variable, so it restores
-into any number of shards. `shard_arguments` makes the shards' creation
-arguments for `ParameterServerStrategy`'s `variable_partitioner`.
-"""
+"""`ShardedVariable`: one variable kept as shards along its first axis, saved as
+one whole variable (restored into any number of shards); `shard_arguments`
+splits a variable for `ParameterServerStrategy`'s `variable_partitioner`."""
 
 import itertools
 
@@ -29,8 +25,7 @@ def shard_sizes(length, num_shards):
 
 
 def shard_arguments(kwargs, partitioner):
-  """Each shard's creation arguments for the variable `kwargs` describe, as
-  `partitioner` splits it; None where it stays whole."""
+  """Each shard's creation arguments, as `partitioner` splits `kwargs`' variable."""
   if partitioner is None:
     return None
   initial_value, shape, dtype = (kwargs.get(key) for key in ("initial_value", "shape", "dtype"))
@@ -88,8 +83,7 @@ def _shard_initial_value(initial_value, shape, offset, size):
 class ShardedVariable(distributed_variables.SavedAsOneVariable, _tf_bridge.Trackable,
                       _tf_bridge.CompositeTensor,
                       StandsFor, stands_for=_tf_bridge.TENSORFLOW_SHARDED_VARIABLE):
-  """A variable stored as `variables` (of one dtype, same shapes but for the
-  first axis), shards along its first axis; TensorFlow's to `isinstance`.
+  """A variable stored as `variables`, shards along its first axis.
 
   >>> v = ShardedVariable([tf.Variable([[1.0], [2.0]]), tf.Variable([[3.0]])])
   >>> v.shape, [s.shape.as_list() for s in v.variables]
@@ -284,7 +278,6 @@ values_lib.forward_operators(ShardedVariable, tf.Tensor.OVERLOADABLE_OPERATORS -
 
 
 def _starts(variables):
-  """Where each of `variables` starts along the first axis, then the end."""
   return [0] + list(itertools.accumulate(v.shape[0] for v in variables))
 
 

@@ -1,11 +1,6 @@
-"""tfd objects are instances of the public TensorFlow classes they stand for.
-
-`class MirroredStrategy(Strategy, stands_for=tf.distribute.MirroredStrategy)`
-makes `isinstance` answer yes against those classes (and their bases). It
-looks at `obj.__class__` when `type(obj)` does not match: an instance reports
-a class made once, a subclass of its type and of the TensorFlow classes.
-`type(obj)` and method resolution stay tfd's; nothing of TensorFlow's is
-inherited. Enums and named tuples keep their own classes.
+"""tfd objects are instances of the public TensorFlow classes they stand for
+(`class X(..., stands_for=tf.distribute.X)`), though nothing of TensorFlow's
+is inherited.
 
 >>> import tensorflow as tf
 >>> import tf_distribute_lite as tfd
@@ -23,8 +18,7 @@ import functools
 
 
 class StandsFor:
-  """Base of the tfd classes that stand for public TensorFlow classes:
-  `stands_for` (a class or tuple); `covers_parent`: the parent's instances too."""
+  """Base of the tfd classes that stand for (`stands_for`) TensorFlow classes."""
 
   _tensorflow_classes = ()
 
@@ -55,8 +49,8 @@ def _new(cls, *args):
 
 @functools.lru_cache(maxsize=None)
 def reported_class(cls):
-  """What instances of `cls` give as `__class__`: `cls`, or a subclass of it
-  (or its covering subclasses) and of the TensorFlow classes it stands for."""
+  """What instances of `cls` give as `__class__`: `cls`, or a subclass of it and
+  of the TensorFlow classes it stands for."""
   missing = tuple(c for c in getattr(cls, "_tensorflow_classes", ()) if not issubclass(cls, c))
   if not missing:
     return cls

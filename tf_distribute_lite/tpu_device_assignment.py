@@ -1,5 +1,4 @@
-"""`tfd.tpu.experimental.DeviceAssignment`: TensorFlow's, whose `build` also
-takes the 3-element `computation_shape` that TF 2.2's documentation uses."""
+"""`DeviceAssignment`: TensorFlow's, whose `build` also takes 3-element shapes."""
 
 import tensorflow as tf
 

@@ -1,14 +1,7 @@
-"""Finding the TPU a `TPUClusterResolver` talks to.
-
-Sources, in order: the `tpu` argument; `$KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS`,
-`$TPU_NAME` and `$TPU_CONFIG` (JSON), as TensorFlow reads them, except that
-"" counts as unset (TensorFlow looks up a TPU named ""). Beyond TensorFlow:
-TPU chips on this machine's PCI bus (under `$TF_DISTRIBUTE_LITE_PCI_DEVICES`,
-default /sys/bus/pci/devices), then the metadata server's Cloud TPU VM
-attributes; several `worker-network-endpoints` make this one host (task
-`agent-worker-number`, gRPC port 8470) of a multi-host slice. The error when
-nothing is found lists every source and its answer.
-"""
+"""Finding the TPU a `TPUClusterResolver` talks to: the `tpu` argument, the
+environment variables TensorFlow reads ("" counts as unset), then, beyond
+TensorFlow, TPU chips on this machine's PCI bus and the Cloud TPU VM metadata
+(several `worker-network-endpoints`: this is one host of a multi-host slice)."""
 
 import dataclasses
 import json
@@ -31,9 +24,8 @@ _TPU_VM_ATTRIBUTES = ("accelerator-type", "agent-worker-number",
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-  """What a TPU name means: `kind` "local" (TPU chips here), "grpc" (servers
-  at `endpoints`, this one task `task_id`), "api" (a Cloud TPU node `name`)
-  or "emulated" (`emulated_slice`); `source` says where it was found."""
+  """What a TPU name means: `kind` "local" (TPU chips here), "grpc" (`endpoints`),
+  "api" (a Cloud TPU node `name`) or "emulated"; `source`: where it was found."""
   kind: str
   name: str
   source: str
@@ -46,8 +38,7 @@ class Target:
 
 
 class NoTpuFoundError(ValueError):
-  """No source names a TPU; the message lists each source and its answer.
-  A `ValueError`, as TensorFlow raises."""
+  """No source names a TPU (the message lists each source's answer)."""
 
 
 def grpc_endpoints(addresses):
@@ -80,8 +71,7 @@ def _as_text(value):
 
 
 def find(tpu=None, project=None, zone=None):
-  """The `Target` for a `TPUClusterResolver(tpu, zone, project)`; each
-  argument may be bytes.
+  """The `Target` for a `TPUClusterResolver(tpu, zone, project)` (or bytes).
 
   >>> find("grpc://10.0.0.2:8470").kind, find("emulated:v3-8").kind
   ('grpc', 'emulated')
@@ -132,9 +122,7 @@ def _unset(variable):
 
 
 def slice_hosts(attributes):
-  """The IP addresses of the hosts of the TPU VM slice whose metadata
-  attributes are `attributes` (each entry of `worker-network-endpoints` is
-  "<id>:<hostname>:<ip>").
+  """The IP addresses of the hosts of the TPU VM slice of metadata `attributes`.
 
   >>> slice_hosts({"worker-network-endpoints": "x:y:10.0.0.11,x:y:10.0.0.12"})
   ['10.0.0.11', '10.0.0.12']
@@ -172,8 +160,7 @@ def local_tpu_chips():
 
 
 def tpu_vm_attributes():
-  """(this machine's Cloud TPU VM attributes, or {}; the metadata server's
-  answer, in words)."""
+  """(this machine's Cloud TPU VM attributes or {}, the server's answer in words)."""
   attributes = {}
   for name in _TPU_VM_ATTRIBUTES:
     try:

@@ -61,8 +61,7 @@ class TPUReplicaContext(LogicalDevices, replica_context.ReplicaContext):
     return tf.device(tf.compat.v1.tpu.core(logical_device_id))
 
   def all_gather(self, value, axis, options=None):
-    """A `CrossReplicaSum` of one-hot slots, or an `AllToAll` for types that
-    sum cannot carry."""
+    """A `CrossReplicaSum` of one-hot slots (an `AllToAll` for other types)."""
     del options
     replica_context.refuse_indexed_slices(value, "all_gather")
     count = self.num_replicas_in_sync
@@ -117,8 +116,7 @@ def cross_replica(reduce_op, value, num_replicas):
 
 def replicate(strategy, fn, args, kwargs, device_assignment, options,
               use_spmd_for_xla_partitioning):
-  """`fn(*args, **kwargs)` as one `tpu.replicate` computation, the
-  replicas' results grouped into distributed values."""
+  """`fn(*args, **kwargs)` as one `tpu.replicate` computation; distributed results."""
   count = strategy.num_replicas_in_sync
   per_replica = [values_lib.select_replica(i, (args, kwargs)) for i in range(count)]
   inputs = [split_inputs(p)[0] for p in per_replica]
@@ -148,8 +146,7 @@ def replicate(strategy, fn, args, kwargs, device_assignment, options,
 
 
 def split_inputs(inputs):
-  """The tensors of the nest `inputs` (not variables: captured, as in
-  TensorFlow), and a function putting other tensors in their places."""
+  """The tensors (not variables) of `inputs`, and a function putting others there."""
   leaves = tf.nest.flatten(inputs)
   positions = [i for i, leaf in enumerate(leaves)
                if tf.is_tensor(leaf) and not isinstance(leaf, tf.Variable)]
@@ -168,8 +165,7 @@ def output_tensors(result):
 
 
 def maximum_shapes(replica_inputs, options):
-  """Each input's shape with every dimension unknown, for XLA to pad; None
-  without a dynamic batch."""
+  """Each input's shape with every dimension unknown (dynamic batch), else None."""
   if not options.experimental_enable_dynamic_batch_size:
     return None
   for tensor in replica_inputs:
@@ -180,8 +176,7 @@ def maximum_shapes(replica_inputs, options):
 
 
 class XlaCheckReplicaContext(TPUReplicaContext):
-  """Replica 0 of the compile check: collectives are stand-ins of the right
-  shapes, distributed variables replica 0's components."""
+  """Replica 0 of the compile check: collectives are stand-ins of the right shape."""
 
   @property
   def replica_id_in_sync_group(self):
@@ -206,11 +201,8 @@ class XlaCheckReplicaContext(TPUReplicaContext):
 
 def check_compiles(strategy, fn, args, kwargs, created_variables=()):
   """Raises `tf.errors.InvalidArgumentError`, with XLA's message, where XLA
-  cannot compile replica 0's `fn(*args, **kwargs)`, so that an emulated
-  slice refuses what a TPU would: `fn` is traced with `jit_compile=True`
-  (unknown dimensions as 1, reusing `created_variables`) and lowered to HLO
-  without running. Not checked: TF 1.x graphs, inputs other than dense
-  tensors of known rank, resources made inside the step.
+  cannot compile replica 0's `fn(*args, **kwargs)` (lowered to HLO, not run).
+  Not checked: TF 1.x graphs, inputs other than dense tensors of known rank.
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> strategy = tf_distribute_lite.TPUStrategy(resolver)
@@ -281,8 +273,7 @@ def _static(spec):
 
 
 def _lowerable(traced, device):
-  """Values of `traced`'s captures to compile with on `device`; None where
-  one has no stand-in."""
+  """Values of `traced`'s captures to compile with on `device`, or None."""
   variables = {id(v.handle): v for v in traced.variables}
   with tf.init_scope():
     values = [_lowerable_value(value, variables.get(id(value)), device)
@@ -291,8 +282,7 @@ def _lowerable(traced, device):
 
 
 def _lowerable_value(value, variable, device):
-  """`value`, or zeros standing in for a symbolic tensor or a `variable`
-  uninitialized or off `device`; None where none can."""
+  """`value`, or zeros standing in for it (None where none can)."""
   if tf.is_symbolic_tensor(value):
     spec = _static(tf.TensorSpec(value.shape, value.dtype))
     if spec is None or value.dtype in (tf.resource, tf.variant):

@@ -141,8 +141,7 @@ class PerReplicaSpec(tf.TypeSpec):
 
 
 class Mirrored(DistributedValues, tf.types.experimental.distributed.Mirrored):
-  """Values equal on every replica, usable as one value: attributes and
-  operators go to the current replica's (or current device's) component.
+  """Values equal on every replica, usable as one value (the current replica's).
 
   >>> m = Mirrored([tf.constant(3.0), tf.constant(3.0)])
   >>> m + 1.0
@@ -196,8 +195,7 @@ def is_distributed_variable(value):
 
 
 def select_replica(replica_id, structure):
-  """`structure` as replica `replica_id` sees it, in fresh containers (as in
-  TensorFlow); plain containers walked here, ten times faster than `tf.nest`.
+  """`structure` as replica `replica_id` sees it, in fresh containers.
 
   >>> select_replica(1, {"x": PerReplica([1, 2]), "y": 3})
   {'x': 2, 'y': 3}
@@ -223,8 +221,7 @@ def _sequence_like(sequence, items):
 
 
 def is_split(value):
-  """Whether each replica sees its own component of `value`: as in
-  TensorFlow, any `tf.distribute.DistributedValues` but a variable."""
+  """Whether each replica sees its own component of `value` (not a variable)."""
   split = getattr(type(value), "_splits_per_replica", None)
   if split is None:
     return (isinstance(value, tf.distribute.DistributedValues) and
@@ -233,8 +230,7 @@ def is_split(value):
 
 
 def regroup(per_replica_results, wrap_class=PerReplica, always_wrap=False):
-  """One nest of distributed values from a list of per-replica nests; an
-  object every replica returned stays one, a variable's components become it."""
+  """One nest of distributed values from a list of per-replica nests."""
   return _regroup(per_replica_results, wrap_class, always_wrap, "")
 
 

@@ -1,7 +1,5 @@
 """The cluster resolver interface, and the resolvers that read no environment:
-`SimpleClusterResolver` and `UnionResolver`. Our resolvers count as
-TensorFlow's `ClusterResolver` (so `tf.config.experimental_connect_to_cluster`
-takes them), and TensorFlow's count as ours."""
+`SimpleClusterResolver` and `UnionResolver`."""
 
 import abc
 import collections
@@ -21,9 +19,8 @@ def format_master_url(master, rpc_layer=None):
 
 
 def task_master(self, task_type=None, task_id=None, rpc_layer=None):
-  """A resolver's `master` method: the address of the given (by default
-  this) task in its cluster, with `rpc_layer` (by default the resolver's);
-  "" when no task is known."""
+  """A resolver's `master` method: the address of the given (by default this)
+  task, with `rpc_layer` (by default the resolver's); "" if none is known."""
   task_type = self.task_type if task_type is None else task_type
   task_id = self.task_id if task_id is None else task_id
   if task_type is None or task_id is None:
@@ -42,8 +39,7 @@ class DeviceAttributes:
 
 
 def devices_of(master, config_proto=None):
-  """Every device `master` reaches: eagerly this process's logical devices
-  (fully qualified names), else a session's on `master`."""
+  """Every device `master` reaches (eagerly: this process's logical devices)."""
   if tf.executing_eagerly():
     return [DeviceAttributes(device_util.canonicalize(d.name), d.device_type)
             for d in tf.config.list_logical_devices()]
@@ -58,9 +54,8 @@ def _settable(attribute, doc):
 
 
 class ClusterResolver(abc.ABC, StandsFor, stands_for=tf.distribute.cluster_resolver.ClusterResolver):
-  """The interface of every cluster resolver: subclasses implement
-  `cluster_spec()` and `master()`; `task_type`, `task_id` and `rpc_layer`
-  are settable attributes. TensorFlow's resolvers are instances too.
+  """The interface of every cluster resolver (TensorFlow's are instances too):
+  subclasses implement `cluster_spec()` and `master()`.
 
   >>> class OneTask(ClusterResolver):
   ...   def cluster_spec(self):
@@ -75,8 +70,7 @@ class ClusterResolver(abc.ABC, StandsFor, stands_for=tf.distribute.cluster_resol
 
   @classmethod
   def __subclasshook__(cls, subclass):
-    # TensorFlow's resolvers count as ours (ours count as theirs through
-    # `stands_for`); its abstract base itself does not.
+    # TensorFlow's resolvers count as ours; its abstract base itself does not.
     theirs = tf.distribute.cluster_resolver.ClusterResolver
     if cls is ClusterResolver and theirs in subclass.__mro__[1:]:
       return True
@@ -91,8 +85,7 @@ class ClusterResolver(abc.ABC, StandsFor, stands_for=tf.distribute.cluster_resol
     """The address of a session master (TF 1.x sessions)."""
 
   def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
-    """Accelerator cores per type, such as {"GPU": 2}; counts only the
-    devices of task `task_id` of job `task_type` when both are given."""
+    """Accelerator cores per type, such as {"GPU": 2} (of one task if given)."""
     counts = collections.defaultdict(int)
     for device in devices_of(self.master(task_type, task_id), config_proto):
       wanted = task_type is None or task_id is None or (
@@ -112,15 +105,12 @@ class ClusterResolver(abc.ABC, StandsFor, stands_for=tf.distribute.cluster_resol
 
 
 class NotAResolverError(ValueError, AttributeError):
-  """What was given as a cluster resolver is none: a `ValueError`, as
-  TensorFlow's MultiWorkerMirroredStrategy raises, and an `AttributeError`,
-  as its other strategies and `PreemptionCheckpointHandler` fail."""
+  """What was given as a cluster resolver is none (TensorFlow raises either)."""
 
 
 def check_resolver(resolver, argument="cluster_resolver", kind=ClusterResolver,
                    kind_name="tf.distribute.cluster_resolver.ClusterResolver"):
-  """Raises `NotAResolverError` unless `resolver` is a `kind` (by default
-  ours or TensorFlow's `ClusterResolver`)."""
+  """Raises `NotAResolverError` unless `resolver` is a `kind`."""
   if not isinstance(resolver, kind):
     raise NotAResolverError(f"{argument} must be an instance of {kind_name}; "
                             f"got the {type(resolver).__name__} {resolver!r}.")
@@ -155,8 +145,7 @@ class SimpleClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_re
     return self._cluster_spec
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
-    """The address of the given task when both are given, else the `master`
-    given to the constructor."""
+    """The address of the given task, else the `master` given."""
     if task_type is not None and task_id is not None:
       return task_master(self, task_type, task_id, rpc_layer)
     return format_master_url(self._master, rpc_layer or self._rpc_layer)
@@ -168,12 +157,9 @@ class SimpleClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_re
 
 
 class UnionClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resolver.UnionResolver):
-  """The union of the clusters of several resolvers; everything else comes
-  from the first one unless given here. Exported as `UnionResolver`.
-
-  Jobs listed as address lists are concatenated; if any resolver lists a
-  job by task index, its tasks merge by index (an index twice: `KeyError`).
-  `task_id` given here wins even when it is 0 (TensorFlow 2.21 ignores 0).
+  """The union of the clusters of several resolvers; everything else comes from
+  the first one unless given here. `task_id` given here wins even when it is 0
+  (TensorFlow 2.21 ignores 0). Exported as `UnionResolver`.
 
   >>> workers = SimpleClusterResolver(tf.train.ClusterSpec({"worker": ["w0:1"]}))
   >>> ps = SimpleClusterResolver(tf.train.ClusterSpec({"ps": ["p0:1", "p1:1"]}))
@@ -215,8 +201,7 @@ class UnionClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_res
     return tf.train.ClusterSpec(merged)
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
-    """The address of the given task in the union, else the first
-    resolver's master."""
+    """The address of the given task in the union, else the first one's master."""
     if task_type is not None and task_id is not None:
       master = self.cluster_spec().task_address(task_type, task_id)
       return format_master_url(master, rpc_layer or self._rpc_layer)

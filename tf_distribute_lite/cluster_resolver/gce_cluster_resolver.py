@@ -1,5 +1,4 @@
-"""`GCEClusterResolver`: the running instances of a Compute Engine instance
-group, through a googleapiclient-style Compute service."""
+"""`GCEClusterResolver`: the running instances of a Compute Engine group."""
 
 import tensorflow as tf
 
@@ -19,13 +18,8 @@ def _compute_service(credentials):
 
 
 class GCEClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resolver.GCEClusterResolver):
-  """Every running instance of `instance_group` (its first network
-  interface's IP and `port`, sorted) is a task of job `task_type`.
-
-  `service` replaces the Compute API client (an object with
-  `instanceGroups()` and `instances()` as googleapiclient builds them);
-  without it the `googleapiclient` package must be installed.
-  `task_type` cannot change after construction.
+  """Every running instance of `instance_group` is a task of job `task_type`.
+  Without `service`, the `googleapiclient` package must be installed.
 
   >>> from types import SimpleNamespace as Obj
   >>> answer = lambda value: Obj(execute=lambda: value)

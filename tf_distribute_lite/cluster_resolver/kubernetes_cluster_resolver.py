@@ -1,5 +1,4 @@
-"""`KubernetesClusterResolver`: the running pods that label selectors pick,
-through the optional `kubernetes` client package."""
+"""`KubernetesClusterResolver`: the running pods that label selectors pick."""
 
 import enum
 
@@ -10,8 +9,7 @@ from tf_distribute_lite.cluster_resolver.cluster_resolver import task_master
 
 
 class ExecutableLocation(enum.Enum):
-  """Where the program runs: inside the Kubernetes cluster, or outside it
-  (reached through `~/.kube/config`). Exported as `KubernetesExecutableLocation`.
+  """Where the program runs: inside the Kubernetes cluster, or outside it.
 
   >>> KubernetesExecutableLocation.OFF_CLUSTER
   <ExecutableLocation.OFF_CLUSTER: 1>
@@ -45,10 +43,8 @@ def _kubernetes():
 
 class KubernetesClusterResolver(ClusterResolver,
                                 stands_for=tf.distribute.cluster_resolver.KubernetesClusterResolver):
-  """Each job is the pods its label selectors pick (sorted by name, each
-  `host_ip:tf_server_port`); all must be running. `override_client` replaces
-  the Kubernetes API client (`list_pod_for_all_namespaces(label_selector=...)`);
-  without it the `kubernetes` package must be installed.
+  """Each job is the pods its label selectors pick (sorted by name); all must be
+  running. Without `override_client`, the `kubernetes` package must be installed.
 
   >>> from types import SimpleNamespace as Obj
   >>> class FakeClient:
@@ -79,8 +75,7 @@ class KubernetesClusterResolver(ClusterResolver,
   master = task_master
 
   def cluster_spec(self):
-    """Asks the Kubernetes API for the pods; a pod that is not running
-    raises `RuntimeError` naming it and its phase."""
+    """Asks the Kubernetes API for the pods (each must be running)."""
     client = self._override_client
     if not client:
       kubernetes = _kubernetes()

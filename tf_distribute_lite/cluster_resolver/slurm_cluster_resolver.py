@@ -1,5 +1,4 @@
-"""`SlurmClusterResolver`: the cluster of a Slurm job step, from the
-`SLURM_*` environment variables Slurm sets in every task (no `scontrol`)."""
+"""`SlurmClusterResolver`: the cluster of a Slurm job step, from `SLURM_*`."""
 
 import os
 import re
@@ -61,8 +60,7 @@ def _expand_part(part):
 
 
 def expand_tasks_per_node(tasks_per_node):
-  """Tasks on each node, from Slurm's compressed form such as "2(x3),1"
-  (each part may end in a newline, as in TensorFlow)."""
+  """Tasks on each node, from Slurm's compressed form such as "2(x3),1"."""
   counts = []
   for part in tasks_per_node.split(","):
     match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?\n?", part)
@@ -98,11 +96,8 @@ def get_num_gpus():
 
 
 class SlurmClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resolver.SlurmClusterResolver):
-  """Tasks of the Slurm job step, on consecutive ports from `port_base` on
-  each node, split into `jobs` (by default every task a worker) in sorted
-  job-name order; this task is the one of rank `$SLURM_PROCID`.
-
-  Nodes without GPUs give every task none (TensorFlow 2.21 fails there).
+  """Tasks of the Slurm job step, on ports from `port_base`, split into `jobs`
+  in sorted order. Nodes without GPUs give every task none (TF 2.21 fails).
 
   >>> import os
   >>> os.environ.update(SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="3",
@@ -149,8 +144,7 @@ class SlurmClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_res
                          f"{total} were assigned.")
 
   def cluster_spec(self):
-    """The cluster; also sets `task_type` and `task_id`, and (with
-    `auto_set_gpu`) `CUDA_VISIBLE_DEVICES` to this task's GPUs."""
+    """The cluster; also sets `task_type`, `task_id` (and `CUDA_VISIBLE_DEVICES`)."""
     addresses, gpus = [], []
     for host, num_tasks in sorted(self._tasks_per_node.items()):
       for offset in range(num_tasks):

@@ -1,5 +1,4 @@
-"""`TFConfigClusterResolver`: the cluster the `TF_CONFIG` environment
-variable describes, read afresh at every call."""
+"""`TFConfigClusterResolver`: the cluster `$TF_CONFIG` describes."""
 
 import json
 import os
@@ -15,10 +14,8 @@ _OBJECT_FIELDS = {"cluster": '{"worker": ["host:port"]}',
 
 
 def load_tf_config():
-  """`TF_CONFIG` as a dict ({} when unset). Malformed JSON raises
-  `json.JSONDecodeError` naming the variable; JSON that is not an object, or
-  a `cluster` or `task` that is not one, a `ValueError` saying so (where
-  TensorFlow reads a list as {} and fails later with a `TypeError`)."""
+  """`TF_CONFIG` as a dict ({} when unset); one that is not a JSON object (nor
+  its `cluster`, `task`) raises `ValueError` (TF fails later, `TypeError`)."""
   text = os.environ.get(_VARIABLE, "{}")
   try:
     config = json.loads(text)
@@ -37,8 +34,7 @@ def load_tf_config():
 
 
 def _given_or_configured(attribute, read, convert=lambda value: value):
-  """A settable property: `attribute` if set, else `read(load_tf_config())`,
-  converted unless None."""
+  """A settable property: `attribute` if set, else `read(load_tf_config())`."""
   def get(self):
     value = getattr(self, attribute)
     value = read(load_tf_config()) if value is None else value
@@ -47,9 +43,8 @@ def _given_or_configured(attribute, read, convert=lambda value: value):
 
 
 class TFConfigClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resolver.TFConfigClusterResolver):
-  """Reads the cluster and this task from `TF_CONFIG`, such as
-  `{"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type":
-  "worker", "index": 1}}`. Arguments given here override the variable.
+  """Reads the cluster and this task from `TF_CONFIG`, at every call; arguments
+  given here override it.
 
   >>> import json, os
   >>> os.environ["TF_CONFIG"] = json.dumps({
@@ -81,9 +76,8 @@ class TFConfigClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_
     return tf.train.ClusterSpec(load_tf_config().get("cluster", {}))
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
-    """`session_master` from `TF_CONFIG`; else "" for an empty cluster or
-    one job of one task slot; else the address of the given (by default
-    this) task."""
+    """`session_master` from `TF_CONFIG`; "" for a cluster of one task slot; else
+    the address of the given (by default this) task."""
     config = load_tf_config()
     if config.get("session_master") is not None:
       return config["session_master"]

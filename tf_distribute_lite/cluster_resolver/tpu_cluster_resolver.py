@@ -1,6 +1,5 @@
-"""`TPUClusterResolver` (a real or emulated TPU, found by name, address,
-environment or on this machine), and `initialize_tpu_system` and
-`shutdown_tpu_system`, which find the TPU when given no resolver."""
+"""`TPUClusterResolver`, and `initialize_tpu_system` and `shutdown_tpu_system`,
+which find the TPU when given no resolver."""
 
 import collections
 import time
@@ -17,8 +16,7 @@ from tf_distribute_lite.cluster_resolver.cluster_resolver import DeviceAttribute
 from tf_distribute_lite.cluster_resolver.cluster_resolver import devices_of
 from tf_distribute_lite.cluster_resolver.cluster_resolver import format_master_url
 
-# Asking a TPU master for its devices: a few bounded tries (TensorFlow tries
-# 120 times, unbounded unless the caller's config sets a timeout).
+# Bounded tries at asking a TPU master (TensorFlow's 120 may be unbounded).
 _MASTER_TRIES = 3
 _MASTER_TIMEOUT_MS = 60 * 1000
 # The clock the node address cache reads; tests replace it.
@@ -28,21 +26,14 @@ clock = time.monotonic
 class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resolver.TPUClusterResolver):
   """The TPU to run on.
 
-  `tpu` is "local" (this Cloud TPU VM's chips), "grpc://host:port"
-  addresses, a Cloud TPU name (looked up through the Cloud TPU API in
-  `project` and `zone`, by default this VM's), or "emulated:v3-8" (see
-  `tpu_emulation`; multi-host slices such as v4-32 run as local processes,
-  or at the hosts of "emulated:v4-32@<ip:port>,...": see
-  `tpu_pod_emulation`). When `tpu` is None or "", the variables TensorFlow
-  reads come first, then, beyond TensorFlow, this machine's TPU chips (see
-  `tpu_discovery`); each host of a multi-host slice is a worker.
+  `tpu` is "local" (this Cloud TPU VM's chips), "grpc://host:port" addresses,
+  a Cloud TPU name (in `project` and `zone`, by default this VM's), or
+  "emulated:v3-8" (`tpu_emulation`; "emulated:v4-32@<ip:port>,..." runs at
+  those hosts); None or "": the environment, then this machine (`tpu_discovery`).
 
-  `service` replaces the Cloud TPU API client (an object with
-  `projects().locations().nodes().get(name=...).execute()`); else the API is
-  called over HTTP (`cloud_http`). Unlike TensorFlow, which asks it at every
-  `master()`, a READY node's addresses are reused for
-  `$TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS` (10 s by default). It is also a
-  context manager (TensorFlow 2.21's raises `AttributeError`).
+  `service` replaces the Cloud TPU API client. Unlike TensorFlow's, a READY
+  node's addresses are reused for `$TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS` (10
+  by default), and it is a context manager.
 
   >>> resolver = TPUClusterResolver(tpu="grpc://10.0.0.2:8470")
   >>> resolver.master(), resolver.cluster_spec().as_dict()
@@ -141,8 +132,7 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
           f"constructor. Exception: {e}") from e
 
   def cluster_spec(self):
-    """One task per TPU host in job `task_type` (plus the coordinator's job,
-    if any); empty for a local or emulated one-host TPU.
+    """One task per TPU host (and the coordinator); empty for a local one-host TPU.
 
     >>> TPUClusterResolver("grpc://10.0.0.2,grpc://10.0.0.3").cluster_spec()
     ClusterSpec({'worker': ['10.0.0.2:8470', '10.0.0.3:8470']})
@@ -158,8 +148,7 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
     return tf.train.ClusterSpec(cluster)
 
   def master(self, task_type=None, task_id=None, rpc_layer=None):
-    """The gRPC address of the given (by default this) TPU host; "" for a
-    local or emulated one-host TPU.
+    """The gRPC address of the given (by default this) TPU host; "" if local.
 
     >>> resolver = TPUClusterResolver("grpc://10.0.0.2,grpc://10.0.0.3")
     >>> resolver.master(), resolver.master("worker", 1)
@@ -181,33 +170,20 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
     return format_master_url(address, "grpc")
 
   def get_master(self):
-    """`master()`.
-
-    >>> TPUClusterResolver("grpc://10.0.0.2:8471").get_master()
-    'grpc://10.0.0.2:8471'
-    """
+    """`master()`."""
     return self.master()
 
   def get_job_name(self):
-    """The job of the TPU hosts (`task_type`).
-
-    >>> TPUClusterResolver("grpc://10.0.0.2", job_name="tpu_worker").get_job_name()
-    'tpu_worker'
-    """
+    """The job of the TPU hosts (`task_type`)."""
     return self.task_type
 
   def get_coordination_service_leader(self):
-    """The task leading TensorFlow's coordination service.
-
-    >>> TPUClusterResolver("grpc://10.0.0.2").get_coordination_service_leader()
-    '/job:worker/task:0'
-    """
+    """The task leading TensorFlow's coordination service: task 0."""
     return f"/job:{self.get_job_name()}/task:0"
 
   def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
-    """{"TPU": cores per host} (see the class example). Asking a TPU master
-    takes at most 3 tries, each bounded by `config_proto`'s timeout (default
-    a minute)."""
+    """{"TPU": cores per host}; a TPU master gets 3 tries, each bounded by
+    `config_proto`'s timeout (default a minute)."""
     if self._emulated is not None:
       return {"TPU": self._emulated.num_cores_per_host}
     if self._target.kind == "local":
@@ -219,9 +195,8 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
     return {"TPU": next(iter(cores.values()), 0)}
 
   def get_tpu_system_metadata(self):
-    """The TPU system as `tf.tpu.experimental.TPUSystemMetadata`, devices
-    sorted; an emulated slice's has its topology and CPU devices. Asking a
-    TPU master is bounded as in `num_accelerators()` (`ValueError`).
+    """The TPU system as `tf.tpu.experimental.TPUSystemMetadata` (an emulated
+    slice's has its topology and CPU devices).
 
     >>> metadata = TPUClusterResolver("emulated:v4-8").get_tpu_system_metadata()
     >>> metadata.num_cores, metadata.num_hosts, metadata.topology.mesh_shape.tolist()
@@ -250,8 +225,7 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
         devices=tuple(devices))
 
   def _master_devices(self, config_proto, error):
-    """The devices the master reaches, in `_MASTER_TRIES` bounded tries;
-    else raises `error`."""
+    """The devices the master reaches, in `_MASTER_TRIES` bounded tries."""
     config = tf.compat.v1.ConfigProto()
     if config_proto is not None:
       config.CopyFrom(config_proto)
@@ -280,11 +254,7 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
 
   @property
   def tpu_hardware_feature(self):
-    """The TPU's hardware features once `set_tpu_topology` is called, else None.
-
-    >>> TPUClusterResolver("grpc://10.0.0.2").tpu_hardware_feature is None
-    True
-    """
+    """The TPU's hardware features once `set_tpu_topology` is called, else None."""
     if self._tpu_topology is None:
       return None
     return self._tpu_topology.tpu_hardware_feature
@@ -317,11 +287,9 @@ def _device_order(device):
 
 
 def initialize_tpu_system(cluster_resolver=None):
-  """Initializes the TPU system of `cluster_resolver` (default: the TPU
-  `TPUClusterResolver("")` finds); its `tf.tpu.experimental.Topology`, or
-  inside a `tf.function` the serialized topology tensor, as in TensorFlow.
-  Without a TPU, raises `tf.errors.NotFoundError` saying where it looked
-  (TensorFlow 2.21 raises `InvalidArgumentError` in a TF1 graph).
+  """Initializes the TPU system of `cluster_resolver` (default: the one found);
+  its `tf.tpu.experimental.Topology` (in a `tf.function`, serialized). Without
+  a TPU, `tf.errors.NotFoundError` (TF 2.21: `InvalidArgumentError` in TF1).
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> initialize_tpu_system(resolver).mesh_shape.tolist()
@@ -333,8 +301,7 @@ def initialize_tpu_system(cluster_resolver=None):
 
 
 def shutdown_tpu_system(cluster_resolver=None):
-  """Shuts down the TPU system `initialize_tpu_system` started; errors as
-  there, and `RuntimeError` inside a `tf.function`, as in TensorFlow.
+  """Shuts down the TPU system `initialize_tpu_system` started.
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> _ = initialize_tpu_system(resolver)
