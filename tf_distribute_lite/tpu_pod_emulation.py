@@ -26,18 +26,16 @@ and ending with its log. The hosts it started are ended by process id when
 the client exits (`atexit`), and each watches its parent's process id and
 exits within half a second of the client's death, even by SIGKILL.
 
-Faults: a thread of the client polls the hosts it started every half
-second. Once one has exited, or has stayed stopped (SIGSTOP) for 5 s, it
-ends the others, so a step waiting on the slice fails within about a second
-of the death (5.5 s of the stop) instead of hanging. An eager
-`strategy.run` then raises TensorFlow's error (`UnavailableError`, or
-`AbortedError`) with a message naming the host, e.g. "Host 1 of the
-emulated TPU slice v4-32 (task 1 of job 'worker', 127.0.0.1:5001) exited
-with status -9"; in the program's own `tf.function` the error is
-TensorFlow's, which names the task and its address. Hosts the user started
-are not watched: a dead one fails the step with TensorFlow's error, but a
-stopped one hangs it, as TensorFlow's eager RPCs have no deadline. (A
-stopped host cannot watch its parent: kill it if the client was killed.)
+Faults: a thread of the client polls the hosts it started every 0.5 s and
+ends them all once one has exited or stayed stopped (SIGSTOP) for 5 s, so
+a step fails within about a second of a death (6 s of a stop), never
+hangs. An eager `TPUStrategy.run` or `reduce` raises TensorFlow's error
+(`UnavailableError`, `AbortedError`) with a message naming the host, e.g.
+"Host 1 of the emulated TPU slice v4-32 (task 1 of job 'worker',
+127.0.0.1:5001) exited with status -9"; elsewhere (a program's own
+`tf.function`) TensorFlow's message names the task and its address. Hosts
+the user started are not watched: a stopped one hangs the client, as
+TensorFlow's eager RPCs have no deadline (nor can it watch its parent).
 """
 
 import argparse
@@ -86,9 +84,8 @@ class Hosts:
     self._processes = list(processes)
     self._logs = list(logs)
     self._lock = threading.RLock()
-    self._lost = threading.Event()
+    self._ended = threading.Event()
     self.lost = None  # the message naming the started host that was lost
-    self._ended = False
     if self._processes:
       threading.Thread(target=self._watch, name="emulated TPU hosts", daemon=True).start()
 
@@ -101,13 +98,6 @@ class Hosts:
     """Raises `RuntimeError` naming a started host that was lost."""
     if self.lost is not None:
       raise RuntimeError(self.lost)
-
-  def lost_within(self, timeout):
-    """`lost`, once the watch has seen a started host lost within `timeout`
-    seconds; None at once for hosts the user started."""
-    if self._processes:
-      self._lost.wait(timeout)
-    return self.lost
 
   def wait(self, timeout):
     """Returns once every host accepts connections; after `timeout` seconds,
@@ -135,7 +125,8 @@ class Hosts:
         process.wait(_KILL_WAIT_SECONDS)
       for log in self._logs:
         log.close()
-      self._processes, self._logs, self._ended = [], [], True
+      self._processes, self._logs = [], []
+      self._ended.set()
       if _started.get(self.tpu_slice.name) is self:
         del _started[self.tpu_slice.name]
 
@@ -159,7 +150,7 @@ class Hosts:
     """Names host `task` in `lost` (unless the hosts were ended before) and
     ends the hosts."""
     with self._lock:
-      if self.lost is None and not self._ended:
+      if not self._ended.is_set():
         log = ""
         if self._logs:
           self._logs[task].seek(0)
@@ -167,7 +158,6 @@ class Hosts:
         self.lost = (f"Host {task} of the emulated TPU slice {self.tpu_slice.name} (task {task} "
                      f"of job 'worker', {self.tpu_slice.addresses[task]}) {what}{log}")
       self.stop()
-    self._lost.set()
 
 
 @contextlib.contextmanager
@@ -178,10 +168,11 @@ def naming_a_lost_host(hosts):
   try:
     yield
   except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
-    lost = hosts and hosts.lost_within(_LOST_WAIT_SECONDS)
-    if not lost:
+    if hosts and hosts._processes:  # the watch may not have seen it yet
+      hosts._ended.wait(_LOST_WAIT_SECONDS)
+    if not (hosts and hosts.lost):
       raise
-    raise type(error)(error.node_def, error.op, lost) from error
+    raise type(error)(error.node_def, error.op, hosts.lost) from error
 
 
 def start(tpu_slice):
