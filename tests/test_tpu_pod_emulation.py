@@ -10,6 +10,7 @@ started here is killed by its id.
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -266,3 +267,66 @@ def test_orbit_controller_trains_checkpoints_and_restores_on_the_pod(pod_program
   assert orbit["restored"] == {"step": 6, "weights_equal": True}
   assert [step for step, _ in orbit["summaries"]["train/train_accuracy"]] == [2, 4, 6, 8]
   assert orbit["checkpoints"] == ["ckpt-2.index", "ckpt-6.index", "ckpt-8.index"]
+
+
+def _fault_client(mode, workdir):
+  """tests/tpu_pod_faults.py's answer in `mode` on an emulated v4-16; the
+  client and the hosts it printed are killed by pid, even on failure."""
+  client = subprocess.Popen(
+      [sys.executable, str(HERE / "tpu_pod_faults.py"), mode, str(workdir)],
+      env=dict(os.environ, TPU_NAME="emulated:v4-16"), stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+  out = err = ""
+  try:
+    out, err = client.communicate(timeout=180)
+  except subprocess.TimeoutExpired:
+    client.kill()
+    out, err = client.communicate()
+  finally:
+    client.kill()
+    client.wait(30)
+    lines = out.splitlines()
+    _kill([int(pid) for pid in lines[0].split()] if lines else [])
+  assert client.returncode == 0, err[-3000:]
+  return json.loads(lines[-1])
+
+
+@pytest.fixture(scope="module")
+def killed_host(tmp_path_factory):
+  """A training loop whose host 1 is killed after 3 checkpointed steps."""
+  workdir = tmp_path_factory.mktemp("faults") / "ckpt"
+  return _fault_client("kill", workdir), workdir
+
+
+def _host_1(what):
+  return (rf"^Host 1 of the emulated TPU slice v4-16 \(task 1 of job 'worker', "
+          rf"127\.0\.0\.1:\d+\) {what}; its log ends:\n")
+
+
+@pytest.mark.multi_worker
+def test_a_host_that_dies_in_training_is_named_and_the_others_are_ended(killed_host):
+  answer, _ = killed_host
+  name, unavailable, message = answer["error"]
+  assert (name, unavailable) == ("UnavailableError", True)  # TensorFlow's class
+  assert re.match(_host_1("exited with status -9"), message)
+  assert answer["running"] == []
+  assert (len(answer["losses"]), answer["checkpoint"]) == (3, "ckpt-3")
+
+
+@pytest.mark.multi_worker
+def test_a_stopped_host_is_ended_and_named_instead_of_hanging(tmp_path):
+  answer = _fault_client("stop", tmp_path / "ckpt")
+  name, unavailable, message = answer["error"]
+  assert (name, unavailable) == ("UnavailableError", True)
+  assert re.match(_host_1(r"stayed stopped \(SIGSTOP\) for 5 s; it was ended"), message)
+  assert answer["running"] == []
+
+
+@pytest.mark.multi_worker
+def test_a_restarted_job_resumes_from_its_last_checkpoint(killed_host):
+  """Started again on a new pod, the killed job's last 3 steps give the
+  numbers of the 6 steps trained without a fault."""
+  before, workdir = killed_host
+  after = _fault_client("resume", workdir)
+  assert before["losses"] + after["losses"] == after["again"]
+  assert after["weights"] == after["weights_again"]

@@ -25,15 +25,28 @@ end the others and raise `RuntimeError` naming the host (task and address)
 and ending with its log. The hosts it started are ended by process id when
 the client exits (`atexit`), and each watches its parent's process id and
 exits within half a second of the client's death, even by SIGKILL.
+
+Faults: a thread of the client polls the hosts it started every 0.5 s and
+ends them all once one has exited or stayed stopped (SIGSTOP) for 5 s, so
+a step fails within about a second of a death (6 s of a stop), never
+hangs. An eager `TPUStrategy.run` or `reduce` raises TensorFlow's error
+(`UnavailableError`, `AbortedError`) with a message naming the host, e.g.
+"Host 1 of the emulated TPU slice v4-32 (task 1 of job 'worker',
+127.0.0.1:5001) exited with status -9"; elsewhere (a program's own
+`tf.function`) TensorFlow's message names the task and its address. Hosts
+the user started are not watched: a stopped one hangs the client, as
+TensorFlow's eager RPCs have no deadline (nor can it watch its parent).
 """
 
 import argparse
 import atexit
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import tensorflow as tf
@@ -44,6 +57,8 @@ START_SECONDS_VARIABLE = "TF_DISTRIBUTE_LITE_POD_START_SECONDS"
 _START_SECONDS = 120.0
 _POLL_SECONDS = 0.5
 _KILL_WAIT_SECONDS = 10.0
+_STOPPED_SECONDS = 5.0  # a started host stopped this long is lost
+_LOST_WAIT_SECONDS = 2.0  # how long a failed step waits for the watch to name a host
 _started = {}  # slice type -> the `Hosts` this program started
 
 
@@ -61,12 +76,18 @@ def host_command(tpu, task, parent=None):
 
 class Hosts:
   """The running hosts of an emulated slice (`tpu_slice.addresses`), and the
-  processes of those this program started (none when the user did)."""
+  processes of those this program started (none when the user did), which a
+  thread watches (see the module's docstring)."""
 
   def __init__(self, tpu_slice, processes=(), logs=()):
     self.tpu_slice = tpu_slice
     self._processes = list(processes)
     self._logs = list(logs)
+    self._lock = threading.RLock()
+    self._ended = threading.Event()
+    self.lost = None  # the message naming the started host that was lost
+    if self._processes:
+      threading.Thread(target=self._watch, name="emulated TPU hosts", daemon=True).start()
 
   @property
   def pids(self):
@@ -74,14 +95,13 @@ class Hosts:
     return [process.pid for process in self._processes]
 
   def check(self):
-    """Raises `RuntimeError` naming a started host that has exited."""
-    for task, process in enumerate(self._processes):
-      if process.poll() is not None:
-        self._fail(task, f"exited with status {process.returncode}")
+    """Raises `RuntimeError` naming a started host that was lost."""
+    if self.lost is not None:
+      raise RuntimeError(self.lost)
 
   def wait(self, timeout):
     """Returns once every host accepts connections; after `timeout` seconds,
-    or as soon as a started host exits, ends the hosts and raises."""
+    or as soon as a started host is lost, ends the hosts and raises."""
     deadline = time.monotonic() + timeout
     waiting = list(enumerate(self.tpu_slice.addresses))
     while waiting:
@@ -89,33 +109,70 @@ class Hosts:
       waiting = [(task, address) for task, address in waiting if not _accepts(address)]
       if waiting and time.monotonic() >= deadline:
         task, _ = waiting[0]
-        self._fail(task, f"did not accept connections within {timeout:g} s "
+        self._lose(task, f"did not accept connections within {timeout:g} s "
                          f"(${START_SECONDS_VARIABLE})")
+        self.check()
       if waiting:
         time.sleep(_POLL_SECONDS)
 
   def stop(self):
     """Ends the hosts this program started, by process id."""
-    for process in self._processes:
-      if process.poll() is None:
-        process.kill()
-    for process in self._processes:
-      process.wait(_KILL_WAIT_SECONDS)
-    for log in self._logs:
-      log.close()
-    self._processes, self._logs = [], []
-    if _started.get(self.tpu_slice.name) is self:
-      del _started[self.tpu_slice.name]
+    with self._lock:
+      for process in self._processes:
+        if process.poll() is None:
+          process.kill()
+      for process in self._processes:
+        process.wait(_KILL_WAIT_SECONDS)
+      for log in self._logs:
+        log.close()
+      self._processes, self._logs = [], []
+      self._ended.set()
+      if _started.get(self.tpu_slice.name) is self:
+        del _started[self.tpu_slice.name]
 
-  def _fail(self, task, what):
-    log = ""
-    if self._logs:
-      self._logs[task].seek(0)
-      log = "; its log ends:\n" + self._logs[task].read()[-2000:]
-    self.stop()
-    raise RuntimeError(
-        f"Host {task} of the emulated TPU slice {self.tpu_slice.name} (task {task} of job "
-        f"'worker', {self.tpu_slice.addresses[task]}) {what}{log}")
+  def _watch(self):
+    """Ends the hosts once one has exited or stayed stopped `_STOPPED_SECONDS`."""
+    stopped_since = {}
+    while self._processes and self.lost is None:
+      now = time.monotonic()
+      for task, process in enumerate(self._processes):
+        if process.poll() is not None:
+          self._lose(task, f"exited with status {process.returncode}")
+          break
+        if not _stopped(process.pid):
+          stopped_since.pop(task, None)
+        elif now - stopped_since.setdefault(task, now) >= _STOPPED_SECONDS:
+          self._lose(task, f"stayed stopped (SIGSTOP) for {_STOPPED_SECONDS:g} s; it was ended")
+          break
+      time.sleep(_POLL_SECONDS)
+
+  def _lose(self, task, what):
+    """Names host `task` in `lost` (unless the hosts were ended before) and
+    ends the hosts."""
+    with self._lock:
+      if not self._ended.is_set():
+        log = ""
+        if self._logs:
+          self._logs[task].seek(0)
+          log = "; its log ends:\n" + self._logs[task].read()[-2000:]
+        self.lost = (f"Host {task} of the emulated TPU slice {self.tpu_slice.name} (task {task} "
+                     f"of job 'worker', {self.tpu_slice.addresses[task]}) {what}{log}")
+      self.stop()
+
+
+@contextlib.contextmanager
+def naming_a_lost_host(hosts):
+  """Raises TensorFlow's `UnavailableError` or `AbortedError` raised in it
+  again, of the same class, with a message naming the host of `hosts` (a
+  `Hosts`, or None) that was lost, if one was."""
+  try:
+    yield
+  except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
+    if hosts and hosts._processes:  # the watch may not have seen it yet
+      hosts._ended.wait(_LOST_WAIT_SECONDS)
+    if not (hosts and hosts.lost):
+      raise
+    raise type(error)(error.node_def, error.op, hosts.lost) from error
 
 
 def start(tpu_slice):
@@ -169,6 +226,15 @@ def _accepts(address):
   try:
     with socket.create_connection((host, int(port)), timeout=_POLL_SECONDS):
       return True
+  except OSError:
+    return False
+
+
+def _stopped(pid):
+  """Whether process `pid` is stopped by a signal (read in Linux's /proc)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rpartition(")")[2].split()[0] == "T"
   except OSError:
     return False
 

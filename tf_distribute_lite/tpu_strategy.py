@@ -28,6 +28,7 @@ from tf_distribute_lite import distribute_lib
 from tf_distribute_lite import executors
 from tf_distribute_lite import input_context as input_context_lib
 from tf_distribute_lite import mirrored_strategy
+from tf_distribute_lite import tpu_pod_emulation
 from tf_distribute_lite import tpu_replication
 from tf_distribute_lite import tpu_system
 from tf_distribute_lite import values as values_lib
@@ -307,7 +308,16 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     return min(self._device_assignment.num_replicas, per_host)
 
   def _run(self, fn, args, kwargs, options):
-    return self._executor.run(fn, args, kwargs, options)
+    with self._naming_a_lost_host():
+      return self._executor.run(fn, args, kwargs, options)
+
+  def _reduce(self, reduce_op, value):
+    with self._naming_a_lost_host():  # where the error of an eager step shows
+      return super()._reduce(reduce_op, value)
+
+  def _naming_a_lost_host(self):
+    """Names the host an emulated pod lost in the errors raised in it."""
+    return tpu_pod_emulation.naming_a_lost_host(getattr(self._tpu_cluster_resolver, "_hosts", None))
 
   def _tpu_step(self):
     """The context of the TPU computation (or XLA check) traced here, or None."""

@@ -1,0 +1,96 @@
+"""A training loop on an emulated multi-host slice ($TPU_NAME, e.g.
+emulated:v4-16) that checkpoints each step, in three runs: `kill` and `stop`
+SIGKILL or SIGSTOP host 1 after step 3, `resume` starts again from the last
+checkpoint and then trains the same steps from scratch, uninterrupted. Prints
+the hosts' process ids, then one JSON object; tests/test_tpu_pod_emulation.py
+runs it.
+
+    TPU_NAME=emulated:v4-16 python tests/tpu_pod_faults.py kill|stop|resume WORKDIR
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import tf_distribute_lite as tfd
+
+STEPS, FAULT_AFTER, BATCH = 6, 3, 16
+
+
+def _gone(pid):
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rpartition(")")[2].split()[0] == "Z"
+  except FileNotFoundError:
+    return True
+
+
+def train(strategy, workdir, losses, fault=None):
+  """Momentum SGD on a linear model from the last checkpoint in `workdir`
+  (if any) to step STEPS, saving each step and appending its loss to
+  `losses`; `fault()` is called before step FAULT_AFTER + 1. Returns the
+  weights."""
+  rng = np.random.RandomState(1)
+  x = rng.rand(STEPS * BATCH, 3).astype(np.float32)
+  y = x @ np.array([[1.0], [-2.0], [0.5]], np.float32)
+  with strategy.scope():
+    w, velocity = tf.Variable(tf.zeros([3, 1])), tf.Variable(tf.zeros([3, 1]))
+  done = tf.Variable(0, dtype=tf.int64)
+  manager = tf.train.CheckpointManager(
+      tf.train.Checkpoint(w=w, velocity=velocity, done=done), workdir, max_to_keep=2)
+  manager.restore_or_initialize()
+
+  @tf.function
+  def replica_step(features, labels):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(tf.square(features @ w - labels)) / BATCH
+    grad = tfd.get_replica_context().all_reduce("SUM", tape.gradient(loss, w))
+    velocity.assign(0.9 * velocity + grad)
+    w.assign_sub(0.1 * velocity)
+    return loss
+
+  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).skip(int(done))
+  for batch in strategy.experimental_distribute_dataset(dataset):
+    if fault is not None and int(done) == FAULT_AFTER:
+      fault()
+    losses.append(float(strategy.reduce("SUM", strategy.run(replica_step, args=batch), None)))
+    done.assign_add(1)
+    manager.save(checkpoint_number=done)
+  return w.numpy().tolist()
+
+
+def main(mode, workdir):
+  resolver = tfd.cluster_resolver.TPUClusterResolver()
+  pids = resolver._hosts.pids  # pylint: disable=protected-access
+  print(*pids, flush=True)
+  tfd.tpu.experimental.initialize_tpu_system(resolver)
+  strategy = tfd.TPUStrategy(resolver)
+  result = {"losses": [], "again": []}
+  if mode == "resume":
+    result["weights"] = train(strategy, workdir, result["losses"])
+    result["weights_again"] = train(strategy, workdir + "-again", result["again"])
+  else:
+    faulted = []
+
+    def fault():
+      os.kill(pids[1], signal.SIGKILL if mode == "kill" else signal.SIGSTOP)
+      faulted.append(time.monotonic())
+    try:
+      train(strategy, workdir, result["losses"], fault)
+    except tf.errors.OpError as error:
+      print(f"{mode}: failed {time.monotonic() - faulted[0]:.1f} s after the fault",
+            file=sys.stderr)
+      result["error"] = [type(error).__name__, isinstance(error, tf.errors.UnavailableError),
+                         error.message]
+      result["running"] = [pid for pid in pids if not _gone(pid)]
+    result["checkpoint"] = os.path.basename(tf.train.latest_checkpoint(workdir))
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  main(sys.argv[1], sys.argv[2])
