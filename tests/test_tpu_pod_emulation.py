@@ -260,6 +260,16 @@ def test_tf_keras_fit_on_the_pod_equals_one_host(pod_programs):
 
 
 @pytest.mark.multi_worker
+def test_a_step_right_after_iter_reads_started_iterators_on_busy_hosts(pod_programs):
+  assert pod_programs["busy_hosts"] == [1.0 * sum(range(32))] * 6
+
+
+@pytest.mark.multi_worker
+def test_keras_fit_on_the_pod_equals_one_host(pod_programs):
+  oracle.assert_same_numbers(pod_programs["keras"]["pod"], pod_programs["keras"]["local"], 1e-5)
+
+
+@pytest.mark.multi_worker
 def test_orbit_controller_trains_checkpoints_and_restores_on_the_pod(pod_programs):
   orbit = pod_programs["orbit"]
   losses = [o["training_loss"] for kind, o in orbit["outputs"] if kind == "train"]

@@ -11,11 +11,13 @@ import os
 import sys
 import time
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 import tf_distribute_lite as tfd
 
+import keras_models
 import orbit_programs
 import tf_keras_cases
 import tpu_programs
@@ -98,6 +100,38 @@ def model_parallel(resolver, topology):
           "equal": rows(outputs) == rows(plain)}
 
 
+def iterators_on_busy_hosts(strategy):
+  """Steps each right after `iter()`, while every host is busy: each step
+  reads started iterators (TensorFlow's runtime would run a step's read on a
+  host before the eager op that starts its iterator there, ~1 in 2)."""
+  dist = strategy.experimental_distribute_dataset(
+      tf.data.Dataset.range(64).map(lambda x: tf.cast(x, tf.float32)).batch(32))
+  step = tf.function(lambda iterator: strategy.run(tf.reduce_sum, args=(next(iterator),)))
+  sums = []
+  for _ in range(6):
+    for host in range(strategy.extended.num_hosts):
+      with tf.device(f"/job:worker/replica:0/task:{host}/device:CPU:0"):
+        busy = tf.random.normal([1000, 1000])
+        tf.linalg.matmul(busy, busy)
+    try:
+      sums.append(float(strategy.reduce("SUM", step(iter(dist)), axis=None)))
+    except tf.errors.FailedPreconditionError as e:  # "the iterator has not been initialized"
+      sums.append(type(e).__name__)
+  return sums
+
+
+def keras_fit(strategy):
+  """Keras 3 `fit` (a new iterator on every host each epoch) and `evaluate`."""
+  with strategy.scope():
+    model = keras_models.classifier()
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  x, y = keras_models.classification_data(64)
+  history = model.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0)
+  return {"losses": history.history["loss"],
+          "evaluation": model.evaluate(x, y, batch_size=32, verbose=0)}
+
+
 def checkpoints(strategy, workdir):
   """A variable saved on the pod, restored on one host, changed, saved and
   restored on the pod."""
@@ -132,6 +166,8 @@ def main(workdir):
       "tf_keras": lambda: {name: tf_keras_cases.outcome(
           "fit_arrays", s, os.path.join(workdir, name)) for name, s in [
               ("pod", strategy), ("local", local)]},
+      "busy_hosts": lambda: iterators_on_busy_hosts(strategy),
+      "keras": lambda: {"pod": keras_fit(strategy), "local": keras_fit(local)},
       "orbit": lambda: orbit_programs.controller(strategy, os.path.join(workdir, "orbit")),
   }
   results = {"strategy": [strategy.num_replicas_in_sync, strategy.extended.num_hosts,

@@ -208,7 +208,7 @@ class DistributedDataset(tf.distribute.DistributedDataset,
                            if tf.executing_eagerly() else tf.data.UNKNOWN_CARDINALITY)
 
   def __iter__(self):
-    return DistributedIterator(self._layout, self._iterators(iter))
+    return DistributedIterator(self._layout, self._iterators(_iterator))
 
   def _iterators(self, make):
     iterators = []
@@ -530,6 +530,21 @@ class InitializableIterator(DistributedIterator):
     deprecation.warn_once("DistributedIterator.initialize",
                           "Use the iterator's `initializer` property instead.")
     return self.initializer
+
+
+def _iterator(dataset):
+  """`iter(dataset)`, made by a function when eager on another task (a pod's
+  host): TensorFlow's remote runtime lets a step read an iterator once the op
+  making it has run, maybe before the eager op that starts it (it has no
+  output), so Keras 3's step found it uninitialized; a function's iterator
+  exists only once started."""
+  home = device_util.current()
+  if home and home not in device_util.local_devices():
+    return _started_iterator(dataset)
+  return iter(dataset)
+
+
+_started_iterator = tf.function(lambda dataset: iter(dataset))  # pylint: disable=unnecessary-lambda
 
 
 def _graph_only(make_iterator):
