@@ -1,16 +1,7 @@
-"""`TPUStrategy`: synchronous training on the cores of a TPU, or of an
-emulated slice (`TPUClusterResolver("emulated:v3-8")`) made of logical CPU
-devices.
-
-Replicas and their cores come from a `tf.tpu.experimental.DeviceAssignment`
-(by default one replica per core). Each replica runs on its first core's
-device as a `MirroredStrategy` replica does; variables are mirrored on
-those devices. The logical-device annotations are checked as on a TPU; an
-emulated slice computes annotated tensors unsplit (a CPU cannot partition
-them), with the same values. The strategy's executor runs the step
-(`executors.TPUReplicate`, or `executors.EmulatedTPU`, which refuses what a
-TPU refuses, with TensorFlow's errors); sparse or ragged input fetched to the
-cores is refused here.
+"""`TPUStrategy`: synchronous training on the cores of a TPU or of an emulated
+slice (`TPUClusterResolver("emulated:v3-8")`), a replica per core or as a
+`DeviceAssignment` says. Logical-device annotations are checked as on a TPU;
+an emulated slice computes annotated tensors unsplit, with the same values.
 """
 
 import contextlib
@@ -47,13 +38,10 @@ class TPUMethods:
     return self._extended._tpu_cluster_resolver  # pylint: disable=protected-access
 
   def run(self, fn, args=(), kwargs=None, options=None):
-    """Runs `fn` on each replica, as one step compiled by XLA (see
-    `tf_distribute_lite.Strategy.run`). `options`, a `RunOptions`, say how
-    `tpu.replicate` pads dynamic shapes and partitions the step. As in
-    TensorFlow, eagerly `fn` must be a `tf.function` (or a concrete function,
-    or an object whose `__call__` is one): a plain Python function raises
-    `NotImplementedError` ("pure eager"), on an emulated slice too unless the
-    environment variable `TFD_EMULATED_TPU_EAGER` is `1` (for debugging).
+    """Runs `fn` on each replica as one XLA step; `options` (`RunOptions`) say
+    how `tpu.replicate` pads and partitions it. As in TensorFlow, eagerly `fn`
+    must be a `tf.function` (or a concrete function, or have one as `__call__`),
+    on an emulated slice too unless `TFD_EMULATED_TPU_EAGER=1` (for debugging).
 
     >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
     >>> options = tf_distribute_lite.RunOptions(experimental_enable_dynamic_batch_size=False)
@@ -72,13 +60,8 @@ class TPUMethods:
     return super().run(fn, args, kwargs, options)
 
   def experimental_assign_to_logical_device(self, tensor, logical_device_id):
-    """Places the ops on `tensor` on logical device `logical_device_id` of
-    each replica; returns a tensor with the same value.
-
-    >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
-    >>> strategy.experimental_assign_to_logical_device(tf.constant(1.0), 0)
-    <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
-    """
+    """`tensor`, its ops placed on logical device `logical_device_id` of each
+    replica."""
     extended = self.extended
     if extended._use_spmd_for_xla_partitioning:  # pylint: disable=protected-access
       raise ValueError(
@@ -95,9 +78,8 @@ class TPUMethods:
     return extended._annotated(tensor, "maximal", logical_device_id)  # pylint: disable=protected-access
 
   def experimental_split_to_logical_devices(self, tensor, partition_dimensions):
-    """Splits `tensor` along each dimension into `partition_dimensions[i]`
-    pieces, one per logical device of the replica; returns a tensor with
-    the same value.
+    """`tensor`, split along dimension i into `partition_dimensions[i]`
+    pieces, one per logical device of the replica.
 
     >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
     >>> strategy.experimental_split_to_logical_devices(tf.ones([2, 4]), [2, 2])
@@ -128,13 +110,7 @@ class TPUMethods:
     return self.extended._annotated(tensor, "tiled", list(partition_dimensions))  # pylint: disable=protected-access
 
   def experimental_replicate_to_logical_devices(self, tensor):
-    """Gives every logical device of the replica all of `tensor`; returns a
-    tensor with the same value.
-
-    >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
-    >>> strategy.experimental_replicate_to_logical_devices(tf.constant([1, 2]))
-    <tf.Tensor: shape=(2,), dtype=int32, numpy=array([1, 2], dtype=int32)>
-    """
+    """`tensor`, all of it on every logical device of the replica."""
     return self.extended._annotated(tensor, "replicated", None)  # pylint: disable=protected-access
 
 
@@ -166,12 +142,7 @@ class TPUStrategyV2(TPUMethods, distribute_lib.Strategy,
                                  experimental_spmd_xla_partitioning))
 
   def experimental_run_v2(self, fn, args=(), kwargs=None, options=None):
-    """`run` under its TF 2.0 name.
-
-    >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
-    >>> len(strategy.experimental_run_v2(tf.function(lambda: tf.constant(1.0))).values)
-    4
-    """
+    """`run` under its TF 2.0 name."""
     return self.run(fn, args, kwargs, options)
 
 
@@ -281,8 +252,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
 
   @property
   def tpu_hardware_feature(self):
-    """The TPU's hardware features (`tf.tpu.experimental.HardwareFeature`),
-    from its cluster resolver."""
+    """The TPU's `tf.tpu.experimental.HardwareFeature`, from its resolver."""
     return self._tpu_cluster_resolver.tpu_hardware_feature
 
   def _experimental_initialize_system(self):
@@ -324,18 +294,15 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     return tpu_replication.enclosing_step(self._container_strategy())
 
   def _annotated(self, tensor, kind, detail):
-    """`tensor` with an XLA sharding annotation; unchanged on an emulated
-    slice, where each replica computes on one CPU device."""
+    """`tensor` with an XLA sharding annotation; unchanged on an emulated slice."""
     if self._emulated:
       return tensor
     return _tf_bridge.xla_sharding_annotation(tensor, kind, detail)
 
 
 def _check_run_arguments(fn, args, kwargs):
-  """Raises TensorFlow's ValueErrors for the arguments its `TPUStrategy.run`
-  cannot pass to `fn`: more positional arguments than `fn` names (where it
-  has no `*args`), and distributed variables passed to `*args` or
-  positional-only parameters, or mixed with other `*args`."""
+  """Raises TensorFlow's ValueErrors for arguments its `TPUStrategy.run`
+  cannot pass to `fn` (too many, or distributed variables where it refuses them)."""
   try:
     parameters = list(inspect.signature(fn).parameters.values())
   except (TypeError, ValueError):  # no signature to check against
@@ -371,8 +338,7 @@ def _check_run_arguments(fn, args, kwargs):
 
 
 def _check_fetchable(element_spec, options):
-  """Raises `ValueError` where the elements go to the TPU cores (by default)
-  and hold sparse or ragged tensors, which a TPU's infeed cannot take."""
+  """Raises `ValueError` for sparse or ragged elements fetched to the cores."""
   if options is not None and not options.experimental_fetch_to_device:
     return
   for spec in tf.nest.flatten(element_spec):
@@ -387,17 +353,13 @@ def _check_fetchable(element_spec, options):
 
 
 class NotADeviceAssignmentError(ValueError, AttributeError):
-  """A device assignment that is none: a `ValueError`, as TensorFlow's
-  `DeviceAssignment` raises for arguments of the wrong type, and an
-  `AttributeError`, as its TPUStrategy fails (on `num_replicas`)."""
+  """A device assignment that is none: a `ValueError`, as TF's `DeviceAssignment`
+  raises, and an `AttributeError`, as its TPUStrategy fails."""
 
 
 def _check_arguments(resolver, device_assignment, steps_per_run):
-  """Raises for a resolver that is not a TPU's, nor answers as one
-  (`NotAResolverError`), a
-  device assignment that is not a `tf.tpu.experimental.DeviceAssignment`
-  (`NotADeviceAssignmentError`), and as `check_count` for `steps_per_run`
-  below 1."""
+  """Raises for a resolver that does not answer as a TPU's, a device assignment
+  that is not a `DeviceAssignment` and `steps_per_run` below 1."""
   if not hasattr(resolver, "get_tpu_system_metadata"):
     # TensorFlow takes any object that answers as a TPU resolver does.
     cluster_resolver_lib.check_resolver(
