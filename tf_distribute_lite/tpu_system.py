@@ -1,22 +1,11 @@
-"""Starting and stopping the TPU system of a resolver, for our resolvers:
-TensorFlow's own `tf.tpu.experimental.initialize_tpu_system` accepts only
-TensorFlow's resolver class.
-
-On a TPU these run TensorFlow's TPU system ops (`ConfigureDistributedTPU`,
-`ShutdownDistributedTPU`) on the TPU_SYSTEM device, as TensorFlow does:
-eagerly through a `tf.function`; in a TF1 graph through a session on the
-resolver's master; traced inside a `tf.function`, `initialize_tpu_system`
-adds its op and returns the serialized topology. On an emulated slice they
-give the slice's topology; executed eagerly on an emulated multi-host slice,
-`initialize` also connects this program to its hosts, if it is not yet.
-
-The resolver finds, this module starts: `tpu_cluster_resolver` defines the
-public `initialize_tpu_system` and `shutdown_tpu_system` (which find the
-TPU when given no resolver) and `TPUClusterResolver.connect` on
-`initialize` and `shutdown` here.
+"""Starting and stopping the TPU system of a given resolver, as TensorFlow's
+`initialize_tpu_system` accepts only its own resolver class
+(`tpu_cluster_resolver` defines the public functions, which find the TPU).
+On a TPU: TensorFlow's system ops on the TPU_SYSTEM device, eagerly through a
+`tf.function`, in a TF1 graph through a session on the master, or added to a
+`tf.function` being traced. On an emulated slice: the slice's topology (an
+eager `initialize` of a multi-host slice connects to its hosts).
 """
-
-import contextlib
 
 import tensorflow as tf
 
@@ -66,26 +55,27 @@ def _require_tpu_system(cluster_resolver):
         f"TPUClusterResolver('emulated:v3-8').")
 
 
-@contextlib.contextmanager
-def _missing_tpu_is_not_found(cluster_resolver, step):
-  """A system op's `InvalidArgumentError` as `NotFoundError`, as in TF."""
+def _run_system_op(cluster_resolver, step, function, make_op):
+  """Runs a TPU system op, returning its value: eagerly `function(job)` on the
+  TPU_SYSTEM device, in a TF1 graph `make_op()` in a session on the master. A
+  missing TPU raises `NotFoundError`, as in TensorFlow."""
   try:
-    yield
+    if tf.executing_eagerly():
+      _require_tpu_system(cluster_resolver)
+      with tf.device(system_device(cluster_resolver)):  # where the function's op runs
+        result = function(_job(cluster_resolver))()
+      return None if result is None else result.numpy()
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    cluster = cluster_resolver.cluster_spec()
+    if cluster.jobs:
+      config.cluster_def.CopyFrom(cluster.as_cluster_def())
+    with tf.Graph().as_default(), tf.compat.v1.Session(cluster_resolver.master(),
+                                                       config=config) as session:
+      return session.run(make_op())
   except tf.errors.InvalidArgumentError as e:
     raise tf.errors.NotFoundError(
         None, None, f"TPUs not found in the cluster (master "
         f"{cluster_resolver.master()!r}). Failed in {step}: {e.message}") from None
-
-
-def _run_on_master(cluster_resolver, make_op):
-  """Runs `make_op()` in a TF1 session on the resolver's master."""
-  config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
-  cluster = cluster_resolver.cluster_spec()
-  if cluster.jobs:
-    config.cluster_def.CopyFrom(cluster.as_cluster_def())
-  with tf.Graph().as_default(), tf.compat.v1.Session(cluster_resolver.master(),
-                                                     config=config) as session:
-    return session.run(make_op())
 
 
 def _configure_op(job):
@@ -134,14 +124,8 @@ def initialize(cluster_resolver):
   elif tracing_a_function():
     return _configure_op(_job(resolver))
   else:
-    with _missing_tpu_is_not_found(resolver, "initialization"):
-      if tf.executing_eagerly():
-        _require_tpu_system(resolver)
-        # The function's call must run where its op does.
-        with tf.device(system_device(resolver)):
-          serialized = initialize_function(_job(resolver))().numpy()
-      else:
-        serialized = _run_on_master(resolver, tf.compat.v1.tpu.initialize_system)
+    serialized = _run_system_op(resolver, "initialization", initialize_function,
+                                tf.compat.v1.tpu.initialize_system)
     topology = tf.tpu.experimental.Topology(serialized=serialized)
     resolver.set_tpu_topology(serialized)
   _initialized[resolver.master()] = topology
@@ -153,13 +137,7 @@ def shutdown(cluster_resolver):
   `tpu_cluster_resolver.shutdown_tpu_system`)."""
   resolver = _checked(cluster_resolver)
   if getattr(resolver, "emulated_slice", None) is None:
-    with _missing_tpu_is_not_found(resolver, "shutdown"):
-      if tf.executing_eagerly():
-        _require_tpu_system(resolver)
-        with tf.device(system_device(resolver)):
-          shutdown_function(_job(resolver))()
-      else:
-        _run_on_master(resolver, tf.compat.v1.tpu.shutdown_system)
+    _run_system_op(resolver, "shutdown", shutdown_function, tf.compat.v1.tpu.shutdown_system)
   _initialized.pop(resolver.master(), None)
 
 
