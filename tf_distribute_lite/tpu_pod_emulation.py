@@ -1,23 +1,19 @@
 """The hosts of an emulated multi-host TPU slice (README: "Testing pod
-programs without a pod"): one local process per host serves its cores as
-logical CPU devices of task i of job "worker" on 127.0.0.1; the program that
-made the `TPUClusterResolver("emulated:v4-32")` is their client.
-
-A host is this module run as a program (`host_command`). Started by hand,
-one per task, hosts serve until killed, and "emulated:v4-32@<their addresses>"
-names them to the resolver:
+programs without a pod"): a local process per host serves its cores as
+logical CPU devices of task i of job "worker" on 127.0.0.1; the program
+holding the `TPUClusterResolver("emulated:v4-32")` is their client. A host is
+this module run as a program (`host_command`); hosts started by hand serve
+until killed, and "emulated:v4-32@<their addresses>" names them:
 
     python -m tf_distribute_lite.tpu_pod_emulation --task 2 \\
         --tpu emulated:v4-32@127.0.0.1:5000,127.0.0.1:5001,127.0.0.1:5002,127.0.0.1:5003
 
 `start` waits at most `$TF_DISTRIBUTE_LITE_POD_START_SECONDS` (120 s) for the
-hosts to answer, else ends them and raises `RuntimeError` naming one, with its
-log. Hosts it started end with the client (by process id at exit; each also
-within 0.5 s of its parent's death, even by SIGKILL) and are watched: once one
-exits or stays stopped (SIGSTOP) for 5 s, the others are ended, and an eager
-`TPUStrategy.run` or `reduce` raises TensorFlow's error naming that host.
-Hosts the user started are not watched: a stopped one hangs the client, as
-TensorFlow's eager RPCs have no deadline.
+hosts. Those it started end with the client (each within 0.5 s of its parent's
+death, even by SIGKILL) and are watched: once one exits or stays stopped
+(SIGSTOP) 5 s, the others are ended and an eager `TPUStrategy.run` or `reduce`
+names it in TensorFlow's error. Hosts started by hand are not watched: a
+stopped one hangs the client (TensorFlow's eager RPCs have no deadline).
 """
 
 import argparse
@@ -150,9 +146,9 @@ def naming_a_lost_host(hosts):
 
 
 def start(tpu_slice):
-  """The slice's hosts, started here unless `tpu_slice.addresses` names
-  them, once they answer. The resolvers of a slice type share the hosts
-  started first for it."""
+  """The slice's hosts (started here unless `tpu_slice.addresses` names them)
+  once they answer, or `RuntimeError` naming one, with its log. The resolvers
+  of a slice type share the hosts started first for it."""
   timeout = float(os.environ.get(START_SECONDS_VARIABLE) or _START_SECONDS)
   if tpu_slice.addresses:
     hosts = Hosts(tpu_slice)
@@ -183,14 +179,11 @@ def connect(cluster_resolver):
 
 def _free_addresses(count):
   """`count` 127.0.0.1 addresses whose ports nothing listens on now."""
-  sockets = [socket.socket() for _ in range(count)]
-  try:
+  with contextlib.ExitStack() as stack:
+    sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
     for s in sockets:
       s.bind(("127.0.0.1", 0))
     return tuple(f"127.0.0.1:{s.getsockname()[1]}" for s in sockets)
-  finally:
-    for s in sockets:
-      s.close()
 
 
 def _accepts(address):
