@@ -148,9 +148,8 @@ class TPUStrategyV2(TPUMethods, distribute_lib.Strategy,
 
 class ExperimentalTPUStrategy(TPUStrategyV2, covers_parent=True,
                               stands_for=tf.distribute.experimental.TPUStrategy):
-  """Deprecated: `tf.distribute.experimental.TPUStrategy` (TF 2.2), which
-  names its device assignment `device_assignment`. Every `TPUStrategy` is
-  one to `isinstance`, as in TensorFlow.
+  """Deprecated `tf.distribute.experimental.TPUStrategy` (TF 2.2, argument
+  `device_assignment`); every `TPUStrategy` is one to `isinstance`, as in TF.
 
   >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
   >>> ExperimentalTPUStrategy(resolver).num_replicas_in_sync
@@ -200,8 +199,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
 
   @property
   def worker_devices(self):
-    """Each replica's core of the current logical device (0 outside
-    `experimental_logical_device`)."""
+    """Each replica's core of the current `experimental_logical_device` (0)."""
     return tuple(cores[self._logical_device] for cores in self._tpu_devices)
 
   @contextlib.contextmanager

@@ -22,8 +22,7 @@ def _checked(cluster_resolver):
 
 
 def tracing_a_function():
-  """True inside a `tf.function` being traced; False when executing eagerly
-  and in a TF1 graph."""
+  """True inside a `tf.function` being traced (not eagerly, not in a TF1 graph)."""
   return not tf.executing_eagerly() and tf.compat.v1.executing_eagerly_outside_functions()
 
 
@@ -85,22 +84,12 @@ def _configure_op(job):
 
 
 def initialize_function(job=None):
-  """The `tf.function` initializing the TPU system (returns its topology).
-
-  >>> graph = initialize_function().get_concrete_function().graph
-  >>> [op.type for op in graph.get_operations()][0]
-  'ConfigureDistributedTPU'
-  """
+  """The `tf.function` initializing the TPU system (returns its topology)."""
   return tf.function(lambda: _configure_op(job), autograph=False)
 
 
 def shutdown_function(job=None):
-  """The `tf.function` that shuts the TPU system down.
-
-  >>> graph = shutdown_function().get_concrete_function().graph
-  >>> [op.type for op in graph.get_operations()]
-  ['ShutdownDistributedTPU']
-  """
+  """The `tf.function` that shuts the TPU system down."""
   @tf.function(autograph=False)
   def shutdown():
     tf.compat.v1.tpu.shutdown_system(job=job)
