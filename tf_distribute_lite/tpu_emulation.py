@@ -8,9 +8,6 @@ Presets follow Cloud TPU's documentation: a v2/v3 chip has 2 cores, a v3 host
 4 chips; a v4 chip is one core to TensorFlow (megacore), a v4 host 2x2x1 chips
 (v4-32 is 16 cores on 4 hosts); a v5e chip has 1 core, a multi-host v5e slice
 2x2-chip hosts. Hosts tile the mesh, x first.
-
->>> parse("emulated:v3-8")
-EmulatedSlice(name='v3-8', mesh_shape=(2, 2, 1, 2), host_bounds=(1, 1, 1))
 """
 import dataclasses
 import itertools
@@ -25,6 +22,8 @@ PREFIX = "emulated:"
 class EmulatedSlice:
   """A TPU slice: its type, mesh `(x, y, z, cores per chip)` and hosts along x, y, z.
 
+  >>> PRESETS["v3-8"]
+  EmulatedSlice(name='v3-8', mesh_shape=(2, 2, 1, 2), host_bounds=(1, 1, 1))
   >>> EmulatedSlice("v4-8", (2, 2, 1, 1)).devices[-1]
   '/job:localhost/replica:0/task:0/device:CPU:3'
   >>> PRESETS["v4-32"].devices[-1]
@@ -41,11 +40,7 @@ class EmulatedSlice:
 
   @property
   def tpu_name(self):
-    """The TPU name that gives this slice on its hosts.
-
-    >>> PRESETS["v4-16"].on(["127.0.0.1:5000", "127.0.0.1:5001"]).tpu_name
-    'emulated:v4-16@127.0.0.1:5000,127.0.0.1:5001'
-    """
+    """The TPU name giving this slice on its hosts ("emulated:<type>@<address>,...")."""
     return PREFIX + self.name + ("@" + ",".join(self.addresses) if self.addresses else "")
 
   @property
@@ -63,10 +58,8 @@ class EmulatedSlice:
   @property
   def devices(self):
     """The CPU devices standing for the cores, in the topology's order."""
-    if self.num_hosts == 1:
-      return [f"/job:localhost/replica:0/task:0/device:CPU:{i}"
-              for i in range(self.num_cores)]
-    return [f"/job:worker/replica:0/task:{task}/device:CPU:{i}"
+    job = "localhost" if self.num_hosts == 1 else "worker"
+    return [f"/job:{job}/replica:0/task:{task}/device:CPU:{i}"
             for task in range(self.num_hosts) for i in range(self.num_cores_per_host)]
 
   def device_coordinates(self):

@@ -42,11 +42,7 @@ _started = {}  # slice type -> the `Hosts` this program started
 
 def host_command(tpu, task, parent=None):
   """The command running host `task` of the slice named `tpu`; with
-  `parent`, the host exits once that process is no longer its parent.
-
-  >>> host_command("emulated:v4-16@127.0.0.1:5000,127.0.0.1:5001", 1)[1:]
-  ['-m', 'tf_distribute_lite.tpu_pod_emulation', '--tpu', 'emulated:v4-16@127.0.0.1:5000,127.0.0.1:5001', '--task', '1']
-  """
+  `parent`, the host exits once that process is no longer its parent."""
   command = [sys.executable, "-m", __name__, "--tpu", tpu, "--task", str(task)]
   return command + ["--parent", str(parent)] if parent is not None else command
 
@@ -149,7 +145,6 @@ def start(tpu_slice):
   """The slice's hosts (started here unless `tpu_slice.addresses` names them)
   once they answer, or `RuntimeError` naming one, with its log. The resolvers
   of a slice type share the hosts started first for it."""
-  timeout = float(os.environ.get(START_SECONDS_VARIABLE) or _START_SECONDS)
   if tpu_slice.addresses:
     hosts = Hosts(tpu_slice)
   elif tpu_slice.name in _started:
@@ -165,7 +160,7 @@ def start(tpu_slice):
         for task, log in enumerate(logs)]
     hosts = _started[tpu_slice.name] = Hosts(tpu_slice, processes, logs)
     atexit.register(hosts.stop)
-  hosts.wait(timeout)
+  hosts.wait(float(os.environ.get(START_SECONDS_VARIABLE) or _START_SECONDS))
   return hosts
 
 

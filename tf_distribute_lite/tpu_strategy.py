@@ -125,8 +125,7 @@ class TPUStrategyV2(TPUMethods, distribute_lib.Strategy,
       saying which cores each replica uses; by default one core each.
     experimental_spmd_xla_partitioning: partition with XLA SPMD.
 
-  >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
-  >>> strategy = TPUStrategyV2(resolver)
+  >>> strategy = TPUStrategyV2(tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8"))
   >>> strategy.num_replicas_in_sync, strategy.extended.num_hosts
   (4, 1)
   >>> with strategy.scope():
@@ -151,8 +150,7 @@ class ExperimentalTPUStrategy(TPUStrategyV2, covers_parent=True,
   """Deprecated `tf.distribute.experimental.TPUStrategy` (TF 2.2, argument
   `device_assignment`); every `TPUStrategy` is one to `isinstance`, as in TF.
 
-  >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
-  >>> ExperimentalTPUStrategy(resolver).num_replicas_in_sync
+  >>> ExperimentalTPUStrategy(TPUClusterResolver("emulated:v4-8")).num_replicas_in_sync
   4
   """
 
@@ -391,14 +389,13 @@ def _replica_cores(resolver, metadata, device_assignment):
         f"use TPUClusterResolver('emulated:v3-8').")
   if device_assignment is None:
     return [[core] for core in cores]
-  if emulated is not None:  # the cores are listed host after host
-    def core(replica, logical_core):
-      spec = tf.DeviceSpec.from_string(device_assignment.tpu_device(replica, logical_core))
-      return cores[spec.task * emulated.num_cores_per_host + spec.device_index]
-    return [[core(r, k) for k in range(device_assignment.num_cores_per_replica)]
-            for r in range(device_assignment.num_replicas)]
   job = tf.DeviceSpec.from_string(cores[0]).job
-  return [[device_util.canonicalize(device_assignment.tpu_device(
-      replica=r, logical_core=k, job=job))
-           for k in range(device_assignment.num_cores_per_replica)]
+
+  def core(replica, logical_core):
+    device = device_assignment.tpu_device(replica=replica, logical_core=logical_core, job=job)
+    if emulated is None:
+      return device_util.canonicalize(device)
+    spec = tf.DeviceSpec.from_string(device)  # emulated cores are listed host after host
+    return cores[spec.task * emulated.num_cores_per_host + spec.device_index]
+  return [[core(r, k) for k in range(device_assignment.num_cores_per_replica)]
           for r in range(device_assignment.num_replicas)]

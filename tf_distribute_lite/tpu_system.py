@@ -28,17 +28,11 @@ def tracing_a_function():
 
 def _job(cluster_resolver):
   """The task running the system ops: the first TPU host, None when local."""
-  if cluster_resolver.master():
-    return f"{cluster_resolver.get_job_name()}/replica:0/task:0"
-  return None
+  return f"{cluster_resolver.get_job_name()}/replica:0/task:0" if cluster_resolver.master() else None
 
 
 def system_device(cluster_resolver):
-  """The TPU_SYSTEM device that runs the system ops for the resolver's TPU.
-
-  >>> system_device(tf_distribute_lite.cluster_resolver.TPUClusterResolver("grpc://10.0.0.2:8470"))
-  '/job:worker/replica:0/task:0/device:TPU_SYSTEM:0'
-  """
+  """The TPU_SYSTEM device that runs the system ops for the resolver's TPU."""
   job = _job(cluster_resolver)
   return f"/job:{job}/device:TPU_SYSTEM:0" if job else "/device:TPU_SYSTEM:0"
 
