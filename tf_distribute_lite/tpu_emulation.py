@@ -3,12 +3,11 @@
 on which `TPUStrategy` refuses what a TPU refuses (an eager `run` of a Python
 function too, unless `TFD_EMULATED_TPU_EAGER=1`). A multi-host slice (v4-16,
 v4-32, v3-32, v5litepod-16) has a process per host (`tpu_pod_emulation`).
-
 Presets follow Cloud TPU's documentation: a v2/v3 chip has 2 cores, a v3 host
 4 chips; a v4 chip is one core to TensorFlow (megacore), a v4 host 2x2x1 chips
 (v4-32 is 16 cores on 4 hosts); a v5e chip has 1 core, a multi-host v5e slice
-2x2-chip hosts. Hosts tile the mesh, x first.
-"""
+2x2-chip hosts. Hosts tile the mesh, x first."""
+
 import dataclasses
 import itertools
 import math
@@ -121,9 +120,8 @@ PRESETS = {
 
 
 def parse(tpu):
-  """The slice an "emulated:<type>" TPU name asks for; None otherwise. A
-  multi-host slice whose hosts are already running is
-  "emulated:<type>@<host 0's ip:port>,<host 1's>,..." (`tpu_pod_emulation`).
+  """The slice an "emulated:<type>" TPU name asks for, else None; running hosts
+  follow as "@<host 0's ip:port>,<host 1's>,..." (`tpu_pod_emulation`).
 
   >>> parse("emulated:v4-8").num_cores, parse("my-tpu")
   (4, None)

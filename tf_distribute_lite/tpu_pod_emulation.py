@@ -63,7 +63,6 @@ class Hosts:
 
   @property
   def pids(self):
-    """The process ids of the hosts this program started, by task."""
     return [process.pid for process in self._processes]
 
   def check(self):
@@ -72,8 +71,7 @@ class Hosts:
       raise RuntimeError(self.lost)
 
   def wait(self, timeout):
-    """Returns once every host accepts connections; raises once a started
-    host is lost or after `timeout` seconds."""
+    """Returns once every host answers; raises once one is lost or at `timeout`."""
     deadline = time.monotonic() + timeout
     for task, address in enumerate(self.tpu_slice.addresses):
       while not _accepts(address):
@@ -166,9 +164,8 @@ def start(tpu_slice):
 
 def connect(cluster_resolver):
   """Connects to the resolver's emulated hosts unless their devices are visible."""
-  tpu_slice = cluster_resolver.emulated_slice
   visible = {device.name for device in tf.config.list_logical_devices()}
-  if not set(tpu_slice.devices) <= visible:
+  if not set(cluster_resolver.emulated_slice.devices) <= visible:
     tf.config.experimental_connect_to_cluster(cluster_resolver)
 
 
@@ -200,12 +197,11 @@ def _stopped(pid):
 
 
 def serve(tpu_slice, task, parent=None):
-  """Serves host `task` of the slice until `parent` (if given) is no longer
-  this process's parent."""
+  """Serves host `task` of the slice until `parent`, if given, stops being the parent."""
   config = tf.compat.v1.ConfigProto(device_count={"CPU": tpu_slice.num_cores_per_host})
-  server = tf.distribute.Server({"worker": list(tpu_slice.addresses)}, job_name="worker",
-                                task_index=task, protocol="grpc", config=config, start=True)
-  del server  # serves until this process ends
+  # The server serves until this process ends, its Python object gone or not.
+  tf.distribute.Server({"worker": list(tpu_slice.addresses)}, job_name="worker",
+                       task_index=task, protocol="grpc", config=config, start=True)
   while parent is None or os.getppid() == parent:
     time.sleep(_POLL_SECONDS)
   os._exit(0)  # Leaves without shutting the server down, which can block.

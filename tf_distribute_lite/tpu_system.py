@@ -1,11 +1,9 @@
-"""Starting and stopping the TPU system of a given resolver, as TensorFlow's
-`initialize_tpu_system` accepts only its own resolver class
-(`tpu_cluster_resolver` defines the public functions, which find the TPU).
-On a TPU: TensorFlow's system ops on the TPU_SYSTEM device, eagerly through a
-`tf.function`, in a TF1 graph through a session on the master, or added to a
-`tf.function` being traced. On an emulated slice: the slice's topology (an
-eager `initialize` of a multi-host slice connects to its hosts).
-"""
+"""Starting and stopping the TPU system of a given resolver (TensorFlow's
+functions accept only its own resolver class; `tpu_cluster_resolver` defines
+the public ones). On a TPU: the system ops on the TPU_SYSTEM device, eagerly
+through a `tf.function`, in a TF1 graph through a session on the master, or
+added to a `tf.function` being traced. On an emulated slice: its topology (an
+eager `initialize` of a multi-host slice connects to its hosts)."""
 
 import tensorflow as tf
 
@@ -16,8 +14,7 @@ _initialized = {}
 
 def _checked(cluster_resolver):
   if not isinstance(cluster_resolver, tf.distribute.cluster_resolver.ClusterResolver):
-    raise TypeError(f"cluster_resolver must be a TPUClusterResolver; got "
-                    f"{cluster_resolver!r}.")
+    raise TypeError(f"cluster_resolver must be a TPUClusterResolver; got {cluster_resolver!r}.")
   return cluster_resolver
 
 
@@ -28,7 +25,9 @@ def tracing_a_function():
 
 def _job(cluster_resolver):
   """The task running the system ops: the first TPU host, None when local."""
-  return f"{cluster_resolver.get_job_name()}/replica:0/task:0" if cluster_resolver.master() else None
+  if cluster_resolver.master():
+    return f"{cluster_resolver.get_job_name()}/replica:0/task:0"
+  return None
 
 
 def system_device(cluster_resolver):
@@ -37,24 +36,19 @@ def system_device(cluster_resolver):
   return f"/job:{job}/device:TPU_SYSTEM:0" if job else "/device:TPU_SYSTEM:0"
 
 
-def _require_tpu_system(cluster_resolver):
-  if not tf.config.list_logical_devices("TPU_SYSTEM"):
-    raise tf.errors.NotFoundError(
-        None, None,
-        f"No TPU was found: TensorFlow lists no TPU_SYSTEM device (master "
-        f"{cluster_resolver.master()!r}; devices: "
-        f"{[d.name for d in tf.config.list_logical_devices()]}). On a Cloud "
-        f"TPU VM use TPUClusterResolver('local'); to run without a TPU use "
-        f"TPUClusterResolver('emulated:v3-8').")
-
-
 def _run_system_op(cluster_resolver, step, function, make_op):
-  """Runs a TPU system op, returning its value: eagerly `function(job)` on the
-  TPU_SYSTEM device, in a TF1 graph `make_op()` in a session on the master. A
-  missing TPU raises `NotFoundError`, as in TensorFlow."""
+  """Runs a TPU system op, returning its value: eagerly `function(job)` on the TPU_SYSTEM
+  device, in a TF1 graph `make_op()` on the master. No TPU: `NotFoundError`, as in TF."""
   try:
     if tf.executing_eagerly():
-      _require_tpu_system(cluster_resolver)
+      if not tf.config.list_logical_devices("TPU_SYSTEM"):
+        raise tf.errors.NotFoundError(
+            None, None,
+            f"No TPU was found: TensorFlow lists no TPU_SYSTEM device (master "
+            f"{cluster_resolver.master()!r}; devices: "
+            f"{[d.name for d in tf.config.list_logical_devices()]}). On a Cloud "
+            f"TPU VM use TPUClusterResolver('local'); to run without a TPU use "
+            f"TPUClusterResolver('emulated:v3-8').")
       with tf.device(system_device(cluster_resolver)):  # where the function's op runs
         result = function(_job(cluster_resolver))()
       return None if result is None else result.numpy()
