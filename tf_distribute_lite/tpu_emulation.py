@@ -1,25 +1,12 @@
-"""Emulated TPU slices: a TPU's topology with one logical CPU device per core.
-
-`TPUClusterResolver(tpu="emulated:v3-8")` (or `TPU_NAME=emulated:v3-8`) gives
-a slice from here: a TPU program runs with the same topology and rules on a
-machine without one, and `TPUStrategy` refuses there what a TPU refuses (an
-eager `run` of a Python function too, unless `TFD_EMULATED_TPU_EAGER=1`).
-A multi-host slice (v4-16, v4-32, v3-32, v5litepod-16) has one process per
-host, each serving its cores as CPU devices of task i of job "worker"
-(`tpu_pod_emulation`).
-
-The presets follow Cloud TPU's documentation: a v2/v3 chip has 2 cores and
-a v3 host 4 chips (8 cores); a v4 chip is one core to TensorFlow (megacore)
-and a v4 host 2x2x1 chips, so v4-32 (32 TensorCores) is 16 cores on 4
-hosts; a v5e chip has 1 core, and its multi-host slices have 4-chip (2x2)
-hosts. Hosts tile the mesh, x first.
-
->>> tpu_slice = parse("emulated:v3-8")
->>> tpu_slice
-EmulatedSlice(name='v3-8', mesh_shape=(2, 2, 1, 2), host_bounds=(1, 1, 1))
->>> tpu_slice.num_cores, tpu_slice.topology().num_tasks
-(8, 1)
-"""
+"""Emulated TPU slices (`TPUClusterResolver("emulated:v3-8")` or
+`TPU_NAME=emulated:v3-8`): a TPU's topology, a logical CPU device per core,
+on which `TPUStrategy` refuses what a TPU refuses (an eager `run` of a Python
+function too, unless `TFD_EMULATED_TPU_EAGER=1`). A multi-host slice (v4-16,
+v4-32, v3-32, v5litepod-16) has a process per host (`tpu_pod_emulation`).
+Presets follow Cloud TPU's documentation: a v2/v3 chip has 2 cores, a v3 host
+4 chips; a v4 chip is one core to TensorFlow (megacore), a v4 host 2x2x1 chips
+(v4-32 is 16 cores on 4 hosts); a v5e chip has 1 core, a multi-host v5e slice
+2x2-chip hosts. Hosts tile the mesh, x first."""
 
 import dataclasses
 import itertools
@@ -32,9 +19,10 @@ PREFIX = "emulated:"
 
 @dataclasses.dataclass(frozen=True)
 class EmulatedSlice:
-  """A TPU slice: its type, mesh `(x, y, z, cores per chip)` and hosts
-  along x, y and z.
+  """A TPU slice: its type, mesh `(x, y, z, cores per chip)` and hosts along x, y, z.
 
+  >>> PRESETS["v3-8"]
+  EmulatedSlice(name='v3-8', mesh_shape=(2, 2, 1, 2), host_bounds=(1, 1, 1))
   >>> EmulatedSlice("v4-8", (2, 2, 1, 1)).devices[-1]
   '/job:localhost/replica:0/task:0/device:CPU:3'
   >>> PRESETS["v4-32"].devices[-1]
@@ -51,11 +39,7 @@ class EmulatedSlice:
 
   @property
   def tpu_name(self):
-    """The TPU name that gives this slice on its hosts.
-
-    >>> PRESETS["v4-16"].on(["127.0.0.1:5000", "127.0.0.1:5001"]).tpu_name
-    'emulated:v4-16@127.0.0.1:5000,127.0.0.1:5001'
-    """
+    """The TPU name giving this slice on its hosts ("emulated:<type>@<address>,...")."""
     return PREFIX + self.name + ("@" + ",".join(self.addresses) if self.addresses else "")
 
   @property
@@ -73,15 +57,12 @@ class EmulatedSlice:
   @property
   def devices(self):
     """The CPU devices standing for the cores, in the topology's order."""
-    if self.num_hosts == 1:
-      return [f"/job:localhost/replica:0/task:0/device:CPU:{i}"
-              for i in range(self.num_cores)]
-    return [f"/job:worker/replica:0/task:{task}/device:CPU:{i}"
+    job = "localhost" if self.num_hosts == 1 else "worker"
+    return [f"/job:{job}/replica:0/task:{task}/device:CPU:{i}"
             for task in range(self.num_hosts) for i in range(self.num_cores_per_host)]
 
   def device_coordinates(self):
-    """Each core's `(x, y, z, core)`, host after host, each in a TPU host's
-    order (x first)."""
+    """Each core's `(x, y, z, core)`, host after host, each x first."""
     *chips, cores = self.mesh_shape
     per_host = [n // hosts for n, hosts in zip(chips, self.host_bounds)]
     return [[hx * per_host[0] + cx, hy * per_host[1] + cy, hz * per_host[2] + cz, core]
@@ -98,8 +79,7 @@ class EmulatedSlice:
                             for i in range(0, self.num_cores, per_host)])
 
   def ensure_devices(self):
-    """Gives this process one logical CPU device per core; `RuntimeError`
-    if TensorFlow has already started with fewer."""
+    """Gives this process a logical CPU device per core, or raises `RuntimeError`."""
     cpus = tf.config.list_physical_devices("CPU")
     try:
       configured = tf.config.get_logical_device_configuration(cpus[0])
@@ -140,9 +120,8 @@ PRESETS = {
 
 
 def parse(tpu):
-  """The slice an "emulated:<type>" TPU name asks for; None otherwise. A
-  multi-host slice whose hosts are already running is
-  "emulated:<type>@<host 0's ip:port>,<host 1's>,..." (`tpu_pod_emulation`).
+  """The slice an "emulated:<type>" TPU name asks for, else None; running hosts
+  follow as "@<host 0's ip:port>,<host 1's>,..." (`tpu_pod_emulation`).
 
   >>> parse("emulated:v4-8").num_cores, parse("my-tpu")
   (4, None)

@@ -1,41 +1,19 @@
-"""The hosts of an emulated multi-host TPU slice: one local process each.
+"""The hosts of an emulated multi-host TPU slice (README: "Testing pod
+programs without a pod"): a local process per host serves its cores as
+logical CPU devices of task i of job "worker" on 127.0.0.1; the program
+holding the `TPUClusterResolver("emulated:v4-32")` is their client. A host is
+this module run as a program (`host_command`); hosts started by hand serve
+until killed, and "emulated:v4-32@<their addresses>" names them:
 
-`TPUClusterResolver("emulated:v4-32")` starts every host of the slice with
-`start`: host i serves its cores as logical CPU devices of task i of job
-"worker" (TensorFlow's gRPC server on 127.0.0.1, a free port), and the
-program that made the resolver is the client, as it is of a real slice's
-hosts: after `tf.config.experimental_connect_to_cluster(resolver)` its
-functions run ops on `/job:worker/replica:0/task:i/device:CPU:j`.
+    python -m tf_distribute_lite.tpu_pod_emulation --task 2 \\
+        --tpu emulated:v4-32@127.0.0.1:5000,127.0.0.1:5001,127.0.0.1:5002,127.0.0.1:5003
 
-Each host is this module run as a program, the command `host_command` gives:
-
-    python -m tf_distribute_lite.tpu_pod_emulation \\
-        --tpu emulated:v4-32@127.0.0.1:5000,127.0.0.1:5001,127.0.0.1:5002,127.0.0.1:5003 \\
-        --task 2
-
-Started that way by hand (one command per task), the hosts serve until
-killed, and `TPUClusterResolver("emulated:v4-32@<the same addresses>")`
-uses them instead of starting its own: a test can then kill one.
-
-Lifetime: the client waits for every host to accept connections for at
-most `$TF_DISTRIBUTE_LITE_POD_START_SECONDS` (120 s by default: a host
-imports TensorFlow, which on a loaded 2-core machine takes tens of
-seconds). A host that exits or is still silent by then makes the client
-end the others and raise `RuntimeError` naming the host (task and address)
-and ending with its log. The hosts it started are ended by process id when
-the client exits (`atexit`), and each watches its parent's process id and
-exits within half a second of the client's death, even by SIGKILL.
-
-Faults: a thread of the client polls the hosts it started every 0.5 s and
-ends them all once one has exited or stayed stopped (SIGSTOP) for 5 s, so
-a step fails within about a second of a death (6 s of a stop), never
-hangs. An eager `TPUStrategy.run` or `reduce` raises TensorFlow's error
-(`UnavailableError`, `AbortedError`) with a message naming the host, e.g.
-"Host 1 of the emulated TPU slice v4-32 (task 1 of job 'worker',
-127.0.0.1:5001) exited with status -9"; elsewhere (a program's own
-`tf.function`) TensorFlow's message names the task and its address. Hosts
-the user started are not watched: a stopped one hangs the client, as
-TensorFlow's eager RPCs have no deadline (nor can it watch its parent).
+`start` waits at most `$TF_DISTRIBUTE_LITE_POD_START_SECONDS` (120 s) for the
+hosts. Those it started end with the client (each within 0.5 s of its parent's
+death, even by SIGKILL) and are watched: once one exits or stays stopped
+(SIGSTOP) 5 s, the others are ended and an eager `TPUStrategy.run` or `reduce`
+names it in TensorFlow's error. Hosts started by hand are not watched: a
+stopped one hangs the client (TensorFlow's eager RPCs have no deadline).
 """
 
 import argparse
@@ -63,21 +41,15 @@ _started = {}  # slice type -> the `Hosts` this program started
 
 
 def host_command(tpu, task, parent=None):
-  """The command that runs host `task` of the slice named `tpu`
-  ("emulated:<type>@<address>,..."); with `parent`, the host exits when that
-  process is no longer its parent.
-
-  >>> host_command("emulated:v4-16@127.0.0.1:5000,127.0.0.1:5001", 1)[1:]
-  ['-m', 'tf_distribute_lite.tpu_pod_emulation', '--tpu', 'emulated:v4-16@127.0.0.1:5000,127.0.0.1:5001', '--task', '1']
-  """
+  """The command running host `task` of the slice named `tpu`; with
+  `parent`, the host exits once that process is no longer its parent."""
   command = [sys.executable, "-m", __name__, "--tpu", tpu, "--task", str(task)]
   return command + ["--parent", str(parent)] if parent is not None else command
 
 
 class Hosts:
-  """The running hosts of an emulated slice (`tpu_slice.addresses`), and the
-  processes of those this program started (none when the user did), which a
-  thread watches (see the module's docstring)."""
+  """The running hosts of `tpu_slice`, and the processes of those this
+  program started (none when the user did), which a thread watches."""
 
   def __init__(self, tpu_slice, processes=(), logs=()):
     self.tpu_slice = tpu_slice
@@ -91,7 +63,6 @@ class Hosts:
 
   @property
   def pids(self):
-    """The process ids of the hosts this program started, by task."""
     return [process.pid for process in self._processes]
 
   def check(self):
@@ -100,20 +71,16 @@ class Hosts:
       raise RuntimeError(self.lost)
 
   def wait(self, timeout):
-    """Returns once every host accepts connections; after `timeout` seconds,
-    or as soon as a started host is lost, ends the hosts and raises."""
+    """Returns once every host answers; raises once one is lost or at `timeout`."""
     deadline = time.monotonic() + timeout
-    waiting = list(enumerate(self.tpu_slice.addresses))
-    while waiting:
-      self.check()
-      waiting = [(task, address) for task, address in waiting if not _accepts(address)]
-      if waiting and time.monotonic() >= deadline:
-        task, _ = waiting[0]
-        self._lose(task, f"did not accept connections within {timeout:g} s "
-                         f"(${START_SECONDS_VARIABLE})")
+    for task, address in enumerate(self.tpu_slice.addresses):
+      while not _accepts(address):
+        if time.monotonic() >= deadline:
+          self._lose(task, f"did not accept connections within {timeout:g} s "
+                           f"(${START_SECONDS_VARIABLE})")
         self.check()
-      if waiting:
         time.sleep(_POLL_SECONDS)
+    self.check()
 
   def stop(self):
     """Ends the hosts this program started, by process id."""
@@ -131,7 +98,6 @@ class Hosts:
         del _started[self.tpu_slice.name]
 
   def _watch(self):
-    """Ends the hosts once one has exited or stayed stopped `_STOPPED_SECONDS`."""
     stopped_since = {}
     while self._processes and self.lost is None:
       now = time.monotonic()
@@ -147,8 +113,7 @@ class Hosts:
       time.sleep(_POLL_SECONDS)
 
   def _lose(self, task, what):
-    """Names host `task` in `lost` (unless the hosts were ended before) and
-    ends the hosts."""
+    """Names host `task` in `lost` (unless the hosts had ended) and ends them."""
     with self._lock:
       if not self._ended.is_set():
         log = ""
@@ -162,9 +127,8 @@ class Hosts:
 
 @contextlib.contextmanager
 def naming_a_lost_host(hosts):
-  """Raises TensorFlow's `UnavailableError` or `AbortedError` raised in it
-  again, of the same class, with a message naming the host of `hosts` (a
-  `Hosts`, or None) that was lost, if one was."""
+  """Raises an `UnavailableError` or `AbortedError` again, its message naming
+  the host `hosts` (a `Hosts` or None) lost, if one was."""
   try:
     yield
   except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
@@ -176,11 +140,9 @@ def naming_a_lost_host(hosts):
 
 
 def start(tpu_slice):
-  """The slice's hosts, started here unless `tpu_slice.addresses` names
-  hosts the user started, and waited for (see the module's docstring). A
-  program is the client of one slice of each type: the resolvers of that
-  type share the hosts it started first."""
-  timeout = float(os.environ.get(START_SECONDS_VARIABLE) or _START_SECONDS)
+  """The slice's hosts (started here unless `tpu_slice.addresses` names them)
+  once they answer, or `RuntimeError` naming one, with its log. The resolvers
+  of a slice type share the hosts started first for it."""
   if tpu_slice.addresses:
     hosts = Hosts(tpu_slice)
   elif tpu_slice.name in _started:
@@ -196,29 +158,24 @@ def start(tpu_slice):
         for task, log in enumerate(logs)]
     hosts = _started[tpu_slice.name] = Hosts(tpu_slice, processes, logs)
     atexit.register(hosts.stop)
-  hosts.wait(timeout)
+  hosts.wait(float(os.environ.get(START_SECONDS_VARIABLE) or _START_SECONDS))
   return hosts
 
 
 def connect(cluster_resolver):
-  """Connects this program to the hosts of the resolver's emulated slice,
-  unless their devices are already visible."""
-  tpu_slice = cluster_resolver.emulated_slice
+  """Connects to the resolver's emulated hosts unless their devices are visible."""
   visible = {device.name for device in tf.config.list_logical_devices()}
-  if not set(tpu_slice.devices) <= visible:
+  if not set(cluster_resolver.emulated_slice.devices) <= visible:
     tf.config.experimental_connect_to_cluster(cluster_resolver)
 
 
 def _free_addresses(count):
   """`count` 127.0.0.1 addresses whose ports nothing listens on now."""
-  sockets = [socket.socket() for _ in range(count)]
-  try:
+  with contextlib.ExitStack() as stack:
+    sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
     for s in sockets:
       s.bind(("127.0.0.1", 0))
     return tuple(f"127.0.0.1:{s.getsockname()[1]}" for s in sockets)
-  finally:
-    for s in sockets:
-      s.close()
 
 
 def _accepts(address):
@@ -240,12 +197,11 @@ def _stopped(pid):
 
 
 def serve(tpu_slice, task, parent=None):
-  """Serves host `task` of the slice, until `parent` (if given) is no
-  longer this process's parent."""
+  """Serves host `task` of the slice until `parent`, if given, stops being the parent."""
   config = tf.compat.v1.ConfigProto(device_count={"CPU": tpu_slice.num_cores_per_host})
-  server = tf.distribute.Server({"worker": list(tpu_slice.addresses)}, job_name="worker",
-                                task_index=task, protocol="grpc", config=config, start=True)
-  del server  # serves until this process ends
+  # The server serves until this process ends, its Python object gone or not.
+  tf.distribute.Server({"worker": list(tpu_slice.addresses)}, job_name="worker",
+                       task_index=task, protocol="grpc", config=config, start=True)
   while parent is None or os.getppid() == parent:
     time.sleep(_POLL_SECONDS)
   os._exit(0)  # Leaves without shutting the server down, which can block.

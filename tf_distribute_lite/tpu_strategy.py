@@ -1,16 +1,7 @@
-"""`TPUStrategy`: synchronous training on the cores of a TPU, or of an
-emulated slice (`TPUClusterResolver("emulated:v3-8")`) made of logical CPU
-devices.
-
-Replicas and their cores come from a `tf.tpu.experimental.DeviceAssignment`
-(by default one replica per core). Each replica runs on its first core's
-device as a `MirroredStrategy` replica does; variables are mirrored on
-those devices. The logical-device annotations are checked as on a TPU; an
-emulated slice computes annotated tensors unsplit (a CPU cannot partition
-them), with the same values. The strategy's executor runs the step
-(`executors.TPUReplicate`, or `executors.EmulatedTPU`, which refuses what a
-TPU refuses, with TensorFlow's errors); sparse or ragged input fetched to the
-cores is refused here.
+"""`TPUStrategy`: synchronous training on the cores of a TPU or of an emulated
+slice (`TPUClusterResolver("emulated:v3-8")`), a replica per core or as a
+`DeviceAssignment` says. Logical-device annotations are checked as on a TPU;
+an emulated slice computes annotated tensors unsplit, with the same values.
 """
 
 import contextlib
@@ -47,19 +38,12 @@ class TPUMethods:
     return self._extended._tpu_cluster_resolver  # pylint: disable=protected-access
 
   def run(self, fn, args=(), kwargs=None, options=None):
-    """Runs `fn` on each replica, as one step compiled by XLA (see
-    `tf_distribute_lite.Strategy.run`). `options`, a `RunOptions`, say how
-    `tpu.replicate` pads dynamic shapes and partitions the step. As in
-    TensorFlow, eagerly `fn` must be a `tf.function` (or a concrete function,
-    or an object whose `__call__` is one): a plain Python function raises
-    `NotImplementedError` ("pure eager"), on an emulated slice too unless the
-    environment variable `TFD_EMULATED_TPU_EAGER` is `1` (for debugging).
+    """Runs `fn` on each replica as one XLA step; `options` (`RunOptions`) say
+    how `tpu.replicate` pads and partitions it. As in TensorFlow, eagerly `fn`
+    must be a `tf.function` (or a concrete function, or have one as `__call__`),
+    on an emulated slice too unless `TFD_EMULATED_TPU_EAGER=1` (for debugging).
 
-    >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
-    >>> options = tf_distribute_lite.RunOptions(experimental_enable_dynamic_batch_size=False)
-    >>> strategy.run(tf.function(lambda: tf.constant(1.0)), options=options).values[3]
-    <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
-    >>> strategy.run(lambda: tf.constant(1.0))
+    >>> TPUStrategyV2(TPUClusterResolver("emulated:v4-8")).run(lambda: tf.constant(1.0))
     Traceback (most recent call last):
     ...
     NotImplementedError: TPUStrategy.run(fn, ...) does not support pure eager execution...
@@ -72,13 +56,7 @@ class TPUMethods:
     return super().run(fn, args, kwargs, options)
 
   def experimental_assign_to_logical_device(self, tensor, logical_device_id):
-    """Places the ops on `tensor` on logical device `logical_device_id` of
-    each replica; returns a tensor with the same value.
-
-    >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
-    >>> strategy.experimental_assign_to_logical_device(tf.constant(1.0), 0)
-    <tf.Tensor: shape=(), dtype=float32, numpy=1.0>
-    """
+    """`tensor`, its ops placed on logical device `logical_device_id` of each replica."""
     extended = self.extended
     if extended._use_spmd_for_xla_partitioning:  # pylint: disable=protected-access
       raise ValueError(
@@ -95,16 +73,8 @@ class TPUMethods:
     return extended._annotated(tensor, "maximal", logical_device_id)  # pylint: disable=protected-access
 
   def experimental_split_to_logical_devices(self, tensor, partition_dimensions):
-    """Splits `tensor` along each dimension into `partition_dimensions[i]`
-    pieces, one per logical device of the replica; returns a tensor with
-    the same value.
-
-    >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
-    >>> strategy.experimental_split_to_logical_devices(tf.ones([2, 4]), [2, 2])
-    Traceback (most recent call last):
-    ...
-    ValueError: The product of `partition_dimensions` should be the same as the number of logical devices (=1). Received `partition_dimensions`=[2, 2],and their product is 4.
-    """
+    """`tensor`, split along dimension i into `partition_dimensions[i]`
+    pieces, one per logical device of the replica."""
     count = self.extended.num_logical_devices_per_replica
     shape = tensor.shape
     if len(shape) != len(partition_dimensions):
@@ -128,13 +98,7 @@ class TPUMethods:
     return self.extended._annotated(tensor, "tiled", list(partition_dimensions))  # pylint: disable=protected-access
 
   def experimental_replicate_to_logical_devices(self, tensor):
-    """Gives every logical device of the replica all of `tensor`; returns a
-    tensor with the same value.
-
-    >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
-    >>> strategy.experimental_replicate_to_logical_devices(tf.constant([1, 2]))
-    <tf.Tensor: shape=(2,), dtype=int32, numpy=array([1, 2], dtype=int32)>
-    """
+    """`tensor`, all of it on every logical device of the replica."""
     return self.extended._annotated(tensor, "replicated", None)  # pylint: disable=protected-access
 
 
@@ -149,8 +113,7 @@ class TPUStrategyV2(TPUMethods, distribute_lib.Strategy,
       saying which cores each replica uses; by default one core each.
     experimental_spmd_xla_partitioning: partition with XLA SPMD.
 
-  >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
-  >>> strategy = TPUStrategyV2(resolver)
+  >>> strategy = TPUStrategyV2(tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8"))
   >>> strategy.num_replicas_in_sync, strategy.extended.num_hosts
   (4, 1)
   >>> with strategy.scope():
@@ -166,23 +129,16 @@ class TPUStrategyV2(TPUMethods, distribute_lib.Strategy,
                                  experimental_spmd_xla_partitioning))
 
   def experimental_run_v2(self, fn, args=(), kwargs=None, options=None):
-    """`run` under its TF 2.0 name.
-
-    >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
-    >>> len(strategy.experimental_run_v2(tf.function(lambda: tf.constant(1.0))).values)
-    4
-    """
+    """`run` under its TF 2.0 name."""
     return self.run(fn, args, kwargs, options)
 
 
 class ExperimentalTPUStrategy(TPUStrategyV2, covers_parent=True,
                               stands_for=tf.distribute.experimental.TPUStrategy):
-  """Deprecated: `tf.distribute.experimental.TPUStrategy` (TF 2.2), which
-  names its device assignment `device_assignment`. Every `TPUStrategy` is
-  one to `isinstance`, as in TensorFlow.
+  """Deprecated `tf.distribute.experimental.TPUStrategy` (TF 2.2, argument
+  `device_assignment`); every `TPUStrategy` is one to `isinstance`, as in TF.
 
-  >>> resolver = tf_distribute_lite.cluster_resolver.TPUClusterResolver("emulated:v4-8")
-  >>> ExperimentalTPUStrategy(resolver).num_replicas_in_sync
+  >>> ExperimentalTPUStrategy(TPUClusterResolver("emulated:v4-8")).num_replicas_in_sync
   4
   """
 
@@ -229,23 +185,14 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
 
   @property
   def worker_devices(self):
-    """Each replica's core of the current logical device (0 outside
-    `experimental_logical_device`)."""
+    """Each replica's core of the current `experimental_logical_device` (0)."""
     return tuple(cores[self._logical_device] for cores in self._tpu_devices)
 
   @contextlib.contextmanager
   def experimental_logical_device(self, logical_device_id):
     """In cross-replica context, places the variables made in it on logical
     device `logical_device_id` of each replica; in a replica, the ops made
-    in it (an emulated replica computes on one device: they stay there).
-
-    >>> strategy = TPUStrategyV2(TPUClusterResolver("emulated:v4-8"))
-    >>> with strategy.extended.experimental_logical_device(1):
-    ...   pass
-    Traceback (most recent call last):
-    ...
-    ValueError: `logical_device_id` not in range (was 1, but there are only 1 logical devices per replica).
-    """
+    in it (an emulated replica computes on one device: they stay there)."""
     count = self.num_logical_devices_per_replica
     if not 0 <= logical_device_id < count:
       raise ValueError(f"`logical_device_id` not in range (was {logical_device_id}, "
@@ -281,13 +228,11 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
 
   @property
   def tpu_hardware_feature(self):
-    """The TPU's hardware features (`tf.tpu.experimental.HardwareFeature`),
-    from its cluster resolver."""
+    """The TPU's `tf.tpu.experimental.HardwareFeature`, from its resolver."""
     return self._tpu_cluster_resolver.tpu_hardware_feature
 
   def _experimental_initialize_system(self):
-    """Read by TensorFlow's TF 1.x `SessionManager`, which initializes the
-    TPU system before its session restores variables onto the TPU."""
+    """Read by TF 1.x's `SessionManager`, to initialize the TPU before restoring."""
     tpu_system.initialize(self._tpu_cluster_resolver)
 
   @property
@@ -324,18 +269,15 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
     return tpu_replication.enclosing_step(self._container_strategy())
 
   def _annotated(self, tensor, kind, detail):
-    """`tensor` with an XLA sharding annotation; unchanged on an emulated
-    slice, where each replica computes on one CPU device."""
+    """`tensor` with an XLA sharding annotation; unchanged on an emulated slice."""
     if self._emulated:
       return tensor
     return _tf_bridge.xla_sharding_annotation(tensor, kind, detail)
 
 
 def _check_run_arguments(fn, args, kwargs):
-  """Raises TensorFlow's ValueErrors for the arguments its `TPUStrategy.run`
-  cannot pass to `fn`: more positional arguments than `fn` names (where it
-  has no `*args`), and distributed variables passed to `*args` or
-  positional-only parameters, or mixed with other `*args`."""
+  """Raises TensorFlow's ValueErrors for arguments its `TPUStrategy.run`
+  cannot pass to `fn` (too many, or distributed variables where it refuses them)."""
   try:
     parameters = list(inspect.signature(fn).parameters.values())
   except (TypeError, ValueError):  # no signature to check against
@@ -371,8 +313,7 @@ def _check_run_arguments(fn, args, kwargs):
 
 
 def _check_fetchable(element_spec, options):
-  """Raises `ValueError` where the elements go to the TPU cores (by default)
-  and hold sparse or ragged tensors, which a TPU's infeed cannot take."""
+  """Raises `ValueError` for sparse or ragged elements fetched to the cores."""
   if options is not None and not options.experimental_fetch_to_device:
     return
   for spec in tf.nest.flatten(element_spec):
@@ -387,19 +328,14 @@ def _check_fetchable(element_spec, options):
 
 
 class NotADeviceAssignmentError(ValueError, AttributeError):
-  """A device assignment that is none: a `ValueError`, as TensorFlow's
-  `DeviceAssignment` raises for arguments of the wrong type, and an
-  `AttributeError`, as its TPUStrategy fails (on `num_replicas`)."""
+  """A device assignment that is none: a `ValueError`, as TF's `DeviceAssignment`
+  raises, and an `AttributeError`, as its TPUStrategy fails."""
 
 
 def _check_arguments(resolver, device_assignment, steps_per_run):
-  """Raises for a resolver that is not a TPU's, nor answers as one
-  (`NotAResolverError`), a
-  device assignment that is not a `tf.tpu.experimental.DeviceAssignment`
-  (`NotADeviceAssignmentError`), and as `check_count` for `steps_per_run`
-  below 1."""
+  """Raises for a resolver that does not answer as a TPU's, a device assignment
+  that is not a `DeviceAssignment` and `steps_per_run` below 1."""
   if not hasattr(resolver, "get_tpu_system_metadata"):
-    # TensorFlow takes any object that answers as a TPU resolver does.
     cluster_resolver_lib.check_resolver(
         resolver, "tpu_cluster_resolver",
         (TPUClusterResolver, tf.distribute.cluster_resolver.TPUClusterResolver),
@@ -431,14 +367,13 @@ def _replica_cores(resolver, metadata, device_assignment):
         f"use TPUClusterResolver('emulated:v3-8').")
   if device_assignment is None:
     return [[core] for core in cores]
-  if emulated is not None:  # the cores are listed host after host
-    def core(replica, logical_core):
-      spec = tf.DeviceSpec.from_string(device_assignment.tpu_device(replica, logical_core))
-      return cores[spec.task * emulated.num_cores_per_host + spec.device_index]
-    return [[core(r, k) for k in range(device_assignment.num_cores_per_replica)]
-            for r in range(device_assignment.num_replicas)]
   job = tf.DeviceSpec.from_string(cores[0]).job
-  return [[device_util.canonicalize(device_assignment.tpu_device(
-      replica=r, logical_core=k, job=job))
-           for k in range(device_assignment.num_cores_per_replica)]
+
+  def core(replica, logical_core):
+    device = device_assignment.tpu_device(replica=replica, logical_core=logical_core, job=job)
+    if emulated is None:
+      return device_util.canonicalize(device)
+    spec = tf.DeviceSpec.from_string(device)  # emulated cores are listed host after host
+    return cores[spec.task * emulated.num_cores_per_host + spec.device_index]
+  return [[core(r, k) for k in range(device_assignment.num_cores_per_replica)]
           for r in range(device_assignment.num_replicas)]

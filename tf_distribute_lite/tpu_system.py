@@ -1,22 +1,9 @@
-"""Starting and stopping the TPU system of a resolver, for our resolvers:
-TensorFlow's own `tf.tpu.experimental.initialize_tpu_system` accepts only
-TensorFlow's resolver class.
-
-On a TPU these run TensorFlow's TPU system ops (`ConfigureDistributedTPU`,
-`ShutdownDistributedTPU`) on the TPU_SYSTEM device, as TensorFlow does:
-eagerly through a `tf.function`; in a TF1 graph through a session on the
-resolver's master; traced inside a `tf.function`, `initialize_tpu_system`
-adds its op and returns the serialized topology. On an emulated slice they
-give the slice's topology; executed eagerly on an emulated multi-host slice,
-`initialize` also connects this program to its hosts, if it is not yet.
-
-The resolver finds, this module starts: `tpu_cluster_resolver` defines the
-public `initialize_tpu_system` and `shutdown_tpu_system` (which find the
-TPU when given no resolver) and `TPUClusterResolver.connect` on
-`initialize` and `shutdown` here.
-"""
-
-import contextlib
+"""Starting and stopping the TPU system of a given resolver (TensorFlow's
+functions accept only its own resolver class; `tpu_cluster_resolver` defines
+the public ones). On a TPU: the system ops on the TPU_SYSTEM device, eagerly
+through a `tf.function`, in a TF1 graph through a session on the master, or
+added to a `tf.function` being traced. On an emulated slice: its topology (an
+eager `initialize` of a multi-host slice connects to its hosts)."""
 
 import tensorflow as tf
 
@@ -27,14 +14,12 @@ _initialized = {}
 
 def _checked(cluster_resolver):
   if not isinstance(cluster_resolver, tf.distribute.cluster_resolver.ClusterResolver):
-    raise TypeError(f"cluster_resolver must be a TPUClusterResolver; got "
-                    f"{cluster_resolver!r}.")
+    raise TypeError(f"cluster_resolver must be a TPUClusterResolver; got {cluster_resolver!r}.")
   return cluster_resolver
 
 
 def tracing_a_function():
-  """True inside a `tf.function` being traced; False when executing eagerly
-  and in a TF1 graph."""
+  """True inside a `tf.function` being traced (not eagerly, not in a TF1 graph)."""
   return not tf.executing_eagerly() and tf.compat.v1.executing_eagerly_outside_functions()
 
 
@@ -46,46 +31,38 @@ def _job(cluster_resolver):
 
 
 def system_device(cluster_resolver):
-  """The TPU_SYSTEM device that runs the system ops for the resolver's TPU.
-
-  >>> system_device(tf_distribute_lite.cluster_resolver.TPUClusterResolver("grpc://10.0.0.2:8470"))
-  '/job:worker/replica:0/task:0/device:TPU_SYSTEM:0'
-  """
+  """The TPU_SYSTEM device that runs the system ops for the resolver's TPU."""
   job = _job(cluster_resolver)
   return f"/job:{job}/device:TPU_SYSTEM:0" if job else "/device:TPU_SYSTEM:0"
 
 
-def _require_tpu_system(cluster_resolver):
-  if not tf.config.list_logical_devices("TPU_SYSTEM"):
-    raise tf.errors.NotFoundError(
-        None, None,
-        f"No TPU was found: TensorFlow lists no TPU_SYSTEM device (master "
-        f"{cluster_resolver.master()!r}; devices: "
-        f"{[d.name for d in tf.config.list_logical_devices()]}). On a Cloud "
-        f"TPU VM use TPUClusterResolver('local'); to run without a TPU use "
-        f"TPUClusterResolver('emulated:v3-8').")
-
-
-@contextlib.contextmanager
-def _missing_tpu_is_not_found(cluster_resolver, step):
-  """A system op's `InvalidArgumentError` as `NotFoundError`, as in TF."""
+def _run_system_op(cluster_resolver, step, function, make_op):
+  """Runs a TPU system op, returning its value: eagerly `function(job)` on the TPU_SYSTEM
+  device, in a TF1 graph `make_op()` on the master. No TPU: `NotFoundError`, as in TF."""
   try:
-    yield
+    if tf.executing_eagerly():
+      if not tf.config.list_logical_devices("TPU_SYSTEM"):
+        raise tf.errors.NotFoundError(
+            None, None,
+            f"No TPU was found: TensorFlow lists no TPU_SYSTEM device (master "
+            f"{cluster_resolver.master()!r}; devices: "
+            f"{[d.name for d in tf.config.list_logical_devices()]}). On a Cloud "
+            f"TPU VM use TPUClusterResolver('local'); to run without a TPU use "
+            f"TPUClusterResolver('emulated:v3-8').")
+      with tf.device(system_device(cluster_resolver)):  # where the function's op runs
+        result = function(_job(cluster_resolver))()
+      return None if result is None else result.numpy()
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    cluster = cluster_resolver.cluster_spec()
+    if cluster.jobs:
+      config.cluster_def.CopyFrom(cluster.as_cluster_def())
+    with tf.Graph().as_default(), tf.compat.v1.Session(cluster_resolver.master(),
+                                                       config=config) as session:
+      return session.run(make_op())
   except tf.errors.InvalidArgumentError as e:
     raise tf.errors.NotFoundError(
         None, None, f"TPUs not found in the cluster (master "
         f"{cluster_resolver.master()!r}). Failed in {step}: {e.message}") from None
-
-
-def _run_on_master(cluster_resolver, make_op):
-  """Runs `make_op()` in a TF1 session on the resolver's master."""
-  config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
-  cluster = cluster_resolver.cluster_spec()
-  if cluster.jobs:
-    config.cluster_def.CopyFrom(cluster.as_cluster_def())
-  with tf.Graph().as_default(), tf.compat.v1.Session(cluster_resolver.master(),
-                                                     config=config) as session:
-    return session.run(make_op())
 
 
 def _configure_op(job):
@@ -95,22 +72,12 @@ def _configure_op(job):
 
 
 def initialize_function(job=None):
-  """The `tf.function` initializing the TPU system (returns its topology).
-
-  >>> graph = initialize_function().get_concrete_function().graph
-  >>> [op.type for op in graph.get_operations()][0]
-  'ConfigureDistributedTPU'
-  """
+  """The `tf.function` initializing the TPU system (returns its topology)."""
   return tf.function(lambda: _configure_op(job), autograph=False)
 
 
 def shutdown_function(job=None):
-  """The `tf.function` that shuts the TPU system down.
-
-  >>> graph = shutdown_function().get_concrete_function().graph
-  >>> [op.type for op in graph.get_operations()]
-  ['ShutdownDistributedTPU']
-  """
+  """The `tf.function` that shuts the TPU system down."""
   @tf.function(autograph=False)
   def shutdown():
     tf.compat.v1.tpu.shutdown_system(job=job)
@@ -134,14 +101,8 @@ def initialize(cluster_resolver):
   elif tracing_a_function():
     return _configure_op(_job(resolver))
   else:
-    with _missing_tpu_is_not_found(resolver, "initialization"):
-      if tf.executing_eagerly():
-        _require_tpu_system(resolver)
-        # The function's call must run where its op does.
-        with tf.device(system_device(resolver)):
-          serialized = initialize_function(_job(resolver))().numpy()
-      else:
-        serialized = _run_on_master(resolver, tf.compat.v1.tpu.initialize_system)
+    serialized = _run_system_op(resolver, "initialization", initialize_function,
+                                tf.compat.v1.tpu.initialize_system)
     topology = tf.tpu.experimental.Topology(serialized=serialized)
     resolver.set_tpu_topology(serialized)
   _initialized[resolver.master()] = topology
@@ -153,13 +114,7 @@ def shutdown(cluster_resolver):
   `tpu_cluster_resolver.shutdown_tpu_system`)."""
   resolver = _checked(cluster_resolver)
   if getattr(resolver, "emulated_slice", None) is None:
-    with _missing_tpu_is_not_found(resolver, "shutdown"):
-      if tf.executing_eagerly():
-        _require_tpu_system(resolver)
-        with tf.device(system_device(resolver)):
-          shutdown_function(_job(resolver))()
-      else:
-        _run_on_master(resolver, tf.compat.v1.tpu.shutdown_system)
+    _run_system_op(resolver, "shutdown", shutdown_function, tf.compat.v1.tpu.shutdown_system)
   _initialized.pop(resolver.master(), None)
 
 
