@@ -279,15 +279,13 @@ def _session_config(cluster_spec, task_type, task_id, register_seconds):
 def _startup_failure(cluster_spec, task_type, task_id, timeout, probe_seconds, detail):
   """The message of a failed start, naming the tasks whose servers do not
   answer within `probe_seconds`."""
-  others = [task for task in _tasks(cluster_spec)
-            if task[:2] != (task_type, task_id)]
+  others = [task for task in _tasks(cluster_spec) if task[:2] != (task_type, task_id)]
   with concurrent.futures.ThreadPoolExecutor(max(len(others), 1)) as pool:
     answered = list(pool.map(lambda task: _listening(task[2], probe_seconds), others))
   missing = [task for task, answers in zip(others, answered) if not answers]
   me = task_name(task_type, task_id)
   if missing:
-    names = ", ".join(f"{task_name(job, index)} at {address}"
-                      for job, index, address in missing)
+    names = ", ".join(f"{task_name(job, index)} at {address}" for job, index, address in missing)
     return (f"Task {me} could not start the cluster within {timeout:g} s: no "
             f"server answers for {names}. Start every task of the cluster "
             f"(one process each, with its own TF_CONFIG), or set "

@@ -62,13 +62,11 @@ class ExperimentalMultiWorkerMirroredStrategy(
   True
   """
 
-  def __init__(self, communication=CommunicationImplementation.AUTO,
-               cluster_resolver=None):
+  def __init__(self, communication=CommunicationImplementation.AUTO, cluster_resolver=None):
     deprecation.warn_once(
         "tf.distribute.experimental.MultiWorkerMirroredStrategy",
         "use tf_distribute_lite.MultiWorkerMirroredStrategy instead.")
-    super().__init__(cluster_resolver,
-                     CommunicationOptions(implementation=communication))
+    super().__init__(cluster_resolver, CommunicationOptions(implementation=communication))
 
 
 ExperimentalMultiWorkerMirroredStrategy.__name__ = "CollectiveAllReduceStrategy"

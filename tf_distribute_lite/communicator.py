@@ -110,8 +110,7 @@ class Communicator:
   def _placed(self, value, ops):
     """`value` with each component on its replica's device, where `ops`
     all-reduces in place (components may be made anywhere)."""
-    if (not cross_device_ops_lib.all_reduces_in_place(ops) or
-        not self._is_per_replica(value)):
+    if (not cross_device_ops_lib.all_reduces_in_place(ops) or not self._is_per_replica(value)):
       return value
     devices = self.layout.devices
     if all(c.device and device_util.canonicalize(c.device) == d
@@ -176,8 +175,7 @@ def reduce_along_axis(reduce_op, components, axis, across=None):
   """`Strategy.reduce` along `axis` of this process's `components`; `across`
   sums the total and count over processes holding other replicas."""
   with tf.device(device_util.current() or "/device:CPU:0"):
-    tensors = [c if isinstance(c, tf.Tensor) else tf.convert_to_tensor(c)
-               for c in components]
+    tensors = [c if isinstance(c, tf.Tensor) else tf.convert_to_tensor(c) for c in components]
     axes = _checked_axes(axis, tensors[0])
     parts = _joined(tensors, axes)
     if across is None and len(parts) == 1 and (
@@ -321,8 +319,7 @@ class ClusterCommunicator(Communicator):
           component = tf.convert_to_tensor(component)
       return device_util.on_device(component, device)
     devices = self.layout.devices
-    if (isinstance(value, tf.distribute.DistributedValues) and
-        len(value.values) == len(devices)):
+    if (isinstance(value, tf.distribute.DistributedValues) and len(value.values) == len(devices)):
       return self.cross_device_ops, [on(c, d) for c, d in zip(value.values, devices)]
     return self._worker_ops, [on(value, self._host)]
 
@@ -337,15 +334,13 @@ class ClusterCommunicator(Communicator):
     indices = self._all_gather(ops, [s.indices for s in slices], 0, options)
     if reduce_op == ReduceOp.MEAN:
       values = [_mean_in_dtype(v, self._groups[ops][0]) for v in values]
-    return [tf.IndexedSlices(v, i, s.dense_shape)
-            for v, i, s in zip(values, indices, slices)]
+    return [tf.IndexedSlices(v, i, s.dense_shape) for v, i, s in zip(values, indices, slices)]
 
   def _sum_over(self, ops, values, options):
     """Per list of components in `values`, its sums over `ops`' group."""
     casts = [[_summable(c) for c in components] for components in values]
     per_replica = [values_lib.PerReplica(components) for components in casts]
-    summed = ops.batch_reduce_implementation(
-        ReduceOp.SUM, [(v, v) for v in per_replica], options)
+    summed = ops.batch_reduce_implementation(ReduceOp.SUM, [(v, v) for v in per_replica], options)
     return [[tf.cast(s, c.dtype) if s.dtype != c.dtype else s
              for s, c in zip(values_lib.local_results(total, len(components)), components)]
             for total, components in zip(summed, values)]

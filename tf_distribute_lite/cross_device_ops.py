@@ -29,8 +29,7 @@ def devices_of(destinations):
   elif isinstance(destinations, tf.distribute.DistributedValues):
     # Components without a device (tf.function arguments) count as CPU:0.
     devices = tuple(v.device or "/device:CPU:0" for v in destinations.values)
-  elif isinstance(destinations, (list, tuple)) and all(
-      isinstance(d, str) for d in destinations):
+  elif isinstance(destinations, (list, tuple)) and all(isinstance(d, str) for d in destinations):
     devices = tuple(destinations)
   elif isinstance(destinations, (tf.Tensor, tf.Variable, tf.IndexedSlices)):
     devices = (destinations.device,)
@@ -123,8 +122,7 @@ def mean_from_sum(total, count):
 def _aggregate(components, accumulation_fn):
   """Sums tensors with `accumulation_fn`; concatenates IndexedSlices."""
   if any(isinstance(c, tf.IndexedSlices) for c in components):
-    slices = [c if isinstance(c, tf.IndexedSlices) else as_indexed_slices(c)
-              for c in components]
+    slices = [c if isinstance(c, tf.IndexedSlices) else as_indexed_slices(c) for c in components]
     return tf.IndexedSlices(tf.concat([s.values for s in slices], 0),
                             tf.concat([s.indices for s in slices], 0),
                             slices[0].dense_shape)
@@ -171,24 +169,19 @@ class CrossDeviceOps(StandsFor, stands_for=tf.distribute.CrossDeviceOps):
     """Reduces each `(value, destinations)` pair; returns a list of results."""
     reduce_op = ReduceOp.from_any(reduce_op)
     pairs = _checked_pairs(value_destination_pairs)
-    if all(len(v.values) == 1 and devices_of(v) == devices_of(d)
-           for v, d in pairs):
+    if all(len(v.values) == 1 and devices_of(v) == devices_of(d) for v, d in pairs):
       return [device_util.on_device(v.values[0], v.values[0].device, copy=True) for v, _ in pairs]
-    return self.batch_reduce_implementation(reduce_op, pairs,
-                                            options or CommunicationOptions())
+    return self.batch_reduce_implementation(reduce_op, pairs, options or CommunicationOptions())
 
   def broadcast(self, tensor, destinations):
     """Copies `tensor` to `destinations`."""
     devices_of(destinations)
     return self.broadcast_implementation(tensor, destinations)
 
-  def reduce_implementation(self, reduce_op, per_replica_value, destinations,
-                            options):
-    raise NotImplementedError(
-        f"{type(self).__name__} must implement reduce_implementation.")
+  def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
+    raise NotImplementedError(f"{type(self).__name__} must implement reduce_implementation.")
 
-  def batch_reduce_implementation(self, reduce_op, value_destination_pairs,
-                                  options):
+  def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
     return [self.reduce_implementation(reduce_op, value, destinations, options)
             for value, destinations in value_destination_pairs]
 
@@ -222,12 +215,10 @@ class ReductionToOneDevice(CrossDeviceOps, stands_for=tf.distribute.ReductionToO
     self.reduce_to_device = reduce_to_device
     self.accumulation_fn = accumulation_fn or tf.math.add_n
 
-  def reduce_implementation(self, reduce_op, per_replica_value, destinations,
-                            options):
+  def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
     del options
     device = self.reduce_to_device or devices_of(destinations)[0]
-    reduced = reduce_on_device(reduce_op, per_replica_value, device,
-                               self.accumulation_fn)
+    reduced = reduce_on_device(reduce_op, per_replica_value, device, self.accumulation_fn)
     return self.broadcast(reduced, destinations)
 
   def broadcast_implementation(self, tensor, destinations):
@@ -246,24 +237,19 @@ class _AllReduce(CrossDeviceOps):
   """An all-reduce: `_all_reduce_dense(per_device, ...)` sums equally
   shaped tensors, one per device, onto each device."""
 
-  def reduce_implementation(self, reduce_op, per_replica_value, destinations,
-                            options):
+  def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
     return self.batch_reduce_implementation(
         reduce_op, [(per_replica_value, destinations)], options)[0]
 
-  def batch_reduce_implementation(self, reduce_op, value_destination_pairs,
-                                  options):
-    if not all(devices_of(v) == devices_of(d)
-               for v, d in value_destination_pairs):
-      return _FALLBACK.batch_reduce_implementation(
-          reduce_op, value_destination_pairs, options)
+  def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
+    if not all(devices_of(v) == devices_of(d) for v, d in value_destination_pairs):
+      return _FALLBACK.batch_reduce_implementation(reduce_op, value_destination_pairs, options)
     values = [v for v, _ in value_destination_pairs]
     results = [None] * len(values)
     dense = []
     for i, value in enumerate(values):
       if isinstance(value.values[0], tf.IndexedSlices):
-        results[i] = _FALLBACK.reduce_implementation(
-            reduce_op, value, value, options)
+        results[i] = _FALLBACK.reduce_implementation(reduce_op, value, value, options)
       else:
         dense.append(i)
     if dense:
@@ -309,8 +295,7 @@ def _concat_flat(tensors, device):
 
 def _split_flat(flat, like, device):
   with tf.device(device):
-    sizes = [tf.size(t) if t.shape.num_elements() is None else t.shape.num_elements()
-             for t in like]
+    sizes = [tf.size(t) if t.shape.num_elements() is None else t.shape.num_elements() for t in like]
     pieces = tf.split(flat, sizes)
     return [tf.reshape(p, tf.shape(t) if not t.shape.is_fully_defined() else t.shape)
             for p, t in zip(pieces, like)]
@@ -325,14 +310,10 @@ class _PackedByCount(_AllReduce):
       raise ValueError(f"`num_packs` must be >= 0; got {num_packs}.")
     self.num_packs = num_packs
 
-  def reduce_implementation(self, reduce_op, per_replica_value, destinations,
-                            options):
-    if any(device_util.device_type(d) == "CPU"
-           for d in devices_of(destinations)):
-      return _FALLBACK.reduce_implementation(
-          reduce_op, per_replica_value, destinations, options)
-    return super().reduce_implementation(
-        reduce_op, per_replica_value, destinations, options)
+  def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
+    if any(device_util.device_type(d) == "CPU" for d in devices_of(destinations)):
+      return _FALLBACK.reduce_implementation(reduce_op, per_replica_value, destinations, options)
+    return super().reduce_implementation(reduce_op, per_replica_value, destinations, options)
 
   def _packs(self, values, options):
     """No packing for `num_packs` 0; else one pack per dtype."""
@@ -344,8 +325,7 @@ class _PackedByCount(_AllReduce):
     return list(by_dtype.values())
 
 
-class HierarchicalCopyAllReduce(_PackedByCount,
-                                stands_for=tf.distribute.HierarchicalCopyAllReduce):
+class HierarchicalCopyAllReduce(_PackedByCount, stands_for=tf.distribute.HierarchicalCopyAllReduce):
   """Sums each half of the devices on a root, adds the two, copies the total
   back (TF 2.21 drops values for an odd number of devices). `num_packs`: 0
   all-reduces each tensor alone, else those of one dtype together.
@@ -454,8 +434,7 @@ class CollectiveAllReduce(_AllReduce):
     self._group_key = next_group_key() if group_key is None else group_key
     self._ordering_tokens = None
     self._instance_counter = None
-    self._eager_launch = tf.function(self._launch, autograph=False,
-                                     reduce_retracing=True)
+    self._eager_launch = tf.function(self._launch, autograph=False, reduce_retracing=True)
 
   def _packs(self, values, options):
     limit = self._options.merge(options).bytes_per_pack or self.DEFAULT_BYTES_PER_PACK
@@ -463,8 +442,7 @@ class CollectiveAllReduce(_AllReduce):
     for i, v in enumerate(values):
       t = v.values[0]
       nbytes = (t.shape.num_elements() or 0) * t.dtype.size
-      if current and (t.dtype != dtype or size + nbytes > limit or
-                      not t.shape.is_fully_defined()):
+      if current and (t.dtype != dtype or size + nbytes > limit or not t.shape.is_fully_defined()):
         packs.append(current)
         current, size = [], 0
       current.append(i)
@@ -493,8 +471,7 @@ class CollectiveAllReduce(_AllReduce):
         "It all-reduces with collective ops (CollectiveAllReduce), which a "
         "SavedModel cannot hold: save a function that does not reduce across "
         "replicas, such as one traced outside the strategy's scope.")
-    return self._launch(per_device, options.implementation.value,
-                        options.timeout_seconds or 0)
+    return self._launch(per_device, options.implementation.value, options.timeout_seconds or 0)
 
   def _launch(self, per_device, implementation, timeout):
     tokens = self._tokens()
@@ -521,8 +498,7 @@ class CollectiveAllReduce(_AllReduce):
     """A fresh instance key each time it is computed (`ResourceCountUpTo`),
     so that concurrent or looped launches of one trace never share one."""
     if self._instance_counter is None:
-      host = tf.DeviceSpec.from_string(self._devices[0]).replace(
-          device_type="CPU", device_index=0)
+      host = tf.DeviceSpec.from_string(self._devices[0]).replace(device_type="CPU", device_index=0)
       with tf.init_scope():
         self._instance_counter = _tf_bridge.plain_variable(
             _FIRST_INSTANCE_KEY, host, "instance_key_counter")

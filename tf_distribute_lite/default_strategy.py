@@ -55,8 +55,7 @@ class _DefaultDistributionExtended(distribute_lib.StrategyExtendedV1):
   def _experimental_distribute_dataset(self, dataset, options):
     return dataset
 
-  def _distribute_datasets_from_function(self, dataset_fn, options,
-                                         partial_steps=None):
+  def _distribute_datasets_from_function(self, dataset_fn, options, partial_steps=None):
     return dataset_fn(input_context_lib.InputContext())
 
 

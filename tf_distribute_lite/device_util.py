@@ -89,8 +89,7 @@ def _local_devices():
 def local_devices(device_type=None):
   """Canonical names of this process's (not its cluster's) logical devices."""
   names = [d.name for d in tf.config.list_logical_devices(device_type)]
-  return tuple(canonicalize(n) for n in names
-               if _full_name(n).startswith(_local_task[0] + "/"))
+  return tuple(canonicalize(n) for n in names if _full_name(n).startswith(_local_task[0] + "/"))
 
 
 def current():

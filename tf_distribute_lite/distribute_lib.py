@@ -38,8 +38,7 @@ class ValueContext(StandsFor, stands_for=tf.distribute.experimental.ValueContext
 
   replica_id_in_sync_group = property(lambda self: self._replica,
                                       doc="The replica this value is for.")
-  num_replicas_in_sync = property(lambda self: self._replicas,
-                                  doc="How many replicas are in sync.")
+  num_replicas_in_sync = property(lambda self: self._replicas, doc="How many replicas are in sync.")
 
   def __str__(self):
     return (f"tf.distribute.ValueContext(replica id "
@@ -210,8 +209,7 @@ class StrategyBase(StandsFor):
 
   def unwrap(self, value):
     """Deprecated: use `experimental_local_results`."""
-    deprecation.warn_once("Strategy.unwrap",
-                          "use `experimental_local_results` instead.")
+    deprecation.warn_once("Strategy.unwrap", "use `experimental_local_results` instead.")
     return self.experimental_local_results(value)
 
   def experimental_distribute_dataset(self, dataset, options=None):
@@ -248,8 +246,7 @@ class StrategyBase(StandsFor):
     return input_lib.owned_by(
         self._extended._distribute_datasets_from_function(dataset_fn, options), self)  # pylint: disable=protected-access
 
-  def experimental_distribute_datasets_from_function(self, dataset_fn,
-                                                     options=None):
+  def experimental_distribute_datasets_from_function(self, dataset_fn, options=None):
     """The former name of `distribute_datasets_from_function`."""
     return self.distribute_datasets_from_function(dataset_fn, options)
 
@@ -264,8 +261,7 @@ class StrategyBase(StandsFor):
     """Returns a copy of `config_proto` adjusted for this strategy."""
     return self._extended._update_config_proto(config_proto)  # pylint: disable=protected-access
 
-  def configure(self, session_config=None, cluster_spec=None, task_type=None,
-                task_id=None):
+  def configure(self, session_config=None, cluster_spec=None, task_type=None, task_id=None):
     """Deprecated: adjusts `session_config` in place and takes this task's
     cluster, where the strategy has one."""
     if cluster_spec:
@@ -568,8 +564,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
   @property
   def worker_devices(self):
     """The devices the replicas run on, one per replica."""
-    raise RuntimeError(
-        "worker_devices() method unsupported by default tf.distribute.Strategy.")
+    raise RuntimeError("worker_devices() method unsupported by default tf.distribute.Strategy.")
 
   parameter_devices = property(lambda self: self._variables.parameter_devices,
                                doc="The devices variables are placed on.")
@@ -600,8 +595,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     if isinstance(reduce_op, tf.VariableAggregation):
       raise ValueError("`reduce_op` must be a tf.distribute.ReduceOp, not a "
                        f"tf.VariableAggregation ({reduce_op}).")
-    return self._reduce_to(ReduceOp.from_any(reduce_op), value, destinations,
-                           options)
+    return self._reduce_to(ReduceOp.from_any(reduce_op), value, destinations, options)
 
   def batch_reduce_to(self, reduce_op, value_destination_pairs, options=None):
     """`reduce_to` for a list of `(value, destinations)` pairs (one device:
@@ -623,8 +617,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     return value
 
   def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
-    return [self._reduce_to(reduce_op, v, d, options)
-            for v, d in value_destination_pairs]
+    return [self._reduce_to(reduce_op, v, d, options) for v, d in value_destination_pairs]
 
   def _reduce(self, reduce_op, value):
     return self._local_results(self._reduce_to(
@@ -664,8 +657,7 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
     replica_context = self._own_replica_context()
     if replica_context is not None:
       def merge_fn(merged_strategy, *merged_args, **merged_kwargs):
-        return merged_strategy.extended.update(var, fn, merged_args,
-                                               merged_kwargs, group)
+        return merged_strategy.extended.update(var, fn, merged_args, merged_kwargs, group)
       return replica_context.merge_call(merge_fn, args=args, kwargs=kwargs)
     with self._container_strategy().scope():
       return self._variables.update(var, fn, args, kwargs, group)
@@ -689,11 +681,9 @@ class StrategyExtended(StandsFor, stands_for=tf.distribute.StrategyExtended):
       raise NotImplementedError(
           "InputReplicationMode.PER_REPLICA is only supported in "
           "`distribute_datasets_from_function`.")
-    return input_lib.distribute_dataset(
-        dataset, self.worker_devices, self._input_host, options)
+    return input_lib.distribute_dataset(dataset, self.worker_devices, self._input_host, options)
 
-  def _distribute_datasets_from_function(self, dataset_fn, options,
-                                         partial_steps=None):
+  def _distribute_datasets_from_function(self, dataset_fn, options, partial_steps=None):
     """`partial_steps` (see `input_lib`) defaults to the strategy's
     `experimental_enable_get_next_as_optional`."""
     if partial_steps is None:
@@ -765,8 +755,7 @@ def experimental_set_strategy(strategy):
   if old_scope is not None:
     old_scope.__exit__(None, None, None)
   if contexts.has_strategy():
-    raise RuntimeError(
-        "Must not be called inside a `tf.distribute.Strategy` scope.")
+    raise RuntimeError("Must not be called inside a `tf.distribute.Strategy` scope.")
   if strategy is not None:
     new_scope = strategy.scope()
     new_scope.__enter__()

@@ -55,8 +55,7 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
   say which component a read uses and how a replica's update applies."""
 
   def __init__(self, strategy, components, aggregation):
-    if (aggregation == tf.VariableAggregation.MEAN and
-        not components[0].dtype.is_floating):
+    if (aggregation == tf.VariableAggregation.MEAN and not components[0].dtype.is_floating):
       raise ValueError(
           "creating distributed tf.Variable with aggregation=MEAN and a "
           "non-floating dtype is not supported, please use a different "
@@ -233,8 +232,7 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
   # --- Writing. Every update method funnels into `_update`.
 
   def assign(self, value, use_locking=False, name=None, read_value=True):
-    return self._update("assign", value, use_locking=use_locking, name=name,
-                        read_value=read_value)
+    return self._update("assign", value, use_locking=use_locking, name=name, read_value=read_value)
 
   def assign_add(self, delta, use_locking=False, name=None, read_value=True):
     return self._update("assign_add", delta, use_locking=use_locking,
@@ -261,8 +259,7 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
       return self._update_cross_replica(update_fn, value, method)
 
   def _update_cross_replica(self, update_fn, value, method):
-    return self._distribute_strategy.extended.update(
-        self, update_fn, args=(value,), group=True)
+    return self._distribute_strategy.extended.update(self, update_fn, args=(value,), group=True)
 
   def _update_aggregated(self, update_fn, value):
     """Applies the replicas' `value`s aggregated, through `merge_call`."""
@@ -335,8 +332,7 @@ class ComponentsVariable(SavedAsOneVariable, tf.Variable, _tf_bridge.TensorBase)
     # A TF1 graph's exported collections hold the variable it stands for.
     return self._primary.to_proto(export_scope=export_scope)
 
-  def _export_to_saved_model_graph(self, object_map=None, tensor_map=None,
-                                   options=None, **kwargs):
+  def _export_to_saved_model_graph(self, object_map=None, tensor_map=None, options=None, **kwargs):
     # A SavedModel stores the variable this stands for: the primary component.
     resources = _tf_bridge.export_to_saved_model(
         self._primary, object_map, tensor_map, options, **kwargs)
@@ -540,8 +536,7 @@ class SyncOnReadVariable(DistributedVariable):
           f"context when aggregation is set to `tf.VariableAggregation.SUM`.")
     if method == "assign":
       value = self._component_restore_value(tf.convert_to_tensor(value, self.dtype))
-    updates = self._distribute_strategy.extended.update(
-        self, update_fn, args=(value,), group=False)
+    updates = self._distribute_strategy.extended.update(self, update_fn, args=(value,), group=False)
     done = tf.group([u for u in updates if u is not None])
     if all(u is None or isinstance(u, tf.Operation) for u in updates):
       return done  # read_value=False

@@ -207,8 +207,7 @@ class PreemptionCheckpointHandler(
     deadline = time.monotonic() + AGREEMENT_TIMEOUT_SECONDS
     for worker in range(self._task.num_workers):
       try:
-        _tf_bridge.coordination_get(f"{key}_ACK_{worker}",
-                                    max(deadline - time.monotonic(), 0.001))
+        _tf_bridge.coordination_get(f"{key}_ACK_{worker}", max(deadline - time.monotonic(), 0.001))
       except tf.errors.DeadlineExceededError:
         raise tf.errors.DeadlineExceededError(
             None, None, f"Worker {worker} of the cluster did not acknowledge the "

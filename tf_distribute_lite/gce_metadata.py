@@ -72,8 +72,7 @@ def detect_platform():
 def maintenance_imminent():
   """Whether the host announces a maintenance that stops this (GPU) VM."""
   try:
-    event = cloud_http.metadata("instance/maintenance-event",
-                                timeout=PROBE_SECONDS / 2, retries=0)
+    event = cloud_http.metadata("instance/maintenance-event", timeout=PROBE_SECONDS / 2, retries=0)
   except (OSError, ValueError):
     return False
   return event == "TERMINATE_ON_HOST_MAINTENANCE"

@@ -99,8 +99,7 @@ def check_dataset(dataset):
         f"dataset, use `experimental_distribute_values_from_function`.")
 
 
-def distribute_dataset(dataset, devices, host, options=None,
-                       input_context=None, workers=None):
+def distribute_dataset(dataset, devices, host, options=None, input_context=None, workers=None):
   """A `DistributedDataset` cutting each global batch of `dataset` across
   `devices` as TensorFlow does: each replica in turn gets `ceil(b / replicas)`
   elements or what is left (sparse too, where TensorFlow 2.21 fails on empty
@@ -160,8 +159,7 @@ def distribute_datasets_from_function(dataset_fn, devices, host, options=None,
     homes, feeds = tuple(hosts[f] for f in feeds or [0] * len(devices)), None
   datasets = []
   for index, home in enumerate(homes):
-    context = input_context or input_context_lib.InputContext(
-        len(homes), index, len(devices))
+    context = input_context or input_context_lib.InputContext(len(homes), index, len(devices))
     with tf.device(home):
       dataset = dataset_fn(context)
       if not isinstance(dataset, tf.data.Dataset):
@@ -182,14 +180,12 @@ def _fully_shaped(element_spec):
     if isinstance(spec, (tf.RaggedTensorSpec, tf.SparseTensorSpec)):
       if spec.shape.rank and spec.shape[0] is None:
         return False
-    elif not all(flat.shape.is_fully_defined()
-                 for flat in _tf_bridge.flat_tensor_specs(spec)):
+    elif not all(flat.shape.is_fully_defined() for flat in _tf_bridge.flat_tensor_specs(spec)):
       return False
   return True
 
 
-class DistributedDataset(tf.distribute.DistributedDataset,
-                         _tf_bridge.CompositeTensor):
+class DistributedDataset(tf.distribute.DistributedDataset, _tf_bridge.CompositeTensor):
   """Each step, a batch for every replica (from
   `strategy.experimental_distribute_dataset`); Keras 3's `fit` takes it.
 
@@ -230,8 +226,7 @@ class DistributedDataset(tf.distribute.DistributedDataset,
   @property
   def element_spec(self):
     """The type spec of each step's value: `PerReplicaSpec`s in a nest."""
-    return _distributed_spec(
-        self._layout, _part_spec(self._layout, self._datasets[0].element_spec))
+    return _distributed_spec(self._layout, _part_spec(self._layout, self._datasets[0].element_spec))
 
   @property
   def cardinality(self):
@@ -244,8 +239,7 @@ class DistributedDataset(tf.distribute.DistributedDataset,
 
     def body(unused_has_value, state):
       has_value, value_fn = iterator._next_if_any()  # pylint: disable=protected-access
-      state = tf.cond(has_value, lambda: reduce_fn(state, value_fn()),
-                      lambda: state)
+      state = tf.cond(has_value, lambda: reduce_fn(state, value_fn()), lambda: state)
       return has_value, state
 
     _, state = tf.while_loop(lambda has_value, _: has_value, body,
@@ -317,8 +311,7 @@ class DistributedIteratorSpec(_InputSpec):
     return value._iterators  # pylint: disable=protected-access
 
 
-class DistributedIterator(tf.distribute.DistributedIterator,
-                          _tf_bridge.CompositeTensor):
+class DistributedIterator(tf.distribute.DistributedIterator, _tf_bridge.CompositeTensor):
   """Iterator over a distributed dataset: each step a nest of `PerReplica`
   values (plain values with one replica), each on its replica's device.
 
@@ -341,8 +334,7 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     self._has_empty_form = not _fully_shaped(self._part_spec)
     # One dequeue gives the whole step (a split global batch, or one
     # replica), unless a worker without data must give its replicas empty ones.
-    self._one_dequeue = (layout.split or len(layout.devices) == 1) and (
-        layout.workers is None)
+    self._one_dequeue = (layout.split or len(layout.devices) == 1) and (layout.workers is None)
 
   def __iter__(self):
     return self
@@ -402,8 +394,7 @@ class DistributedIterator(tf.distribute.DistributedIterator,
                          "args=(iterator.get_next_as_optional().get_value(),)")
     has_value, value_fn = self._next_if_any()
     if tf.executing_eagerly():
-      return (Optional.from_value(value_fn()) if has_value
-              else Optional.empty(self.element_spec))
+      return (Optional.from_value(value_fn()) if has_value else Optional.empty(self.element_spec))
     if self._one_dequeue:
       spec = self.element_spec
       present = lambda: Optional.from_value(value_fn())
@@ -418,8 +409,7 @@ class DistributedIterator(tf.distribute.DistributedIterator,
     `has_value` holds (it reads an optional's value)."""
     if self._one_dequeue:
       optional = self._iterators[0].get_next_as_optional()
-      return optional.has_value(), lambda: self._distribute_element(
-          optional.get_value())
+      return optional.has_value(), lambda: self._distribute_element(optional.get_value())
     optionals = []
 
     def optional_part(replica):
@@ -468,17 +458,14 @@ class DistributedIterator(tf.distribute.DistributedIterator,
   def _optional_or_empty(self, optional, replica):
     if tf.executing_eagerly():
       return optional.get_value() if optional.has_value() else self._empty(replica)
-    return tf.cond(optional.has_value(), optional.get_value,
-                   lambda: self._empty(replica))
+    return tf.cond(optional.has_value(), optional.get_value, lambda: self._empty(replica))
 
   def _empty(self, replica):
     """The batch of a replica without data on the last step, placed where
     TensorFlow puts it."""
     layout = self._layout
-    shared_on_host = (not layout.fetch_to_device and
-                      len(layout.homes) < len(layout.devices))
-    with tf.device(self._home_of(replica) if shared_on_host
-                   else layout.devices[replica]):
+    shared_on_host = (not layout.fetch_to_device and len(layout.homes) < len(layout.devices))
+    with tf.device(self._home_of(replica) if shared_on_host else layout.devices[replica]):
       return _empty_like(self._part_spec)
 
   def _distribute_element(self, element):
@@ -621,8 +608,7 @@ def _uneven_sizes(batch, replicas):
   """Eager chunk sizes of an uneven batch, as a tensor made once."""
   size = -(-batch // replicas)
   with tf.init_scope(), tf.device("/device:CPU:0"):
-    return tf.constant([max(0, min(size, batch - i * size))
-                        for i in range(replicas)], tf.int64)
+    return tf.constant([max(0, min(size, batch - i * size)) for i in range(replicas)], tf.int64)
 
 
 def _copy_to_device(value, device):
@@ -664,8 +650,7 @@ def _empty_like(spec):
     if dims and (isinstance(leaf, tf.RaggedTensorSpec) or shape.is_fully_defined()):
       dims[0] = 0
     if isinstance(leaf, tf.SparseTensorSpec):
-      return tf.SparseTensor(tf.zeros((0, len(dims)), tf.int64),
-                             tf.zeros([0], leaf.dtype), dims)
+      return tf.SparseTensor(tf.zeros((0, len(dims)), tf.int64), tf.zeros([0], leaf.dtype), dims)
     dense = tf.zeros(dims, leaf.dtype)
     if isinstance(leaf, tf.RaggedTensorSpec):
       splits = (tf.zeros([1], leaf.row_splits_dtype),) * leaf.ragged_rank

@@ -32,8 +32,7 @@ class MirroredStrategy(distribute_lib.Strategy, stands_for=tf.distribute.Mirrore
 
 def make_extended(strategy, devices, cross_device_ops):
   layout = Layout(resolve_devices(devices))
-  return MirroredExtended(strategy, layout,
-                          communicator_lib.Communicator(layout, cross_device_ops))
+  return MirroredExtended(strategy, layout, communicator_lib.Communicator(layout, cross_device_ops))
 
 
 class MirroredExtended(distribute_lib.StrategyExtendedV1):

@@ -92,8 +92,7 @@ def run_steps(strategy, fn, iterator, iterations, initial_loop_values):
                for name, output in ctx.last_step_outputs.items()}
     flat_outputs = tf.nest.flatten(outputs)
     if len(flat_outputs) != len(initial):
-      counts = ", ".join(f"{name!r}: {len(v)} component(s)"
-                         for name, v in sorted(outputs.items()))
+      counts = ", ".join(f"{name!r}: {len(v)} component(s)" for name, v in sorted(outputs.items()))
       raise ValueError(
           f"`initial_loop_values` must give the starting value of each output "
           f"`fn` records with `set_last_step_output`, component by component "

@@ -42,8 +42,7 @@ class OneDeviceExtended(distribute_lib.StrategyExtendedV1):
 
   def _call_for_each_replica(self, fn, args, kwargs):
     fn = _tf_bridge.autograph_convert(fn)
-    with tf.device(self._device), _OneDeviceReplicaContext(
-        self._container_strategy(), 0):
+    with tf.device(self._device), _OneDeviceReplicaContext(self._container_strategy(), 0):
       return fn(*args, **kwargs)
 
 

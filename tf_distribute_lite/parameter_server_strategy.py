@@ -51,8 +51,7 @@ class ParameterServerStrategyV2(distribute_lib.Strategy,
     cluster_spec = _checked_cluster(cluster_resolver)
     _wait_for_servers(cluster_spec)
     _connect(cluster_spec, cluster_resolver.rpc_layer or "grpc")
-    super().__init__(ParameterServerStrategyV2Extended(
-        self, cluster_spec, variable_partitioner))
+    super().__init__(ParameterServerStrategyV2Extended(self, cluster_spec, variable_partitioner))
     self._cluster_resolver = cluster_resolver
     self._coordinator = None  # the ClusterCoordinator made for it
     # Read by tf_keras (docs/client_private_names.md).

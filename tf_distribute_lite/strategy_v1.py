@@ -16,8 +16,7 @@ from tf_distribute_lite.collective_util import CommunicationOptions
 from tf_distribute_lite.reduce_util import ReduceOp
 
 
-class StrategyV1(distribute_lib.StrategyBase,
-                 stands_for=tf.compat.v1.distribute.Strategy):
+class StrategyV1(distribute_lib.StrategyBase, stands_for=tf.compat.v1.distribute.Strategy):
   """`tf.compat.v1.distribute.Strategy`: `reduce`'s `axis` defaults to None.
 
   >>> strategy = tf_distribute_lite.compat.v1.MirroredStrategy(["CPU:0", "CPU:1"])
@@ -98,8 +97,7 @@ class CollectiveAllReduceStrategyV1(
   <tf.Tensor: shape=(), dtype=float32, numpy=2.0>
   """
 
-  def __init__(self, communication=CommunicationImplementation.AUTO,
-               cluster_resolver=None):
+  def __init__(self, communication=CommunicationImplementation.AUTO, cluster_resolver=None):
     super().__init__(collective_all_reduce_strategy.CollectiveAllReduceExtended(
         self, cluster_resolver, CommunicationOptions(implementation=communication)))
 
@@ -113,8 +111,7 @@ class TPUStrategyV1(tpu_strategy.TPUMethods, StrategyV1,
   5
   """
 
-  def __init__(self, tpu_cluster_resolver=None, steps_per_run=None,
-               device_assignment=None):
+  def __init__(self, tpu_cluster_resolver=None, steps_per_run=None, device_assignment=None):
     super().__init__(tpu_strategy.TPUExtended(self, tpu_cluster_resolver, steps_per_run,
                                               device_assignment, False))
 

@@ -28,8 +28,7 @@ class TerminationConfig(StandsFor, stands_for=tf.distribute.experimental.Termina
   ValueError: grace_period must be a number of seconds >= 0 (or None for the platform's default); received: grace_period=-1.
   """
 
-  def __init__(self, termination_watcher_fn=None, exit_fn=None,
-               grace_period=None, save_fn=None):
+  def __init__(self, termination_watcher_fn=None, exit_fn=None, grace_period=None, save_fn=None):
     for name, value in (("termination_watcher_fn", termination_watcher_fn),
                         ("exit_fn", exit_fn), ("save_fn", save_fn)):
       if value is not None and not callable(value):

@@ -16,10 +16,8 @@ DEFAULT_PORT = "8470"
 PCI_VARIABLE = "TF_DISTRIBUTE_LITE_PCI_DEVICES"
 _GOOGLE_PCI_VENDOR = "0x1ae0"
 # PCI device ids of TPU chips (v2/v3, v4, v5p, v5e, v6e and later).
-_TPU_PCI_DEVICES = ("0x0027", "0x0056", "0x005e", "0x0062", "0x0063",
-                    "0x006f", "0x0076")
-_TPU_VM_ATTRIBUTES = ("accelerator-type", "agent-worker-number",
-                      "worker-network-endpoints")
+_TPU_PCI_DEVICES = ("0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f", "0x0076")
+_TPU_VM_ATTRIBUTES = ("accelerator-type", "agent-worker-number", "worker-network-endpoints")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +80,7 @@ def find(tpu=None, project=None, zone=None):
     if not tpu:
       raise ValueError("At least one TPU must be specified.")
     if len(tpu) != 1:
-      raise NotImplementedError(
-          "Using multiple TPUs in a single session is not yet implemented")
+      raise NotImplementedError("Using multiple TPUs in a single session is not yet implemented")
     tpu = tpu[0]
   tpu, project, zone = _as_text(tpu), _as_text(project), _as_text(zone)
   if tpu:

@@ -94,8 +94,7 @@ class TPUReplicaContext(LogicalDevices, replica_context.ReplicaContext):
 
 
 # The types `CrossReplicaSum` adds.
-_CROSS_REPLICA_SUM_DTYPES = (tf.bfloat16, tf.float16, tf.float32, tf.float64,
-                             tf.int32, tf.uint32)
+_CROSS_REPLICA_SUM_DTYPES = (tf.bfloat16, tf.float16, tf.float32, tf.float64, tf.int32, tf.uint32)
 
 
 def enclosing_step(strategy):
@@ -216,8 +215,7 @@ def check_compiles(strategy, fn, args, kwargs, created_variables=()):
   """
   if not tf.compat.v1.get_default_graph().building_function and not tf.executing_eagerly():
     return  # a TF 1.x graph
-  inputs, with_tensors = split_inputs(
-      values_lib.select_replica(0, (tuple(args), dict(kwargs))))
+  inputs, with_tensors = split_inputs(values_lib.select_replica(0, (tuple(args), dict(kwargs))))
   specs = [tf.type_spec_from_value(tensor) for tensor in inputs]
   strings = [tensor for tensor, spec in zip(inputs, specs)
              if getattr(spec, "dtype", None) == tf.string]  # composites have none
@@ -243,8 +241,7 @@ def check_compiles(strategy, fn, args, kwargs, created_variables=()):
       result = fn(*replica_args, **replica_kwargs)
     return output_tensors(result)
 
-  traced = tf.function(replica_step, jit_compile=True).get_concrete_function(
-      _UNUSED, *specs)
+  traced = tf.function(replica_step, jit_compile=True).get_concrete_function(_UNUSED, *specs)
   device = strategy.extended.worker_devices[0]
   if device not in device_util.local_devices():  # a pod's host: lower on this process's CPU
     device = device_util.local_devices("CPU")[0]
@@ -295,6 +292,5 @@ def _lowerable_value(value, variable, device):
   spec = None if variable is None else _static(tf.TensorSpec(variable.shape, variable.dtype))
   if spec is None:
     return None
-  return _tf_bridge.plain_variable(tf.zeros(spec.shape, spec.dtype), device,
-                                   "stand_in").handle
+  return _tf_bridge.plain_variable(tf.zeros(spec.shape, spec.dtype), device, "stand_in").handle
 

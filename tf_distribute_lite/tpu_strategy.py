@@ -102,8 +102,7 @@ class TPUMethods:
     return self.extended._annotated(tensor, "replicated", None)  # pylint: disable=protected-access
 
 
-class TPUStrategyV2(TPUMethods, distribute_lib.Strategy,
-                    stands_for=tf.distribute.TPUStrategy):
+class TPUStrategyV2(TPUMethods, distribute_lib.Strategy, stands_for=tf.distribute.TPUStrategy):
   """Synchronous training on TPU cores.
 
   Args:
@@ -216,8 +215,7 @@ class TPUExtended(mirrored_strategy.MirroredExtended):
 
   def _distribute_datasets_from_function(self, dataset_fn, options, partial_steps=None):
     input_context_lib.refuse_per_replica(options)
-    distributed = super()._distribute_datasets_from_function(dataset_fn, options,
-                                                             partial_steps)
+    distributed = super()._distribute_datasets_from_function(dataset_fn, options, partial_steps)
     _check_fetchable(distributed.element_spec, options)
     return distributed
 
@@ -357,8 +355,7 @@ def _replica_cores(resolver, metadata, device_assignment):
   if emulated is not None:
     cores = emulated.devices
   else:
-    cores = [device_util.canonicalize(d.name) for d in metadata.devices
-             if "device:TPU:" in d.name]
+    cores = [device_util.canonicalize(d.name) for d in metadata.devices if "device:TPU:" in d.name]
   if not cores:
     raise ValueError(
         f"TPUStrategy found no TPU cores (master {resolver.master()!r}, devices "

@@ -74,8 +74,7 @@ class MirroredPolicy(VariablePolicy):
 
   def create(self, next_creator, **kwargs):
     if self._initial_value is not None and kwargs.get("initial_value") is not None:
-      kwargs["initial_value"] = self._initial_value(kwargs["initial_value"],
-                                                    kwargs.get("dtype"))
+      kwargs["initial_value"] = self._initial_value(kwargs["initial_value"], kwargs.get("dtype"))
     colocate_with = kwargs.pop("colocate_with", None)
     devices = self.parameter_devices if colocate_with is None else tuple(
         v.device for v in colocate_with.values)

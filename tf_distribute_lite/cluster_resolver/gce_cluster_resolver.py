@@ -60,8 +60,7 @@ class GCEClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
         details = self._service.instances().get(
             project=self._project, zone=self._zone, instance=name).execute()
         addresses.append(f"{details['networkInterfaces'][0]['networkIP']}:{self._port}")
-      request = groups.listInstances_next(previous_request=request,
-                                          previous_response=response)
+      request = groups.listInstances_next(previous_request=request, previous_response=response)
     return tf.train.ClusterSpec({self._task_type: sorted(addresses)})
 
   master = task_master

@@ -66,8 +66,7 @@ class KubernetesClusterResolver(ClusterResolver,
         config.load_kube_config()
       else:
         config.load_incluster_config()
-    self._job_to_label_mapping = job_to_label_mapping or {
-        "worker": ["job-name=tensorflow"]}
+    self._job_to_label_mapping = job_to_label_mapping or {"worker": ["job-name=tensorflow"]}
     self._tf_server_port = tf_server_port
     self._override_client = override_client
     self.rpc_layer = rpc_layer

@@ -54,8 +54,7 @@ def _expand_part(part):
     if len(bounds) > 2:
       raise ValueError(f"Invalid range: {item}")
     first, last = bounds[0], bounds[-1]
-    hosts.extend(prefix + str(i).zfill(len(first))
-                 for i in range(int(first), int(last) + 1))
+    hosts.extend(prefix + str(i).zfill(len(first)) for i in range(int(first), int(last) + 1))
   return hosts
 
 
@@ -117,8 +116,7 @@ class SlurmClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_res
                gpus_per_task=None, tasks_per_node=None, auto_set_gpu=True,
                rpc_layer="grpc"):
     self._rank = int(_slurm_variable("PROCID"))
-    self._jobs = jobs if jobs is not None else {
-        "worker": int(_slurm_variable("STEP_NUM_TASKS"))}
+    self._jobs = jobs if jobs is not None else {"worker": int(_slurm_variable("STEP_NUM_TASKS"))}
     self._port_base = port_base
     if tasks_per_node is None:
       hosts = expand_hostlist(_slurm_variable("STEP_NODELIST"))

@@ -9,8 +9,7 @@ from tf_distribute_lite.cluster_resolver.cluster_resolver import ClusterResolver
 from tf_distribute_lite.cluster_resolver.cluster_resolver import format_master_url
 
 _VARIABLE = "TF_CONFIG"
-_OBJECT_FIELDS = {"cluster": '{"worker": ["host:port"]}',
-                  "task": '{"type": "worker", "index": 0}'}
+_OBJECT_FIELDS = {"cluster": '{"worker": ["host:port"]}', "task": '{"type": "worker", "index": 0}'}
 
 
 def load_tf_config():
@@ -58,8 +57,7 @@ class TFConfigClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_
   >>> del os.environ["TF_CONFIG"]
   """
 
-  def __init__(self, task_type=None, task_id=None, rpc_layer=None,
-               environment=None):
+  def __init__(self, task_type=None, task_id=None, rpc_layer=None, environment=None):
     self._task_type = task_type
     self._task_id = task_id
     self._rpc_layer = rpc_layer

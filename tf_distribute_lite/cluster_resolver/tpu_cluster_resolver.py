@@ -141,8 +141,7 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
     """
     if self._is_local():
       return tf.train.ClusterSpec({})
-    cluster = {self.task_type: [f"{e['ipAddress']}:{e['port']}"
-                                for e in self._endpoints()]}
+    cluster = {self.task_type: [f"{e['ipAddress']}:{e['port']}" for e in self._endpoints()]}
     if self._coordinator_address:
       cluster[self._coordinator_name] = [self._coordinator_address]
     return tf.train.ClusterSpec(cluster)
@@ -266,8 +265,7 @@ class TPUClusterResolver(ClusterResolver, stands_for=tf.distribute.cluster_resol
   def _start_coordinator(self):
     """Serves the coordinator job from this process, at this VM's address."""
     address = cloud_http.metadata("instance/network-interfaces/0/ip")
-    self._server = tf.distribute.Server({"local": ["0.0.0.0:0"]}, protocol="grpc",
-                                        start=True)
+    self._server = tf.distribute.Server({"local": ["0.0.0.0:0"]}, protocol="grpc", start=True)
     port = self._server.target.rsplit(":", 1)[-1]
     self._coordinator_address = f"{address}:{port}"
 
