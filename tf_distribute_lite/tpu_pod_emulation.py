@@ -97,6 +97,14 @@ class Hosts:
       if _started.get(self.tpu_slice.name) is self:
         del _started[self.tpu_slice.name]
 
+  def end_at_exit(self):
+    """Leaves the hosts to end once the client has (within `_POLL_SECONDS`),
+    after TensorFlow's last messages to them (ending them first makes
+    TensorFlow log errors); a stopped host cannot, so it is killed."""
+    for process in self._processes:
+      if _stopped(process.pid):
+        process.kill()
+
   def _watch(self):
     stopped_since = {}
     while self._processes and self.lost is None:
@@ -157,7 +165,7 @@ def start(tpu_slice):
                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         for task, log in enumerate(logs)]
     hosts = _started[tpu_slice.name] = Hosts(tpu_slice, processes, logs)
-    atexit.register(hosts.stop)
+    atexit.register(hosts.end_at_exit)
   hosts.wait(float(os.environ.get(START_SECONDS_VARIABLE) or _START_SECONDS))
   return hosts
 
