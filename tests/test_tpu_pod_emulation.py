@@ -32,11 +32,7 @@ WORKERS = [f"/job:worker/replica:0/task:{task}/device:CPU:{core}"
 
 def _gone(pid):
   """Whether process `pid` has ended (a zombie has)."""
-  try:
-    with open(f"/proc/{pid}/stat") as f:
-      return f.read().rpartition(")")[2].split()[0] == "Z"
-  except FileNotFoundError:
-    return True
+  return tpu_pod_emulation.process_state(pid) in (None, "Z")
 
 
 def _wait_until_gone(pids, timeout=30):

@@ -18,16 +18,14 @@ import numpy as np
 import tensorflow as tf
 
 import tf_distribute_lite as tfd
+from tf_distribute_lite import tpu_pod_emulation
 
 STEPS, FAULT_AFTER, BATCH = 6, 3, 16
 
 
 def _gone(pid):
-  try:
-    with open(f"/proc/{pid}/stat") as f:
-      return f.read().rpartition(")")[2].split()[0] == "Z"
-  except FileNotFoundError:
-    return True
+  """Whether process `pid` has ended (a zombie has)."""
+  return tpu_pod_emulation.process_state(pid) in (None, "Z")
 
 
 def train(strategy, workdir, losses, fault=None):

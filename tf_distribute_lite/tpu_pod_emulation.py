@@ -102,7 +102,7 @@ class Hosts:
     after TensorFlow's last messages to them (ending them first makes
     TensorFlow log errors); a stopped host cannot, so it is killed."""
     for process in self._processes:
-      if _stopped(process.pid):
+      if process_state(process.pid) == "T":
         process.kill()
 
   def _watch(self):
@@ -113,7 +113,7 @@ class Hosts:
         if process.poll() is not None:
           self._lose(task, f"exited with status {process.returncode}")
           break
-        if not _stopped(process.pid):
+        if process_state(process.pid) != "T":
           stopped_since.pop(task, None)
         elif now - stopped_since.setdefault(task, now) >= _STOPPED_SECONDS:
           self._lose(task, f"stayed stopped (SIGSTOP) for {_STOPPED_SECONDS:g} s; it was ended")
@@ -195,13 +195,14 @@ def _accepts(address):
     return False
 
 
-def _stopped(pid):
-  """Whether process `pid` is stopped by a signal (read in Linux's /proc)."""
+def process_state(pid):
+  """Linux's state letter of process `pid` ("T" stopped, "Z" ended but not
+  yet reaped, ...), or None once it is gone."""
   try:
     with open(f"/proc/{pid}/stat") as f:
-      return f.read().rpartition(")")[2].split()[0] == "T"
+      return f.read().rpartition(")")[2].split()[0]
   except OSError:
-    return False
+    return None
 
 
 def serve(tpu_slice, task, parent=None):
