@@ -26,6 +26,14 @@ def _configure_devices():
 
 _configure_devices()
 
+# Listing the devices starts TensorFlow's runtime now, eagerly. TensorFlow
+# fixes the runtime's soft device placement when it starts: off if the first
+# operation is made inside a TF1 graph (a `tf.data` map or a `tf.function`
+# traced under `tf.Graph().as_default()`), and `tf.config.
+# get_soft_device_placement()` still says True. Started here, every test
+# finds the same runtime, whichever test runs first.
+tf.config.list_logical_devices()
+
 DEVICES = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}"
                 for i in range(NUM_DEVICES))
 

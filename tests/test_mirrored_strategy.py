@@ -287,6 +287,14 @@ def test_absent_devices_run_and_all_reduce(absent_gpus, run_mode):
   assert float(result) == 4.0
 
 
+def test_absent_devices_run_after_a_tf1_graph_made_a_function():
+  """A test process's runtime starts eagerly (conftest.py): started inside
+  this TF1 graph, TensorFlow would keep soft placement off for good."""
+  with tf.Graph().as_default():
+    tf.data.Dataset.range(2).map(lambda x: x + 1)
+  strategy = tfd.MirroredStrategy(["GPU:0", "GPU:1"])
+  assert _replica_ids_all_reduced(tfd, strategy, lambda fn: fn()) == [3.0, 3.0]
+
 def test_present_devices_give_no_warning(tf_warnings):
   tfd.MirroredStrategy(["CPU:0", "CPU:1"])
   assert not [m for m in tf_warnings if "not present" in m]
