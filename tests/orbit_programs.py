@@ -37,15 +37,18 @@ def _orbit():
   return orbit, single_task_trainer, single_task_evaluator
 
 
+def _iris_arrays(seed):
+  rng = np.random.RandomState(seed)
+  features = rng.normal(size=(NUM_EXAMPLES, NUM_FEATURES)).astype(np.float32)
+  labels = np.argmax(features @ rng.normal(size=(NUM_FEATURES, NUM_CLASSES)), axis=1)
+  return {"features": features, LABEL_KEY: labels.astype(np.int64)}
+
+
 def iris_like(seed=0):
   """150 examples as `tfds.load('iris')` gives them: dicts of a float32
   "features" vector of 4 and an int64 "label" of 3 classes (here from a
   linear teacher, so there is something to learn)."""
-  rng = np.random.RandomState(seed)
-  features = rng.normal(size=(NUM_EXAMPLES, NUM_FEATURES)).astype(np.float32)
-  labels = np.argmax(features @ rng.normal(size=(NUM_FEATURES, NUM_CLASSES)), axis=1)
-  return tf.data.Dataset.from_tensor_slices(
-      {"features": features, LABEL_KEY: labels.astype(np.int64)})
+  return tf.data.Dataset.from_tensor_slices(_iris_arrays(seed))
 
 
 def _initial_weights():
@@ -221,6 +224,52 @@ def controller(strategy, model_dir=None, trainer_options=None, evaluator_options
           "checkpoints": sorted(os.path.basename(p) for p in
                                 glob.glob(os.path.join(model_dir, "ckpt-*.index"))),
           "weights": _weights(restored_model)}
+
+
+def per_replica_batches(input_context):
+  """A `dataset_fn` whose elements are the per-replica batches of iris-like
+  examples chosen by the global (step, replica) index: pipeline h of H,
+  feeding k = R/H of the R replicas, gives replica k*h + j its step-s batch
+  as element s*k + j. So at step s replica r reads the b examples from
+  b(s*R + r) on (b = 32/R), however many pipelines feed the replicas."""
+  replicas = input_context.num_replicas_in_sync
+  per_pipeline = replicas // input_context.num_input_pipelines
+  batch = input_context.get_per_replica_batch_size(GLOBAL_BATCH)
+  examples = _iris_arrays(0)
+
+  def element(index):
+    step, local = index // per_pipeline, index % per_pipeline
+    replica = per_pipeline * input_context.input_pipeline_id + local
+    first = (step * replicas + replica) * batch
+    return {key: tf.gather(values, tf.range(first, first + batch))
+            for key, values in examples.items()}
+  steps = NUM_EXAMPLES // GLOBAL_BATCH
+  return tf.data.Dataset.range(steps * per_pipeline).map(element)
+
+
+def replica_data_controller(strategy):
+  """`Controller.train` to step 4, 2 steps per loop, on
+  `distribute_datasets_from_function(per_replica_batches)`, where each
+  replica reads the same examples at each step whatever the strategy's
+  input pipelines. The outputs of the train loops and the final weights."""
+  orbit, single_task_trainer, _ = _orbit()
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  with strategy.scope():
+    model = make_model()
+    trainer = single_task_trainer.SingleTaskTrainer(
+        strategy.distribute_datasets_from_function(per_replica_batches),
+        label_key=LABEL_KEY, model=model,
+        loss_fn=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
+        optimizer=tf_keras.optimizers.SGD(learning_rate=0.1),
+        metrics=[tf_keras.metrics.SparseCategoricalAccuracy("train_accuracy")])
+    outputs = []
+    controller = orbit.Controller(
+        trainer=trainer, global_step=trainer.optimizer.iterations, steps_per_loop=2,
+        train_actions=[lambda output: outputs.append(
+            {name: float(value) for name, value in sorted(output.items())})])
+  controller.train(4)
+  return {"outputs": outputs, "step": int(trainer.optimizer.iterations.numpy()),
+          "weights": _weights(model)}
 
 
 def loop_fns(strategy):

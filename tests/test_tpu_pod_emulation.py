@@ -275,6 +275,17 @@ def test_orbit_controller_trains_checkpoints_and_restores_on_the_pod(pod_program
   assert orbit["checkpoints"] == ["ckpt-2.index", "ckpt-6.index", "ckpt-8.index"]
 
 
+@pytest.mark.multi_worker
+def test_orbit_controller_on_the_pod_equals_one_host_when_replicas_read_the_same_data(
+    pod_programs):
+  """Each host's pipeline gives its replicas the batches one pipeline gives
+  the same replicas on one host (tests/orbit_programs.per_replica_batches)."""
+  pod, local = pod_programs["orbit_replica_data"]["pod"], pod_programs["orbit_replica_data"]["local"]
+  oracle.assert_same_numbers(pod, local, 1e-5)
+  assert local["step"] == 4 and len(local["outputs"]) == 2
+  assert local["outputs"][1]["training_loss"] < local["outputs"][0]["training_loss"]
+
+
 def _fault_client(mode, workdir):
   """tests/tpu_pod_faults.py's answer in `mode` on an emulated v4-16; the
   client and the hosts it printed are killed by pid, even on failure."""

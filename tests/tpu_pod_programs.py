@@ -28,6 +28,16 @@ def local_mirrored(replicas):
       [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(replicas)])
 
 
+def on_this_host(program, *args):
+  """`program(*args)` with this process's CPU as the default device, as on one
+  host. Connected to the pod, the default device is its host 0 (the
+  resolver's master), and there TensorFlow runs a `tf.function` call
+  asynchronously: an eager read right after it of a local variable it
+  assigned reads the old value (as with TensorFlow's MirroredStrategy)."""
+  with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+    return program(*args)
+
+
 def _tasks(values):
   return [tf.DeviceSpec.from_string(v.device).task for v in values]
 
@@ -169,6 +179,9 @@ def main(workdir):
       "busy_hosts": lambda: iterators_on_busy_hosts(strategy),
       "keras": lambda: {"pod": keras_fit(strategy), "local": keras_fit(local)},
       "orbit": lambda: orbit_programs.controller(strategy, os.path.join(workdir, "orbit")),
+      "orbit_replica_data": lambda: {
+          "pod": orbit_programs.replica_data_controller(strategy),
+          "local": on_this_host(orbit_programs.replica_data_controller, local)},
   }
   results = {"strategy": [strategy.num_replicas_in_sync, strategy.extended.num_hosts,
                           strategy.extended.num_replicas_per_host]}
