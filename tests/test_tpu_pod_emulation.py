@@ -286,16 +286,21 @@ def test_orbit_controller_on_the_pod_equals_one_host_when_replicas_read_the_same
   assert local["outputs"][1]["training_loss"] < local["outputs"][0]["training_loss"]
 
 
-def _fault_client(mode, workdir):
-  """tests/tpu_pod_faults.py's answer in `mode` on an emulated v4-16; the
-  client and the hosts it printed are killed by pid, even on failure."""
+def _fault_client(mode, workdir, exit_code=0):
+  """tests/tpu_pod_faults.py's answer in `mode` on an emulated v4-16, from a
+  client that exits with `exit_code`; the client and the hosts it printed are
+  killed by pid, even on failure (hosts that outlive a client's exit by 30 s
+  are listed in the answer's "left_running")."""
   client = subprocess.Popen(
       [sys.executable, str(HERE / "tpu_pod_faults.py"), mode, str(workdir)],
       env=dict(os.environ, TPU_NAME="emulated:v4-16"), stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True)
   out = err = ""
+  left_running = None
   try:
     out, err = client.communicate(timeout=180)
+    lines = out.splitlines()
+    left_running = _wait_until_gone([int(pid) for pid in lines[0].split()] if lines else [])
   except subprocess.TimeoutExpired:
     client.kill()
     out, err = client.communicate()
@@ -304,8 +309,8 @@ def _fault_client(mode, workdir):
     client.wait(30)
     lines = out.splitlines()
     _kill([int(pid) for pid in lines[0].split()] if lines else [])
-  assert client.returncode == 0, err[-3000:]
-  return json.loads(lines[-1])
+  assert client.returncode == exit_code, err[-3000:]
+  return dict(json.loads(lines[-1]), left_running=left_running)
 
 
 @pytest.fixture(scope="module")
@@ -345,5 +350,21 @@ def test_a_restarted_job_resumes_from_its_last_checkpoint(killed_host):
   numbers of the 6 steps trained without a fault."""
   before, workdir = killed_host
   after = _fault_client("resume", workdir)
+  assert before["losses"] + after["losses"] == after["again"]
+  assert after["weights"] == after["weights_again"]
+
+
+@pytest.mark.multi_worker
+def test_a_preempted_job_saves_exits_and_resumes_where_the_handler_saved(tmp_path):
+  """PreemptionCheckpointHandler on the emulated pod as on one host: the
+  client gets SIGTERM after step 3, saves after step 4, exits with 42 (its
+  hosts end with it); started again, it resumes at step 4 and its steps give
+  the numbers of 6 steps trained without a notice."""
+  workdir = str(tmp_path / "ckpt")
+  before = _fault_client("preempt", workdir, exit_code=42)
+  assert len(before["losses"]) == 4 and before["restored"] == {"losses": 0}
+  assert before["left_running"] == []
+  after = _fault_client("preempt", workdir)
+  assert after["restored"] == {"losses": 4, "again": 0}
   assert before["losses"] + after["losses"] == after["again"]
   assert after["weights"] == after["weights_again"]

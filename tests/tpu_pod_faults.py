@@ -1,11 +1,15 @@
 """A training loop on an emulated multi-host slice ($TPU_NAME, e.g.
 emulated:v4-16) that checkpoints each step, in three runs: `kill` and `stop`
 SIGKILL or SIGSTOP host 1 after step 3, `resume` starts again from the last
-checkpoint and then trains the same steps from scratch, uninterrupted. Prints
-the hosts' process ids, then one JSON object; tests/test_tpu_pod_emulation.py
-runs it.
+checkpoint and then trains the same steps from scratch, uninterrupted.
+`preempt` trains through a `PreemptionCheckpointHandler` instead, which saves
+only on a termination notice: a first run sends itself SIGTERM after step 3
+(the handler saves after the next step and exits), a restarted one resumes
+where the handler saved, then trains the same steps from scratch. Prints the
+hosts' process ids, then one JSON object (`preempt`: one after each step, as
+the run may end in any); tests/test_tpu_pod_emulation.py runs it.
 
-    TPU_NAME=emulated:v4-16 python tests/tpu_pod_faults.py kill|stop|resume WORKDIR
+    TPU_NAME=emulated:v4-16 python tests/tpu_pod_faults.py kill|stop|resume|preempt WORKDIR
 """
 
 import json
@@ -62,6 +66,43 @@ def train(strategy, workdir, losses, fault=None):
   return w.numpy().tolist()
 
 
+def train_preemptible(strategy, resolver, workdir, result, key, preempt=False):
+  """`train`'s steps, each run by a `PreemptionCheckpointHandler` saving into
+  `workdir` (and restoring from it), printing `result` after each with the
+  step's loss appended to `result[key]`; with `preempt` the process sends
+  itself SIGTERM after step FAULT_AFTER. Returns the weights."""
+  rng = np.random.RandomState(1)
+  x = rng.rand(STEPS * BATCH, 3).astype(np.float32)
+  y = x @ np.array([[1.0], [-2.0], [0.5]], np.float32)
+  with strategy.scope():
+    w, velocity = tf.Variable(tf.zeros([3, 1])), tf.Variable(tf.zeros([3, 1]))
+  handler = tfd.experimental.PreemptionCheckpointHandler(
+      resolver, tf.train.Checkpoint(w=w, velocity=velocity), workdir)
+  result.setdefault("restored", {})[key] = int(handler.total_run_calls)
+
+  @tf.function
+  def replica_step(features, labels):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(tf.square(features @ w - labels)) / BATCH
+    grad = tfd.get_replica_context().all_reduce("SUM", tape.gradient(loss, w))
+    velocity.assign(0.9 * velocity + grad)
+    w.assign_sub(0.1 * velocity)
+    return loss
+
+  def train_step(batch):
+    return strategy.reduce("SUM", strategy.run(replica_step, args=batch), None)
+
+  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).skip(
+      int(handler.total_run_calls))
+  batches = iter(strategy.experimental_distribute_dataset(dataset))
+  while handler.total_run_calls < STEPS:
+    result[key].append(float(handler.run(train_step, next(batches))))
+    print(json.dumps(result), flush=True)
+    if preempt and handler.total_run_calls == FAULT_AFTER:
+      os.kill(os.getpid(), signal.SIGTERM)
+  return w.numpy().tolist()
+
+
 def main(mode, workdir):
   resolver = tfd.cluster_resolver.TPUClusterResolver()
   pids = resolver._hosts.pids  # pylint: disable=protected-access
@@ -69,7 +110,13 @@ def main(mode, workdir):
   tfd.tpu.experimental.initialize_tpu_system(resolver)
   strategy = tfd.TPUStrategy(resolver)
   result = {"losses": [], "again": []}
-  if mode == "resume":
+  if mode == "preempt":
+    restart = tf.io.gfile.exists(workdir)
+    result["weights"] = train_preemptible(strategy, resolver, workdir, result, "losses",
+                                          preempt=not restart)
+    result["weights_again"] = train_preemptible(
+        strategy, resolver, workdir + "-again", result, "again")
+  elif mode == "resume":
     result["weights"] = train(strategy, workdir, result["losses"])
     result["weights_again"] = train(strategy, workdir + "-again", result["again"])
   else:
