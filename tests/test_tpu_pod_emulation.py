@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import tf_distribute_lite as tfd
@@ -344,14 +345,22 @@ def test_a_stopped_host_is_ended_and_named_instead_of_hanging(tmp_path):
   assert answer["running"] == []
 
 
+def _assert_same_training(losses, weights, expected_losses, expected_weights):
+  """Equal up to float reassociation: a step's sums across hosts may add
+  in another order from one run to the next."""
+  assert len(losses) == len(expected_losses)
+  np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+  np.testing.assert_allclose(weights, expected_weights, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.multi_worker
 def test_a_restarted_job_resumes_from_its_last_checkpoint(killed_host):
   """Started again on a new pod, the killed job's last 3 steps give the
   numbers of the 6 steps trained without a fault."""
   before, workdir = killed_host
   after = _fault_client("resume", workdir)
-  assert before["losses"] + after["losses"] == after["again"]
-  assert after["weights"] == after["weights_again"]
+  _assert_same_training(before["losses"] + after["losses"], after["weights"],
+                        after["again"], after["weights_again"])
 
 
 @pytest.mark.multi_worker
@@ -366,5 +375,5 @@ def test_a_preempted_job_saves_exits_and_resumes_where_the_handler_saved(tmp_pat
   assert before["left_running"] == []
   after = _fault_client("preempt", workdir)
   assert after["restored"] == {"losses": 4, "again": 0}
-  assert before["losses"] + after["losses"] == after["again"]
-  assert after["weights"] == after["weights_again"]
+  _assert_same_training(before["losses"] + after["losses"], after["weights"],
+                        after["again"], after["weights_again"])

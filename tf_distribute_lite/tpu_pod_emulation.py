@@ -82,8 +82,9 @@ class Hosts:
         time.sleep(_POLL_SECONDS)
     self.check()
 
-  def stop(self):
-    """Ends the hosts this program started, by process id."""
+  def stop(self, lost=None):
+    """Ends the hosts this program started, by process id; then (so that
+    who sees `lost` finds them ended) names in `lost` the host that was lost."""
     with self._lock:
       for process in self._processes:
         if process.poll() is None:
@@ -93,6 +94,7 @@ class Hosts:
       for log in self._logs:
         log.close()
       self._processes, self._logs = [], []
+      self.lost = self.lost or lost
       self._ended.set()
       if _started.get(self.tpu_slice.name) is self:
         del _started[self.tpu_slice.name]
@@ -121,16 +123,17 @@ class Hosts:
       time.sleep(_POLL_SECONDS)
 
   def _lose(self, task, what):
-    """Names host `task` in `lost` (unless the hosts had ended) and ends them."""
+    """Ends the hosts and names host `task` in `lost` (unless they had ended)."""
     with self._lock:
+      lost = None
       if not self._ended.is_set():
         log = ""
         if self._logs:
           self._logs[task].seek(0)
           log = "; its log ends:\n" + self._logs[task].read()[-2000:]
-        self.lost = (f"Host {task} of the emulated TPU slice {self.tpu_slice.name} (task {task} "
-                     f"of job 'worker', {self.tpu_slice.addresses[task]}) {what}{log}")
-      self.stop()
+        lost = (f"Host {task} of the emulated TPU slice {self.tpu_slice.name} (task {task} "
+                f"of job 'worker', {self.tpu_slice.addresses[task]}) {what}{log}")
+      self.stop(lost)
 
 
 @contextlib.contextmanager
