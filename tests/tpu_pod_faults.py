@@ -32,20 +32,14 @@ def _gone(pid):
   return tpu_pod_emulation.process_state(pid) in (None, "Z")
 
 
-def train(strategy, workdir, losses, fault=None):
-  """Momentum SGD on a linear model from the last checkpoint in `workdir`
-  (if any) to step STEPS, saving each step and appending its loss to
-  `losses`; `fault()` is called before step FAULT_AFTER + 1. Returns the
-  weights."""
+def _linear_model(strategy):
+  """The data, the weights and momentum (made in `strategy`'s scope) and the
+  replica step (momentum SGD, gradients all-reduced) both training loops run."""
   rng = np.random.RandomState(1)
   x = rng.rand(STEPS * BATCH, 3).astype(np.float32)
   y = x @ np.array([[1.0], [-2.0], [0.5]], np.float32)
   with strategy.scope():
     w, velocity = tf.Variable(tf.zeros([3, 1])), tf.Variable(tf.zeros([3, 1]))
-  done = tf.Variable(0, dtype=tf.int64)
-  manager = tf.train.CheckpointManager(
-      tf.train.Checkpoint(w=w, velocity=velocity, done=done), workdir, max_to_keep=2)
-  manager.restore_or_initialize()
 
   @tf.function
   def replica_step(features, labels):
@@ -55,6 +49,19 @@ def train(strategy, workdir, losses, fault=None):
     velocity.assign(0.9 * velocity + grad)
     w.assign_sub(0.1 * velocity)
     return loss
+  return x, y, w, velocity, replica_step
+
+
+def train(strategy, workdir, losses, fault=None):
+  """Momentum SGD on a linear model from the last checkpoint in `workdir`
+  (if any) to step STEPS, saving each step and appending its loss to
+  `losses`; `fault()` is called before step FAULT_AFTER + 1. Returns the
+  weights."""
+  x, y, w, velocity, replica_step = _linear_model(strategy)
+  done = tf.Variable(0, dtype=tf.int64)
+  manager = tf.train.CheckpointManager(
+      tf.train.Checkpoint(w=w, velocity=velocity, done=done), workdir, max_to_keep=2)
+  manager.restore_or_initialize()
 
   dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).skip(int(done))
   for batch in strategy.experimental_distribute_dataset(dataset):
@@ -71,23 +78,10 @@ def train_preemptible(strategy, resolver, workdir, result, key, preempt=False):
   `workdir` (and restoring from it), printing `result` after each with the
   step's loss appended to `result[key]`; with `preempt` the process sends
   itself SIGTERM after step FAULT_AFTER. Returns the weights."""
-  rng = np.random.RandomState(1)
-  x = rng.rand(STEPS * BATCH, 3).astype(np.float32)
-  y = x @ np.array([[1.0], [-2.0], [0.5]], np.float32)
-  with strategy.scope():
-    w, velocity = tf.Variable(tf.zeros([3, 1])), tf.Variable(tf.zeros([3, 1]))
+  x, y, w, velocity, replica_step = _linear_model(strategy)
   handler = tfd.experimental.PreemptionCheckpointHandler(
       resolver, tf.train.Checkpoint(w=w, velocity=velocity), workdir)
   result.setdefault("restored", {})[key] = int(handler.total_run_calls)
-
-  @tf.function
-  def replica_step(features, labels):
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_sum(tf.square(features @ w - labels)) / BATCH
-    grad = tfd.get_replica_context().all_reduce("SUM", tape.gradient(loss, w))
-    velocity.assign(0.9 * velocity + grad)
-    w.assign_sub(0.1 * velocity)
-    return loss
 
   def train_step(batch):
     return strategy.reduce("SUM", strategy.run(replica_step, args=batch), None)
