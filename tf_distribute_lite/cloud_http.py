@@ -17,7 +17,9 @@ CACHE_VARIABLE = "TF_DISTRIBUTE_LITE_TPU_CACHE_SECONDS"
 DISCOVERY_VARIABLE = "TPU_API_DISCOVERY_URL"
 
 
-def _setting(name, default, kind):
+def setting(name, default, kind=float, positive=False):
+  """The number environment variable `name` gives (`default` if unset or ""),
+  or `ValueError` if it is not a non-negative (or `positive`) number."""
   given = os.environ.get(name)
   if not given:
     return default
@@ -25,14 +27,15 @@ def _setting(name, default, kind):
     value = kind(given)
   except ValueError:
     value = -1
-  if value < 0:
-    raise ValueError(f"${name} must be a non-negative number; it is {given!r}.")
+  if value < 0 or (positive and value == 0):
+    raise ValueError(f"${name} must be a {'positive' if positive else 'non-negative'} "
+                     f"number; it is {given!r}.")
   return value
 
 
 def cache_seconds():
   """Seconds a READY TPU node's addresses are reused."""
-  return _setting(CACHE_VARIABLE, 10.0, float)
+  return setting(CACHE_VARIABLE, 10.0, float)
 
 
 def metadata_root():
@@ -60,9 +63,9 @@ def get(url, headers=None, timeout=None, retries=None):
   """The body of a GET of `url` as text. Server errors (5xx), timeouts and dropped
   connections are retried (waits doubling from 0.2 s); errors name the URL."""
   if timeout is None:
-    timeout = _setting(TIMEOUT_VARIABLE, 5.0, float)
+    timeout = setting(TIMEOUT_VARIABLE, 5.0, float)
   if retries is None:
-    retries = _setting(RETRIES_VARIABLE, 2, int)
+    retries = setting(RETRIES_VARIABLE, 2, int)
   request = urllib.request.Request(url, headers=headers or {})
   for attempt in range(retries + 1):
     last_try = attempt == retries

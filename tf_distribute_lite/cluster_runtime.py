@@ -18,6 +18,7 @@ import time
 import tensorflow as tf
 
 from tf_distribute_lite import _tf_bridge
+from tf_distribute_lite import cloud_http
 from tf_distribute_lite import device_util
 from tf_distribute_lite.cluster_resolver import TFConfigClusterResolver
 from tf_distribute_lite.layout import Layout
@@ -36,17 +37,8 @@ _COORDINATED_JOBS = ("chief", "worker")
 
 def startup_timeout():
   """Seconds every task has to join: `$TF_DISTRIBUTE_LITE_STARTUP_TIMEOUT` or 900."""
-  given = os.environ.get(STARTUP_TIMEOUT_VARIABLE)
-  if not given:
-    return DEFAULT_STARTUP_TIMEOUT_SECONDS
-  try:
-    seconds = float(given)
-  except ValueError:
-    seconds = 0.0
-  if seconds <= 0:
-    raise ValueError(f"${STARTUP_TIMEOUT_VARIABLE} must be a positive number "
-                     f"of seconds; got {given!r}.")
-  return seconds
+  return cloud_http.setting(STARTUP_TIMEOUT_VARIABLE, DEFAULT_STARTUP_TIMEOUT_SECONDS,
+                            positive=True)
 
 
 # --- Questions about a cluster.
